@@ -1,0 +1,144 @@
+"""What a request gives back: a stream of events, ending in an answer with stats.
+
+The worker thread pushes events; the caller reads them from a plain thread (iteration) or from asyncio
+(`async for event in stream.aevents()`), without holding a thread per waiting request.
+"""
+
+import asyncio
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Iterator, Literal
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class EvsPicture:
+    """What the model sees of the video, sent once per request before the first token.
+
+    frames: (T, H, W, 3) uint8 RGB, the first sampled frame of each temporal group.
+    timestamps_s: (T,) centre time of each group in seconds.
+    grid_thw: (T, h, w) in LLM tokens (after the spatial merge).
+    kept_mask: (T, h, w) bool, True where the token reaches the language model.
+    dissimilarity: (T, h, w) float16, 1 - cos to the previous group; group 0 is +inf.
+    """
+
+    frames: np.ndarray
+    timestamps_s: list[float]
+    grid_thw: tuple[int, int, int]
+    kept_mask: np.ndarray
+    dissimilarity: np.ndarray
+
+
+@dataclass(frozen=True)
+class Event:
+    """One thing that happened to a request.
+
+    kind "status": `text` says what the engine is doing ("decoding video", "prefill", ...).
+    kind "evs":    `evs` holds the pruning picture (once, before the first token).
+    kind "text":   `text` is the next piece of the answer.
+    kind "done":   `stats` holds the final stats dict (DESIGN.md keys); the stream ends after it.
+    """
+
+    kind: Literal["status", "evs", "text", "done"]
+    text: str = ""
+    evs: EvsPicture | None = None
+    stats: dict | None = None
+
+
+@dataclass
+class Answer:
+    text: str
+    stats: dict
+    cancelled: bool = False
+
+
+_END = object()
+
+
+@dataclass
+class Stream:
+    """Handle the caller keeps for one submitted request."""
+
+    request_id: int
+    _events: "queue.Queue[object]" = field(default_factory=queue.Queue)
+    _cancelled: threading.Event = field(default_factory=threading.Event)
+    _finished: threading.Event = field(default_factory=threading.Event)
+    _listeners: list = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _text: list[str] = field(default_factory=list)
+    _stats: dict | None = None
+    _error: BaseException | None = None
+
+    # --- worker side -------------------------------------------------------------------------
+    def push(self, event: Event) -> None:
+        if event.kind == "text":
+            self._text.append(event.text)
+        elif event.kind == "done":
+            self._stats = event.stats
+        self._deliver(event)
+        if event.kind == "done":
+            self._close()
+
+    def fail(self, error: BaseException) -> None:
+        """End the stream with an error; readers see it raised."""
+        self._error = error
+        self._close()
+
+    def _close(self) -> None:
+        self._deliver(_END)
+        self._finished.set()
+
+    def _deliver(self, item: object) -> None:
+        with self._lock:
+            self._events.put(item)
+            for loop, aqueue in self._listeners:
+                loop.call_soon_threadsafe(aqueue.put_nowait, item)
+
+    # --- caller side -------------------------------------------------------------------------
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+    @property
+    def finished(self) -> bool:
+        return self._finished.is_set()
+
+    def cancel(self) -> None:
+        """Ask the engine to drop this request; it leaves the batch at the next step."""
+        self._cancelled.set()
+
+    def __iter__(self) -> Iterator[Event]:
+        while True:
+            item = self._events.get()
+            if item is _END:
+                self._events.put(_END)  # later readers end too
+                if self._error is not None:
+                    raise self._error
+                return
+            yield item
+
+    async def aevents(self) -> AsyncIterator[Event]:
+        """Async twin of iteration; one reader per stream (it takes over the event queue)."""
+        loop = asyncio.get_running_loop()
+        aqueue: asyncio.Queue = asyncio.Queue()
+        with self._lock:
+            while not self._events.empty():
+                aqueue.put_nowait(self._events.get_nowait())
+            self._listeners.append((loop, aqueue))
+        while True:
+            item = await aqueue.get()
+            if item is _END:
+                if self._error is not None:
+                    raise self._error
+                return
+            yield item
+
+    def result(self, timeout_s: float | None = None) -> Answer:
+        """Block until the request ends; raises the request's error (e.g. InputError) if it failed."""
+        if not self._finished.wait(timeout_s):
+            raise TimeoutError(f"request {self.request_id} did not finish in {timeout_s} s")
+        if self._error is not None:
+            raise self._error
+        return Answer(text="".join(self._text), stats=self._stats or {}, cancelled=self.cancelled)
