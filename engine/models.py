@@ -1,0 +1,157 @@
+"""Load a Qwen vision-language model and its processor by name: a Hub id, a local folder, or a tiny model.
+
+Tiny models are built into the cache folder first and then read through the very same
+`from_pretrained` path as a real checkpoint.
+"""
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from huggingface_hub.errors import HfHubHTTPError, HFValidationError
+from transformers import (
+    AutoConfig,
+    AutoProcessor,
+    PreTrainedModel,
+    ProcessorMixin,
+    Qwen2_5_VLForConditionalGeneration,
+    Qwen3VLForConditionalGeneration,
+)
+
+from engine.config import default_cache_dir
+from engine.tiny import TINY_MODELS, ensure_tiny_model
+
+log = logging.getLogger(__name__)
+
+MODEL_CLASSES = {
+    "qwen3_vl": Qwen3VLForConditionalGeneration,
+    "qwen2_5_vl": Qwen2_5_VLForConditionalGeneration,
+}
+
+# What the Hub and the filesystem raise when a checkpoint is missing, private, offline or not cached.
+_UNAVAILABLE_ERRORS = (OSError, HfHubHTTPError, HFValidationError)
+
+
+class ModelUnavailable(RuntimeError):
+    """The checkpoint could not be found or fetched (missing, offline, not cached, no access)."""
+
+
+class UnsupportedModel(ValueError):
+    """The checkpoint exists but is not a model family this app can run."""
+
+
+@dataclass
+class LoadedModel:
+    name: str  # what the user asked for: "tiny-random", "Qwen/Qwen3-VL-4B-Instruct", a local path
+    family: str  # "qwen3_vl" | "qwen2_5_vl"
+    model: PreTrainedModel  # the *ForConditionalGeneration, eval mode, on `device`
+    processor: ProcessorMixin
+    device: torch.device
+    dtype: torch.dtype
+    attn_implementation: str  # "flash_attention_2" | "sdpa"
+    is_tiny: bool
+
+
+def resolve_device(device: str) -> torch.device:
+    """"auto" -> cuda when available, else cpu; anything else is passed to torch.device."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def _flash_attn_importable() -> bool:
+    try:
+        import flash_attn  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _pick_attention(device: torch.device, dtype: torch.dtype) -> str:
+    if device.type != "cuda":
+        reason = f"device is {device.type}"
+    elif dtype not in (torch.float16, torch.bfloat16):
+        reason = f"flash attention needs fp16/bf16, dtype is {dtype}"
+    elif not _flash_attn_importable():
+        reason = "flash_attn is not installed"
+    else:
+        log.info("attention: flash_attention_2 (CUDA, %s, flash_attn importable)", dtype)
+        return "flash_attention_2"
+    log.info("attention: sdpa (%s)", reason)
+    return "sdpa"
+
+
+def load_model(name: str, device: str = "auto", cache_dir: Path | None = None) -> LoadedModel:
+    """Load `name` onto `device` in eval mode.
+
+    Tiny models are float32 everywhere; real checkpoints are bfloat16 on CUDA and float32 on CPU.
+    Raises ModelUnavailable when the checkpoint cannot be found or fetched, UnsupportedModel when
+    it is not a Qwen3-VL or Qwen2.5-VL checkpoint.
+    """
+    torch_device = resolve_device(device)
+    is_tiny = name in TINY_MODELS
+    source = str(ensure_tiny_model(name, cache_dir or default_cache_dir())) if is_tiny else name
+    # Tiny weights stay float32 so results are deterministic and comparable across code paths.
+    dtype = torch.bfloat16 if torch_device.type == "cuda" and not is_tiny else torch.float32
+
+    try:
+        config = AutoConfig.from_pretrained(source)
+    except _UNAVAILABLE_ERRORS as exc:
+        raise ModelUnavailable(f"Model {name!r} is unavailable: {type(exc).__name__}: {exc}") from exc
+    family = config.model_type
+    if family not in MODEL_CLASSES:
+        raise UnsupportedModel(
+            f"Model {name!r} has model_type {family!r}; only {sorted(MODEL_CLASSES)} checkpoints are supported."
+        )
+
+    attn = _pick_attention(torch_device, dtype)
+    try:
+        processor = AutoProcessor.from_pretrained(source)
+        model = MODEL_CLASSES[family].from_pretrained(
+            source,
+            config=config,
+            dtype=dtype,
+            attn_implementation=attn,
+            # Load straight onto the GPU instead of staging a multi-GB copy in host memory.
+            device_map=str(torch_device) if torch_device.type == "cuda" else None,
+        )
+    except _UNAVAILABLE_ERRORS as exc:
+        raise ModelUnavailable(f"Model {name!r} is unavailable: {type(exc).__name__}: {exc}") from exc
+    model = model.to(torch_device).eval()
+    model.requires_grad_(False)
+    log.info("loaded %s (%s) on %s as %s with %s attention", name, family, torch_device, dtype, attn)
+    return LoadedModel(
+        name=name,
+        family=family,
+        model=model,
+        processor=processor,
+        device=torch_device,
+        dtype=dtype,
+        attn_implementation=attn,
+        is_tiny=is_tiny,
+    )
+
+
+def processor_video_kwargs(loaded: LoadedModel, num_frames: int, max_pixels_per_frame: int) -> dict:
+    """Processor call kwargs that cap each frame at `max_pixels_per_frame` (height*width) and never upscale.
+
+    Sides are rounded to multiples of patch*merge (32 for Qwen3-VL, 28 for Qwen2.5-VL) by the processor.
+    Qwen2.5's video `size` is per frame; Qwen3-VL's `size` counts pixels over all frames, so its cap is
+    scaled by the frame count (the smaller of the raw and temporally rounded counts, which keeps every
+    frame at or under the cap whichever branch of its resize fires). The floor is one merged token per frame.
+    """
+    video_processor = loaded.processor.video_processor
+    factor = video_processor.patch_size * video_processor.merge_size
+    temporal = video_processor.temporal_patch_size
+    if loaded.family == "qwen3_vl":
+        # Mirrors the processor's own rounding of the frame count (Python's round, half to even).
+        rounded_frames = round(num_frames / temporal) * temporal
+        frames_counted = max(1, min(num_frames, rounded_frames))
+        size = {"shortest_edge": factor * factor * temporal, "longest_edge": frames_counted * max_pixels_per_frame}
+    else:
+        size = {"shortest_edge": factor * factor, "longest_edge": max_pixels_per_frame}
+    if size["longest_edge"] < size["shortest_edge"]:
+        raise ValueError(f"max_pixels_per_frame={max_pixels_per_frame} is below one token ({factor}x{factor})")
+    # cap_pixels_per_frame=False: the cap above is ours; the processor must not shrink frames further.
+    return {"size": size, "cap_pixels_per_frame": False}

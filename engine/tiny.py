@@ -1,0 +1,238 @@
+"""Offline tiny Qwen-VL models with random weights, built once and saved like a real checkpoint.
+
+They let the whole pipeline (processor, ViT, EVS, prefill, decode) run with no network and on CPU:
+`load_model` reads the saved folder through the same `from_pretrained` path as a downloaded model.
+The words they produce are meaningless; shapes, positions and timings are real.
+"""
+
+import fcntl
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import (
+    GenerationConfig,
+    PreTrainedTokenizerFast,
+    Qwen2_5_VLConfig,
+    Qwen2_5_VLForConditionalGeneration,
+    Qwen2_5_VLProcessor,
+    Qwen2VLImageProcessor,
+    Qwen2VLVideoProcessor,
+    Qwen3VLConfig,
+    Qwen3VLForConditionalGeneration,
+    Qwen3VLProcessor,
+    Qwen3VLVideoProcessor,
+)
+
+log = logging.getLogger(__name__)
+
+TINY_MODELS = {"tiny-random": "qwen3_vl", "tiny-random-qwen2.5-vl": "qwen2_5_vl"}
+
+# Bump when the config, tokenizer or init changes: a cached folder with another version is rebuilt.
+TINY_BUILD_VERSION = "1"
+_VERSION_FILE = "evs_tiny_version.txt"
+
+# Large enough that the top-2 logit gap dwarfs float noise from batching/padding, so greedy
+# decoding is stable across code paths; checked on sample prompts (gaps of ~1e-1, not 1e-5).
+_INIT_RANGE = 0.2
+
+_PAD, _EOS = "<|endoftext|>", "<|im_end|>"
+SPECIAL_TOKENS = [
+    _PAD,
+    "<|im_start|>",
+    _EOS,
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+]
+
+# ChatML as the Qwen-VL checkpoints write it: media items become <|vision_start|><|…_pad|><|vision_end|>
+# and the processor expands the pad into the real token count.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' }}"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for item in message['content'] %}"
+    "{% if item['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif item['type'] == 'video' %}<|vision_start|><|video_pad|><|vision_end|>"
+    "{% elif item['type'] == 'text' %}{{ item['text'] }}"
+    "{% endif %}{% endfor %}{% endif %}"
+    "{{ '<|im_end|>\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+def build_tokenizer() -> PreTrainedTokenizerFast:
+    """A byte-level tokenizer: one token per UTF-8 byte (no merges) plus the Qwen special tokens."""
+    # The 256 printable stand-ins ByteLevel maps bytes to; sorted so ids are the same everywhere.
+    vocab = {symbol: i for i, symbol in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    core.decoder = decoders.ByteLevel()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        pad_token=_PAD,
+        eos_token=_EOS,
+        additional_special_tokens=SPECIAL_TOKENS[1:2] + SPECIAL_TOKENS[3:],
+        model_max_length=32768,
+        padding_side="left",
+    )
+    tokenizer.add_special_tokens({"additional_special_tokens": SPECIAL_TOKENS[1:2] + SPECIAL_TOKENS[3:]})
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def _token_ids(tokenizer) -> dict[str, int]:
+    ids = {tok: tokenizer.convert_tokens_to_ids(tok) for tok in SPECIAL_TOKENS}
+    return {
+        "image_token_id": ids["<|image_pad|>"],
+        "video_token_id": ids["<|video_pad|>"],
+        "vision_start_token_id": ids["<|vision_start|>"],
+        "vision_end_token_id": ids["<|vision_end|>"],
+    }
+
+
+def _text_config(tokenizer, mrope_section: list[int], **extra) -> dict:
+    return dict(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=32768,
+        initializer_range=_INIT_RANGE,
+        pad_token_id=tokenizer.pad_token_id,
+        rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0, "mrope_section": mrope_section},
+        **extra,
+    )
+
+
+def _qwen3_vl(tokenizer):
+    """Qwen3-VL layout: patch 16, merge 2, interleaved MRoPE, DeepStack from ViT layers 0 and 1."""
+    config = Qwen3VLConfig(
+        # head_dim 16 -> 8 rotary frequencies split t/h/w = 4/2/2; the model interleaves them.
+        text_config=_text_config(tokenizer, [4, 2, 2], head_dim=16),
+        vision_config=dict(
+            depth=3,
+            hidden_size=32,
+            intermediate_size=64,
+            num_heads=2,
+            patch_size=16,
+            temporal_patch_size=2,
+            spatial_merge_size=2,
+            out_hidden_size=64,
+            num_position_embeddings=64,
+            deepstack_visual_indexes=[0, 1],
+            initializer_range=_INIT_RANGE,
+        ),
+        **_token_ids(tokenizer),
+    )
+    half = [0.5, 0.5, 0.5]
+    processor = Qwen3VLProcessor(
+        image_processor=Qwen2VLImageProcessor(
+            patch_size=16, temporal_patch_size=2, merge_size=2, image_mean=half, image_std=half,
+            size={"shortest_edge": 64 * 32 * 32, "longest_edge": 16384 * 32 * 32},
+        ),
+        video_processor=Qwen3VLVideoProcessor(
+            patch_size=16, temporal_patch_size=2, merge_size=2, image_mean=half, image_std=half,
+            size={"shortest_edge": 4 * 32 * 32, "longest_edge": 24576 * 32 * 32},
+        ),
+        tokenizer=tokenizer,
+        chat_template=CHAT_TEMPLATE,
+    )
+    return Qwen3VLForConditionalGeneration, config, processor
+
+
+def _qwen2_5_vl(tokenizer):
+    """Qwen2.5-VL layout: patch 14, merge 2, windowed ViT attention with one full-attention block."""
+    config = Qwen2_5_VLConfig(
+        # head_dim 64/4 = 16 -> 8 rotary frequencies split t/h/w = 2/3/3 like the real 16/24/24.
+        text_config=_text_config(
+            tokenizer, [2, 3, 3], bos_token_id=None, eos_token_id=tokenizer.eos_token_id
+        ),
+        vision_config=dict(
+            depth=3,
+            hidden_size=32,
+            intermediate_size=64,
+            num_heads=2,
+            patch_size=14,
+            temporal_patch_size=2,
+            spatial_merge_size=2,
+            window_size=56,
+            fullatt_block_indexes=[2],
+            tokens_per_second=2,
+            out_hidden_size=64,
+            initializer_range=_INIT_RANGE,
+        ),
+        **_token_ids(tokenizer),
+    )
+    pixels = {"shortest_edge": 56 * 56, "longest_edge": 28 * 28 * 1280}
+    processor = Qwen2_5_VLProcessor(
+        image_processor=Qwen2VLImageProcessor(patch_size=14, temporal_patch_size=2, merge_size=2, size=pixels),
+        video_processor=Qwen2VLVideoProcessor(patch_size=14, temporal_patch_size=2, merge_size=2, size=pixels),
+        tokenizer=tokenizer,
+        chat_template=CHAT_TEMPLATE,
+    )
+    return Qwen2_5_VLForConditionalGeneration, config, processor
+
+
+_BUILDERS = {"qwen3_vl": _qwen3_vl, "qwen2_5_vl": _qwen2_5_vl}
+
+
+def _build_into(name: str, folder: Path) -> None:
+    tokenizer = build_tokenizer()
+    model_class, config, processor = _BUILDERS[TINY_MODELS[name]](tokenizer)
+    torch.manual_seed(0)
+    model = model_class(config).to(torch.float32).eval()
+    model.generation_config = GenerationConfig(
+        eos_token_id=[tokenizer.eos_token_id, tokenizer.pad_token_id],
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    model.save_pretrained(folder)
+    processor.save_pretrained(folder)
+    (folder / _VERSION_FILE).write_text(TINY_BUILD_VERSION)
+
+
+def _is_current(folder: Path) -> bool:
+    try:
+        return (folder / _VERSION_FILE).read_text() == TINY_BUILD_VERSION
+    except OSError:
+        return False
+
+
+def ensure_tiny_model(name: str, cache_dir: Path) -> Path:
+    """Return `cache_dir / name`, building and saving the tiny model there first if needed.
+
+    Safe across processes: the build happens in a private temp folder under a file lock and is
+    renamed into place, so a reader never sees a half-written folder.
+    """
+    if name not in TINY_MODELS:
+        raise KeyError(f"unknown tiny model {name!r}; known: {sorted(TINY_MODELS)}")
+    cache_dir = Path(cache_dir)
+    folder = cache_dir / name
+    if _is_current(folder):
+        return folder
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    with open(cache_dir / f".{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if _is_current(folder):  # another process built it while we waited
+            return folder
+        log.info("building tiny model %s in %s", name, folder)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{name}.build-", dir=cache_dir))
+        try:
+            _build_into(name, tmp)
+            if folder.exists():  # stale build version: move aside atomically, then delete
+                stale = Path(tempfile.mkdtemp(prefix=f".{name}.stale-", dir=cache_dir))
+                os.replace(folder, stale / name)
+                shutil.rmtree(stale, ignore_errors=True)
+            os.replace(tmp, folder)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return folder
