@@ -1,0 +1,22 @@
+"""Efficient Video Sampling: drop video tokens that barely changed since the previous temporal group.
+
+Pure torch on bare tensors; imports nothing else of this project.
+"""
+
+from evs.core import (
+    compute_retention_mask,
+    frame_dissimilarity,
+    retained_token_count,
+    validate_pruning_rate,
+)
+from evs.layout import prompt_keep_mask, select_positions, tokens_kept_per_group
+
+__all__ = [
+    "compute_retention_mask",
+    "frame_dissimilarity",
+    "prompt_keep_mask",
+    "retained_token_count",
+    "select_positions",
+    "tokens_kept_per_group",
+    "validate_pruning_rate",
+]

@@ -1,0 +1,110 @@
+"""EVS math on bare tensors: how many tokens to keep, how much each token changed, which ones survive.
+
+A "frame" here is one temporal token group of the LLM grid `(T, h, w)` (after the spatial merge; for
+Qwen models two video frames form one group). Features are rows in `(t, h, w)` raster order.
+"""
+
+import math
+import numbers
+from fractions import Fraction
+
+import torch
+
+# Norms are clamped to this so a zero feature vector normalises to zero instead of 0/0 = NaN.
+_NORM_EPS = 1e-12
+
+
+def validate_pruning_rate(q) -> float:
+    """Check that the pruning rate `q` is a real number in [0, 1) and return it as a float.
+
+    Raises ValueError (one sentence meant for a user) for anything else: negative, >= 1, NaN, inf,
+    bool, str, None, tensors.
+    """
+    is_real = isinstance(q, numbers.Real) and not isinstance(q, bool)
+    # Huge integers overflow float(); they are out of range anyway.
+    rate = float(q) if is_real and abs(q) < 2 else math.nan
+    if not 0.0 <= rate < 1.0:
+        raise ValueError(f"The pruning rate must be a number at least 0 and below 1; got {q!r}.")
+    return rate
+
+
+def retained_token_count(tokens_per_frame: int, num_frames: int, q: float) -> int:
+    """Tokens EVS keeps: `K = max(h*w, floor(T*h*w*(1 - q)))`, computed exactly.
+
+    `tokens_per_frame` is h*w (LLM tokens per temporal group), `num_frames` is T (temporal groups).
+    The rate is read from its shortest decimal repr, so q=0.8 means exactly 4/5: with h*w=100 and
+    T=10 this keeps 200 (float arithmetic gives 199).
+    """
+    q = validate_pruning_rate(q)
+    for name, value in (("tokens_per_frame", tokens_per_frame), ("num_frames", num_frames)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+            raise ValueError(f"{name} must be a positive integer; got {value!r}.")
+    total_tokens = int(tokens_per_frame) * int(num_frames)
+    kept_tokens = math.floor(total_tokens * (1 - Fraction(repr(q))))
+    return max(int(tokens_per_frame), kept_tokens)
+
+
+def parse_grid(grid_thw) -> tuple[int, int, int]:
+    """`(T, h, w)` as Python ints from a tuple, list or tensor of three positive integers."""
+    values = grid_thw.reshape(-1).tolist() if isinstance(grid_thw, torch.Tensor) else list(grid_thw)
+    if len(values) != 3 or any(
+        isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1 for v in values
+    ):
+        raise ValueError(f"grid_thw must be three positive integers (T, h, w); got {grid_thw!r}.")
+    t, h, w = (int(v) for v in values)
+    return t, h, w
+
+
+def _check_features(features: torch.Tensor, t: int, h: int, w: int) -> None:
+    if features.dim() != 2 or features.shape[0] != t * h * w:
+        raise ValueError(
+            f"features must have shape (T*h*w, D) = ({t * h * w}, D) for grid ({t}, {h}, {w}); "
+            f"got {tuple(features.shape)}."
+        )
+
+
+def frame_dissimilarity(features: torch.Tensor, grid_thw) -> torch.Tensor:
+    """How much each token changed since the same position in the previous temporal group.
+
+    features: (T*h*w, D), any float dtype, rows in (t, h, w) raster order.
+    grid_thw: (T, h, w) in LLM tokens, as a tuple, list or 1-D tensor.
+    Returns (T, h, w) float32 on the features' device: `1 - cos(f[t, i, j], f[t-1, i, j])` in [0, 2],
+    computed in float32; group 0 is +inf (it has no predecessor and is always kept). Identical tokens
+    give exactly 0. Cosine is undefined for a zero vector: two zero vectors give 0 (no change), a zero
+    and a non-zero vector give 0.5; never NaN.
+    """
+    t, h, w = parse_grid(grid_thw)
+    _check_features(features, t, h, w)
+    # Float32 before the norms: squaring float16 activations of a few hundred already overflows.
+    groups = features.to(torch.float32).reshape(t, h * w, -1)
+    unit = groups / groups.norm(dim=-1, keepdim=True).clamp_min(_NORM_EPS)
+    # For unit vectors 1 - cos(u, v) = |u - v|^2 / 2. This form is exactly 0 for identical tokens
+    # (1 - u.u is not, so static tokens would tie-break on rounding noise) and never negative.
+    change = 0.5 * (unit[1:] - unit[:-1]).square().sum(dim=-1)
+    first_group = torch.full((1, h * w), math.inf, dtype=torch.float32, device=features.device)
+    return torch.cat([first_group, change]).reshape(t, h, w)
+
+
+def compute_retention_mask(features: torch.Tensor, grid_thw, q) -> torch.Tensor:
+    """Which video tokens EVS keeps: the K most changed over the whole video.
+
+    features: (T*h*w, D), any float dtype, rows in (t, h, w) raster order.
+    grid_thw: (T, h, w) in LLM tokens, as a tuple, list or 1-D tensor.
+    q: pruning rate in [0, 1); anything else raises ValueError. K = `retained_token_count(h*w, T, q)`.
+    Returns (T*h*w,) bool on the features' device, in raster order. Selection is global, not per group,
+    so a later group may keep zero tokens; ties go to the earlier raster index; group 0 (dissimilarity
+    +inf) is always fully kept. q = 0 keeps everything.
+    """
+    q = validate_pruning_rate(q)
+    t, h, w = parse_grid(grid_thw)
+    _check_features(features, t, h, w)
+    total_tokens = t * h * w
+    kept_tokens = retained_token_count(h * w, t, q)
+    if kept_tokens == total_tokens:
+        return torch.ones(total_tokens, dtype=torch.bool, device=features.device)
+    dissimilarity = frame_dissimilarity(features, (t, h, w)).reshape(-1)
+    # A stable descending sort keeps equal values in raster order, so ties go to the earlier token.
+    order = torch.sort(dissimilarity, descending=True, stable=True).indices
+    mask = torch.zeros(total_tokens, dtype=torch.bool, device=features.device)
+    mask[order[:kept_tokens]] = True
+    return mask
