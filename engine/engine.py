@@ -1,0 +1,181 @@
+"""The public engine: one per process; `submit` is thread-safe and never waits for the GPU."""
+
+import itertools
+import logging
+import math
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+import evs
+
+from .config import EngineConfig, GenerationParams
+from .errors import BusyError, InputError
+from .families import family_for
+from .models import load_model
+from .prompt import prepare_prompt
+from .request import Request
+from .sampling import TextDecoder
+from .scheduler import Scheduler
+from .stream import Event, Stream
+from .video import load_video
+
+log = logging.getLogger(__name__)
+
+MAX_QUESTION_CHARS = 4000
+MAX_NEW_TOKENS_LIMIT = 4096
+
+
+def check_params(question: str, params: GenerationParams) -> None:
+    """Raise InputError for anything in the request a user could have got wrong."""
+    if not isinstance(question, str) or not question.strip():
+        raise InputError("Please type a question about the video.")
+    if len(question) > MAX_QUESTION_CHARS:
+        raise InputError(f"The question is {len(question)} characters long; the limit is {MAX_QUESTION_CHARS}.")
+    try:
+        evs.validate_pruning_rate(params.pruning_rate)
+    except ValueError as error:
+        raise InputError(str(error)) from None
+    if not isinstance(params.max_new_tokens, int) or not 1 <= params.max_new_tokens <= MAX_NEW_TOKENS_LIMIT:
+        raise InputError(f"Max new tokens must be a whole number from 1 to {MAX_NEW_TOKENS_LIMIT}.")
+    if not (isinstance(params.temperature, (int, float)) and math.isfinite(params.temperature) and params.temperature >= 0):
+        raise InputError("The temperature must be a number of at least 0.")
+    if not (isinstance(params.top_p, (int, float)) and 0 < params.top_p <= 1):
+        raise InputError("Top-p must be above 0 and at most 1.")
+    sampling = params.sampling
+    if sampling is not None and not (sampling.fps > 0 and sampling.max_frames >= 2 and sampling.max_pixels_per_frame >= 28 * 28):
+        raise InputError("Sampling needs fps above 0, at least 2 frames and at least 28x28 pixels per frame.")
+
+
+class Engine:
+    """Loads the model once and serves every request through one worker thread.
+
+    Example: `Engine(EngineConfig(model="tiny-random", device="cpu")).submit(video=..., question=...)`.
+    """
+
+    def __init__(self, config: EngineConfig | None = None):
+        self.config = config or EngineConfig()
+        self.loaded = load_model(self.config.model, self.config.device, self.config.cache_dir)
+        self.family = family_for(self.loaded.model)
+        self._ids = itertools.count(1)
+        self._admission = threading.BoundedSemaphore(self.config.max_queue)
+        self._prepare_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="evs-prepare")
+        self._scheduler = Scheduler(self.loaded, self.family, self.config, self._admission)
+        self._scheduler.start()
+
+    @property
+    def model_info(self) -> dict:
+        loaded = self.loaded
+        return {
+            "name": loaded.name,
+            "family": loaded.family,
+            "device": str(loaded.device),
+            "dtype": str(loaded.dtype).removeprefix("torch."),
+            "attn": loaded.attn_implementation,
+            "is_tiny": loaded.is_tiny,
+        }
+
+    @property
+    def vision(self):
+        """The vision batcher (its feature cache and forward count), for tests and benchmarks."""
+        return self._scheduler.vision
+
+    @property
+    def prefix_cache(self):
+        return self._scheduler.prefix
+
+    @property
+    def running_requests(self) -> int:
+        return len(self._scheduler.running)
+
+    def submit(
+        self,
+        video: str | Path | None,
+        question: str,
+        params: GenerationParams | None = None,
+        history: list[tuple[str, str]] | tuple = (),
+    ) -> Stream:
+        """Queue a question about a video; returns at once with the request's Stream.
+
+        Raises InputError for a bad question or parameters and BusyError when the queue is full; problems
+        with the video itself (unreadable, too long, too large) arrive through the stream.
+        """
+        params = params or GenerationParams()
+        check_params(question, params)
+        if video is None or not str(video).strip():
+            raise InputError("Please upload a video file.")
+        if not self._admission.acquire(blocking=False):
+            raise BusyError("The server is busy with other videos right now; please try again in a minute.")
+        stream = Stream(next(self._ids))
+        request = Request(
+            stream=stream,
+            video_path=str(video),
+            question=question.strip(),
+            history=[(str(q), str(a)) for q, a in history],
+            params=params,
+            sampling=params.sampling or self.config.sampling,
+        )
+        request.stats["pruning_rate"] = float(params.pruning_rate)
+        self._prepare_pool.submit(self._prepare, request)
+        return stream
+
+    def _prepare(self, request: Request) -> None:
+        """CPU work off the GPU thread: decode and sample the video, run the HF processor."""
+        stream = request.stream
+        try:
+            if stream.cancelled:
+                raise InputError("The request was cancelled.")
+            stream.push(Event("status", "decoding video"))
+            start = time.perf_counter()
+            config, sampling = self.config, request.sampling
+            request.video = load_video(
+                request.video_path,
+                sampling,
+                max_seconds=config.max_video_seconds,
+                max_bytes=config.max_file_bytes,
+                timeout_s=config.decode_timeout_s,
+                temporal_patch=self.loaded.model.config.vision_config.temporal_patch_size,
+            )
+            request.prompt = prepare_prompt(
+                self.loaded,
+                self.family,
+                request.video,
+                request.question,
+                request.history,
+                config.system_prompt,
+                sampling.max_pixels_per_frame,
+            )
+            T, h, w = request.prompt.grid_thw
+            request.stats.update(
+                decode_video_s=time.perf_counter() - start,
+                frames_sampled=len(request.video.frames),
+                grid_thw=[T, h, w],
+                video_tokens_total=T * h * w,
+            )
+            request.decoder = TextDecoder(self.loaded.processor.tokenizer)
+            request.generator = torch.Generator().manual_seed(request.params.seed)
+            stream.push(Event("status", "waiting for the GPU"))
+            self._scheduler.enqueue(request)
+        except Exception as error:
+            if not isinstance(error, InputError):
+                log.exception("preparing request %d failed", request.id)
+                error = RuntimeError("Something went wrong while reading the video; please try again.")
+            if request.holds_slot:
+                request.holds_slot = False
+                self._admission.release()
+            request.release()
+            stream.fail(error)
+
+    def shutdown(self) -> None:
+        self._prepare_pool.shutdown(wait=True, cancel_futures=True)
+        self._scheduler.stop()
+        self._scheduler.join(timeout=30)
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()

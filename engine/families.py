@@ -1,0 +1,174 @@
+"""What differs between the Qwen model families: prompt markers, MRoPE positions, vision outputs,
+and how the language model takes DeepStack features.
+
+Everything here works on one unpruned prompt; EVS (evs/) then selects columns from it.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class VideoFeatures:
+    """Vision-tower output for one video, rows in (t, h, w) raster order of LLM tokens.
+
+    embeds: (T*h*w, D) the final visual embeddings the LLM receives (merger output).
+    deepstack: per DeepStack level, (T*h*w, D); empty for families without DeepStack.
+    """
+
+    embeds: torch.Tensor
+    deepstack: list[torch.Tensor]
+
+    @property
+    def nbytes(self) -> int:
+        tensors = [self.embeds, *self.deepstack]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    def select(self, keep: torch.Tensor) -> "VideoFeatures":
+        """Rows where keep (T*h*w,) bool is True; the same mask for every DeepStack level."""
+        return VideoFeatures(self.embeds[keep], [level[keep] for level in self.deepstack])
+
+
+class Family:
+    """Base: a Qwen-VL family. Subclasses fill in the differences."""
+
+    name = ""
+    has_deepstack = False
+
+    def video_placeholder(self) -> str:
+        """Text that the HF processor expands into the video's tokens."""
+        raise NotImplementedError
+
+    def video_runs(self, grid_thw: tuple[int, int, int]) -> list[tuple[int, int]]:
+        """(first temporal group, groups in the run) for each contiguous run of video tokens."""
+        raise NotImplementedError
+
+    def temporal_offsets(self, num_groups: int, second_per_group: float) -> torch.Tensor:
+        """(num_groups,) long: temporal MRoPE offset of each group within its run."""
+        raise NotImplementedError
+
+    def next_text_position(self, run_start: int, run_max: int, grid_thw: tuple[int, int, int]) -> int:
+        """Where text after a run of video tokens starts."""
+        raise NotImplementedError
+
+    def full_positions(
+        self, is_video: torch.Tensor, grid_thw: tuple[int, int, int], second_per_group: float
+    ) -> torch.Tensor:
+        """MRoPE positions (3, L) of an unpruned prompt holding one video.
+
+        is_video: (L,) bool marks the T*h*w video tokens; grid_thw: (T, h, w) in LLM tokens;
+        second_per_group: seconds of video per temporal group (Qwen2.5's temporal scale).
+        """
+        T, h, w = grid_thw
+        length = is_video.numel()
+        positions = torch.empty(3, length, dtype=torch.long)
+        video_idx = torch.nonzero(is_video).flatten().tolist()
+        runs = self.video_runs(grid_thw)
+        tokens_per_group = h * w
+        if len(video_idx) != T * tokens_per_group:
+            raise ValueError(f"prompt holds {len(video_idx)} video tokens, grid {grid_thw} needs {T * h * w}")
+        rows = torch.arange(h).repeat_interleave(w)
+        cols = torch.arange(w).repeat(h)
+        cursor, text_pos, consumed = 0, 0, 0
+        for first_group, num_groups in runs:
+            run_len = num_groups * tokens_per_group
+            run_begin = video_idx[consumed]
+            if video_idx[consumed + run_len - 1] != run_begin + run_len - 1:
+                raise ValueError("video tokens of one run are not contiguous in the prompt")
+            positions[:, cursor:run_begin] = torch.arange(run_begin - cursor) + text_pos
+            start = text_pos + run_begin - cursor
+            t_off = self.temporal_offsets(num_groups, second_per_group)
+            run = positions[:, run_begin : run_begin + run_len]
+            run[0] = (t_off.repeat_interleave(tokens_per_group)) + start
+            run[1] = rows.repeat(num_groups) + start
+            run[2] = cols.repeat(num_groups) + start
+            text_pos = self.next_text_position(start, int(run.max()), grid_thw)
+            cursor = run_begin + run_len
+            consumed += run_len
+        positions[:, cursor:] = torch.arange(length - cursor) + text_pos
+        return positions
+
+    def encode(self, model, pixel_values: torch.Tensor, grid_thw_patches: torch.Tensor) -> list[VideoFeatures]:
+        """One vision forward over several videos.
+
+        pixel_values: (P, C) patches of all videos concatenated; grid_thw_patches: (n, 3) patch grids.
+        Returns one VideoFeatures per video, in order.
+        """
+        raise NotImplementedError
+
+    def language_kwargs(self, visual_mask: torch.Tensor | None, deepstack: list[torch.Tensor] | None) -> dict:
+        """Extra arguments for the language model's forward (DeepStack injection)."""
+        return {}
+
+
+class Qwen3VL(Family):
+    """Qwen3-VL: each temporal group is `<t.t seconds><|vision_start|>` + pads + `<|vision_end|>`;
+    temporal order comes from the timestamps, so every group's t position is its own start."""
+
+    name = "qwen3_vl"
+    has_deepstack = True
+
+    def video_placeholder(self) -> str:
+        # The processor adds the per-group timestamps and vision markers itself.
+        return "<|video_pad|>"
+
+    def video_runs(self, grid_thw):
+        return [(t, 1) for t in range(grid_thw[0])]
+
+    def temporal_offsets(self, num_groups, second_per_group):
+        return torch.zeros(num_groups, dtype=torch.long)
+
+    def next_text_position(self, run_start, run_max, grid_thw):
+        return run_max + 1
+
+    def encode(self, model, pixel_values, grid_thw_patches):
+        out = model.model.get_video_features(pixel_values, grid_thw_patches, return_dict=True)
+        levels = out.deepstack_features or []
+        return [
+            VideoFeatures(embeds, [level[i] for level in levels]) for i, embeds in enumerate(out.pooler_output)
+        ]
+
+    def language_kwargs(self, visual_mask, deepstack):
+        if visual_mask is None or not bool(visual_mask.any()):
+            return {}
+        return {"visual_pos_masks": visual_mask, "deepstack_visual_embeds": deepstack}
+
+
+class Qwen25VL(Family):
+    """Qwen2.5-VL: one `<|vision_start|>` + all pads + `<|vision_end|>` run; the temporal position of
+    group g is trunc(g * tokens_per_second * seconds_per_group)."""
+
+    name = "qwen2_5_vl"
+
+    def __init__(self, tokens_per_second: float):
+        self.tokens_per_second = tokens_per_second
+
+    def video_placeholder(self) -> str:
+        return "<|vision_start|><|video_pad|><|vision_end|>"
+
+    def video_runs(self, grid_thw):
+        return [(0, grid_thw[0])]
+
+    def temporal_offsets(self, num_groups, second_per_group):
+        # The original Qwen rule multiplies, then truncates; float64 keeps exact products exact.
+        scale = torch.tensor(second_per_group, dtype=torch.float64) * self.tokens_per_second
+        return (torch.arange(num_groups, dtype=torch.float64) * scale).long()
+
+    def next_text_position(self, run_start, run_max, grid_thw):
+        # Original Qwen2.5 rule: text resumes after the largest position used by the video.
+        # (transformers >= 5.3 uses run_start + max(h, w), which differs for long clips.)
+        return run_max + 1
+
+    def encode(self, model, pixel_values, grid_thw_patches):
+        out = model.model.get_video_features(pixel_values, grid_thw_patches, return_dict=True)
+        return [VideoFeatures(embeds, []) for embeds in out.pooler_output]
+
+
+def family_for(model) -> Family:
+    model_type = model.config.model_type
+    if model_type == "qwen3_vl":
+        return Qwen3VL()
+    if model_type == "qwen2_5_vl":
+        return Qwen25VL(model.config.vision_config.tokens_per_second)
+    raise ValueError(f"model type {model_type!r} is not a supported Qwen-VL family")

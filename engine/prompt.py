@@ -1,0 +1,105 @@
+"""From (sampled frames, question, history) to the unpruned prompt the language model would see.
+
+The HF processor does the pixel work and expands the video placeholder; we keep its token ids and add
+what EVS and the scheduler need: which tokens are video, their MRoPE positions, where the reusable
+[system + video] prefix ends.
+"""
+
+from dataclasses import dataclass
+
+import torch
+from transformers.video_utils import VideoMetadata
+
+from .families import Family
+from .video import SampledVideo
+
+
+@dataclass
+class PreparedPrompt:
+    """One request's unpruned prompt and pixels.
+
+    input_ids: (L,) long. is_video: (L,) bool, True on the T*h*w video pad tokens.
+    positions: (3, L) long MRoPE t/h/w positions of the unpruned prompt.
+    prefix_len: tokens of [system + video], up to and including the video's closing marker.
+    pixel_values: (P, C) float patches; grid_thw_patches: (3,) long patch grid for the vision tower.
+    grid_thw: (T, h, w) in LLM tokens. timestamps_s: (T,) centre time of each temporal group.
+    """
+
+    input_ids: torch.Tensor
+    is_video: torch.Tensor
+    positions: torch.Tensor
+    prefix_len: int
+    pixel_values: torch.Tensor
+    grid_thw_patches: torch.Tensor
+    grid_thw: tuple[int, int, int]
+    timestamps_s: list[float]
+
+
+def chat_text(family: Family, system: str, question: str, history: list[tuple[str, str]]) -> str:
+    """ChatML conversation: the video opens the first user turn, earlier turns follow, then the question."""
+    turns = [*history, (question, None)]
+    parts = [f"<|im_start|>system\n{system}<|im_end|>\n"] if system else []
+    for i, (asked, answered) in enumerate(turns):
+        video = family.video_placeholder() if i == 0 else ""
+        parts.append(f"<|im_start|>user\n{video}{asked}<|im_end|>\n<|im_start|>assistant\n")
+        if answered is not None:
+            parts.append(f"{answered}<|im_end|>\n")
+    return "".join(parts)
+
+
+def group_timestamps_s(frame_indices: list[int], native_fps: float, temporal_patch: int) -> list[float]:
+    """Centre time of each temporal group: the mean of its first and last frame's time (as Qwen does)."""
+    times = [i / native_fps for i in frame_indices]
+    return [(times[g] + times[g + temporal_patch - 1]) / 2 for g in range(0, len(times), temporal_patch)]
+
+
+def processor_inputs(loaded, family: Family, video: SampledVideo, text: str, max_pixels_per_frame: int) -> dict:
+    """Run the real HF processor on our own sampled frames (do_sample_frames=False), with the file's real
+    fps and frame indices so timestamps and second_per_grid_ts are right."""
+    from .models import processor_video_kwargs
+
+    metadata = VideoMetadata(
+        total_num_frames=video.total_frames,
+        fps=video.native_fps,
+        frames_indices=list(video.frame_indices),
+        duration=video.duration_s,
+        height=video.frames.shape[1],
+        width=video.frames.shape[2],
+    )
+    return loaded.processor(
+        text=[text],
+        videos=[video.frames],
+        video_metadata=[metadata],
+        do_sample_frames=False,
+        return_tensors="pt",
+        **processor_video_kwargs(loaded, len(video.frames), max_pixels_per_frame),
+    )
+
+
+def prepare_prompt(
+    loaded, family: Family, video: SampledVideo, question: str, history, system: str, max_pixels_per_frame: int
+) -> PreparedPrompt:
+    text = chat_text(family, system, question, history)
+    inputs = processor_inputs(loaded, family, video, text, max_pixels_per_frame)
+    input_ids = inputs["input_ids"][0]
+    grid_patches = inputs["video_grid_thw"][0]
+    merge = loaded.model.config.vision_config.spatial_merge_size
+    grid_thw = (int(grid_patches[0]), int(grid_patches[1]) // merge, int(grid_patches[2]) // merge)
+    is_video = input_ids == loaded.model.config.video_token_id
+    second_per_group = float(inputs["second_per_grid_ts"][0]) if "second_per_grid_ts" in inputs else 0.0
+    positions = family.full_positions(is_video, grid_thw, second_per_group)
+    last_video = int(torch.nonzero(is_video).max())
+    vision_end = loaded.model.config.vision_end_token_id
+    if int(input_ids[last_video + 1]) != vision_end:
+        raise ValueError("the processor did not close the video with its end marker")
+    temporal_patch = loaded.model.config.vision_config.temporal_patch_size
+    return PreparedPrompt(
+        input_ids=input_ids,
+        is_video=is_video,
+        positions=positions,
+        prefix_len=last_video + 2,
+        pixel_values=inputs["pixel_values_videos"],
+        grid_thw_patches=grid_patches,
+        grid_thw=grid_thw,
+        timestamps_s=group_timestamps_s(list(video.frame_indices), video.native_fps, temporal_patch),
+    )

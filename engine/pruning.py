@@ -1,0 +1,54 @@
+"""Apply EVS to one prepared prompt: the retention mask, the pruned token layout and its positions."""
+
+from dataclasses import dataclass
+
+import torch
+
+import evs
+
+from .families import VideoFeatures
+from .prompt import PreparedPrompt
+
+
+@dataclass
+class PrunedPrompt:
+    """What the language model receives for one request.
+
+    input_ids: (L',) long. positions: (4, L') long; row 0 = arange(L'), rows 1-3 the unpruned MRoPE
+    positions of the kept tokens. video_mask: (L',) bool where kept video features go.
+    features: the kept rows of every feature level. prefix_len: kept tokens of [system + video].
+    next_position: MRoPE position of the first generated token (unpruned maximum + 1).
+    retention: (T*h*w,) bool EVS mask. dissimilarity: (T, h, w) float32.
+    """
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    video_mask: torch.Tensor
+    features: VideoFeatures
+    prefix_len: int
+    next_position: int
+    retention: torch.Tensor
+    dissimilarity: torch.Tensor
+
+    @property
+    def tokens_kept_per_group(self) -> list[int]:
+        T = self.dissimilarity.shape[0]
+        return evs.tokens_kept_per_group(self.retention, (T, *self.dissimilarity.shape[1:])).tolist()
+
+
+def prune_prompt(prompt: PreparedPrompt, features: VideoFeatures, q: float) -> PrunedPrompt:
+    """Keep the EVS-selected video tokens of prompt at rate q; every text token stays."""
+    dissimilarity = evs.frame_dissimilarity(features.embeds, prompt.grid_thw)
+    retention = evs.compute_retention_mask(features.embeds, prompt.grid_thw, q).cpu()
+    keep = evs.prompt_keep_mask(prompt.is_video, retention)
+    full_rows = torch.cat([torch.arange(prompt.input_ids.numel())[None], prompt.positions])
+    return PrunedPrompt(
+        input_ids=prompt.input_ids[keep],
+        positions=evs.select_positions(full_rows, keep),
+        video_mask=prompt.is_video[keep],
+        features=features.select(retention.to(features.embeds.device)),
+        prefix_len=int(keep[: prompt.prefix_len].sum()),
+        next_position=int(prompt.positions.max()) + 1,
+        retention=retention,
+        dissimilarity=dissimilarity.cpu(),
+    )

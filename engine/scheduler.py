@@ -1,0 +1,254 @@
+"""The worker thread that owns the model: admit -> encode -> EVS -> prefill -> one decode step for all.
+
+Only this thread touches the model, so no locks guard it; callers talk to it through a queue and read
+results from each request's Stream.
+"""
+
+import logging
+import queue
+import threading
+import time
+from collections import deque
+
+import numpy as np
+import torch
+from transformers import DynamicCache
+
+from .batch_kv import DecodeBatch
+from .families import Family
+from .lm import LMInput, embed_prompt, embed_tokens, lm_logits
+from .prefix_cache import PrefixCache, prefix_key
+from .pruning import prune_prompt
+from .request import Request
+from .sampling import next_token
+from .stream import Event, EvsPicture
+from .vision import VisionEncoder
+
+log = logging.getLogger(__name__)
+
+
+def eos_token_ids(loaded) -> set[int]:
+    ids = loaded.model.generation_config.eos_token_id
+    ids = set(ids if isinstance(ids, list) else [ids] if ids is not None else [])
+    if loaded.processor.tokenizer.eos_token_id is not None:
+        ids.add(loaded.processor.tokenizer.eos_token_id)
+    return ids
+
+
+class Scheduler(threading.Thread):
+    def __init__(self, loaded, family: Family, config, admission: threading.Semaphore):
+        super().__init__(name="evs-gpu-worker", daemon=True)
+        self.loaded = loaded
+        self.model = loaded.model
+        self.family = family
+        self.config = config
+        self.admission = admission
+        text_config = self.model.config.text_config
+        self.vision = VisionEncoder(
+            self.model, family, loaded.name, config.feature_cache_bytes, config.vit_token_budget
+        )
+        self.prefix = PrefixCache(text_config, config.prefix_cache_bytes)
+        self.batch = DecodeBatch(text_config)
+        self.text_config = text_config
+        self.eos_ids = eos_token_ids(loaded)
+        self.temporal_patch = self.model.config.vision_config.temporal_patch_size
+        self.inbox: queue.Queue[Request | None] = queue.Queue()
+        self.waiting: deque[Request] = deque()
+        self.running: dict[int, Request] = {}
+        self._stopping = threading.Event()
+
+    # --- called from other threads -------------------------------------------------------------
+    def enqueue(self, request: Request) -> None:
+        self.inbox.put(request)
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self.inbox.put(None)
+
+    # --- the loop ------------------------------------------------------------------------------
+    def run(self) -> None:
+        with torch.inference_mode():
+            while not self._stopping.is_set():
+                try:
+                    self._iteration()
+                except Exception:  # a bug: fail the requests in flight, keep serving new ones
+                    log.exception("engine iteration failed")
+                    self._fail_all(RuntimeError("The engine hit an internal error; please try again."))
+        self._fail_all(RuntimeError("The engine is shutting down."))
+
+    def _iteration(self) -> None:
+        self._collect(block=not self.running and not self.waiting)
+        self._drop_cancelled()
+        free = self.config.max_running - len(self.running)
+        new = [self.waiting.popleft() for _ in range(min(free, len(self.waiting)))]
+        if new:
+            for request in new:
+                self._release_slot(request)
+            self._start(new)
+        if self.running:
+            self._decode_step()
+
+    def _collect(self, block: bool) -> None:
+        try:
+            item = self.inbox.get(timeout=0.1) if block else self.inbox.get_nowait()
+            while True:
+                if item is not None:
+                    self.waiting.append(item)
+                item = self.inbox.get_nowait()
+        except queue.Empty:
+            pass
+
+    # --- new requests: vision, EVS, prefill ------------------------------------------------------
+    def _start(self, requests: list[Request]) -> None:
+        self.vision.encode(requests, on_batch=self._announce_vit)
+        for request in requests:
+            try:
+                self._evs(request)
+                self._prefill(request)
+            except Exception:
+                log.exception("request %d failed", request.id)
+                self._fail(request, RuntimeError("The engine hit an internal error; please try again."))
+
+    def _announce_vit(self, served: list[Request]) -> None:
+        for request in served:
+            others = len(served) - 1
+            frames = request.prompt.grid_thw[0] * self.temporal_patch
+            tail = f" (batched with {others} other request{'s' if others != 1 else ''})" if others else ""
+            request.stream.push(Event("status", f"encoding {frames} frames{tail}"))
+
+    def _evs(self, request: Request) -> None:
+        start = time.perf_counter()
+        request.pruned = pruned = prune_prompt(request.prompt, request.features, request.params.pruning_rate)
+        request.stats["evs_s"] = time.perf_counter() - start
+        T, h, w = request.prompt.grid_thw
+        request.stream.push(
+            Event(
+                "evs",
+                evs=EvsPicture(
+                    frames=request.video.frames[:: self.temporal_patch][:T],
+                    timestamps_s=request.prompt.timestamps_s,
+                    grid_thw=(T, h, w),
+                    kept_mask=pruned.retention.reshape(T, h, w).numpy(),
+                    dissimilarity=pruned.dissimilarity.numpy().astype(np.float16),
+                ),
+            )
+        )
+        request.stream.push(Event("status", "prefill"))
+
+    def _prefill(self, request: Request) -> None:
+        start = time.perf_counter()
+        pruned = request.pruned
+        key = prefix_key(request.feature_key, request.params.pruning_rate, pruned.input_ids[: pruned.prefix_len])
+        cache = self.prefix.get(key)
+        hit = cache is not None
+        begin = pruned.prefix_len if hit else 0
+        ids = pruned.input_ids[begin:]
+        positions = pruned.positions[:, None, begin:].to(self.model.device)
+        if hit:  # the suffix holds text only
+            batch = LMInput(embed_tokens(self.model, ids)[None], positions)
+        else:
+            cache = DynamicCache(config=self.text_config)
+            embeds = embed_prompt(self.model, ids, pruned.video_mask, pruned.features)
+            visual_mask = pruned.video_mask[None].to(self.model.device)
+            batch = LMInput(embeds[None], positions, None, visual_mask, pruned.features.deepstack)
+        logits = lm_logits(self.model, self.family, batch, cache)
+        if not hit:
+            self.prefix.put(key, cache, pruned.prefix_len)
+        request.stats.update(prefix_cache_hit=hit, prefill_s=time.perf_counter() - start, decode_batch_max=1)
+        request.tokens_seen = pruned.input_ids.numel()
+        request.next_position = pruned.next_position
+        self._emit(request, next_token(logits[0], request.params.temperature, request.params.top_p, request.generator))
+        if not request.stream.finished:
+            self.running[request.id] = request
+            self.batch.add(request.id, cache)
+
+    # --- the shared decode step -----------------------------------------------------------------
+    def _decode_step(self) -> None:
+        rows = [self.running[key] for key in self.batch.keys]
+        device = self.model.device
+        tokens = torch.tensor([r.last_token for r in rows], device=device)
+        one_d = torch.tensor([r.tokens_seen for r in rows], device=device)
+        mrope = torch.tensor([r.next_position for r in rows], device=device)
+        positions = torch.stack([one_d, mrope, mrope, mrope])[:, :, None]  # (4, B, 1)
+        batch = LMInput(embed_tokens(self.model, tokens)[:, None], positions, self.batch.step_mask())
+        logits = lm_logits(self.model, self.family, batch, self.batch.cache)
+        for i, request in enumerate(rows):
+            request.tokens_seen += 1
+            request.next_position += 1
+            request.stats["decode_batch_max"] = max(request.stats["decode_batch_max"], len(rows))
+            params = request.params
+            self._emit(request, next_token(logits[i], params.temperature, params.top_p, request.generator))
+        self._leave({r.id for r in rows if r.stream.finished})
+
+    def _emit(self, request: Request, token: int) -> None:
+        now = time.perf_counter()
+        if request.first_token_at is None:
+            request.first_token_at = now
+            request.stats["ttft_s"] = now - request.submitted_at
+        is_eos = token in self.eos_ids and not request.params.ignore_eos
+        if not is_eos:
+            piece = request.decoder.add(token)
+            if piece:
+                request.stream.push(Event("text", piece))
+        request.last_token = token
+        if is_eos or request.generated >= request.params.max_new_tokens:
+            self._finish(request)
+
+    # --- leaving ---------------------------------------------------------------------------------
+    def _finish(self, request: Request) -> None:
+        now = time.perf_counter()
+        stats = request.stats
+        stats["generated_tokens"] = request.generated
+        stats["total_s"] = now - request.submitted_at
+        stats["decode_s"] = now - request.first_token_at if request.first_token_at else 0.0
+        if request.pruned is not None:
+            stats.update(
+                video_tokens_kept=int(request.pruned.retention.sum()),
+                tokens_kept_per_frame=request.pruned.tokens_kept_per_group,
+                prompt_tokens=int(request.pruned.input_ids.numel()),
+            )
+        request.release()
+        request.stream.push(Event("done", stats=stats))
+
+    def _fail(self, request: Request, error: BaseException) -> None:
+        self._release_slot(request)
+        self.running.pop(request.id, None)
+        if request.id in self.batch.keys:
+            self.batch.remove({request.id})
+        request.release()
+        request.stream.fail(error)
+
+    def _fail_all(self, error: BaseException) -> None:
+        for request in [*self.running.values(), *self.waiting]:
+            self._fail(request, error)
+        self.waiting.clear()
+        self.running.clear()
+        self.batch = DecodeBatch(self.text_config)
+        while True:
+            try:
+                request = self.inbox.get_nowait()
+            except queue.Empty:
+                return
+            if request is not None:
+                self._fail(request, error)
+
+    def _leave(self, gone: set[int]) -> None:
+        if gone:
+            self.batch.remove(gone)
+            for key in gone:
+                self.running.pop(key, None)
+
+    def _drop_cancelled(self) -> None:
+        for request in [r for r in self.waiting if r.stream.cancelled]:
+            self.waiting.remove(request)
+            self._release_slot(request)
+            self._finish(request)
+        cancelled = [r for r in self.running.values() if r.stream.cancelled]
+        for request in cancelled:
+            self._finish(request)
+        self._leave({r.id for r in cancelled})
+
+    def _release_slot(self, request: Request) -> None:
+        if request.holds_slot:
+            request.holds_slot = False
+            self.admission.release()

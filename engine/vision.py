@@ -1,0 +1,95 @@
+"""Cross-request vision batching: one ViT forward for every request whose features are not cached.
+
+Identical videos (same content hash, sampling parameters and model) are encoded once, also when they
+arrive together; a byte-bounded LRU keeps features for later questions on the same video.
+"""
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from .families import Family, VideoFeatures
+from .lru import ByteLRU
+from .request import Request
+
+
+@dataclass
+class CachedFeatures:
+    features: VideoFeatures
+    grid_thw: tuple[int, int, int]
+
+
+def chunk_by_budget(sizes: list[int], budget: int) -> list[list[int]]:
+    """Split indices into consecutive chunks whose sizes sum to at most budget (one oversize item alone)."""
+    chunks: list[list[int]] = []
+    total = budget + 1
+    for i, size in enumerate(sizes):
+        if total + size > budget:
+            chunks.append([])
+            total = 0
+        chunks[-1].append(i)
+        total += size
+    return chunks
+
+
+class VisionEncoder:
+    """Fills request.features for a set of admitted requests.
+
+    token_budget: most patches (pre-merge rows of pixel_values) in one forward; larger batches split.
+    """
+
+    def __init__(self, model, family: Family, model_name: str, cache_bytes: int, token_budget: int):
+        self.model = model
+        self.family = family
+        self.model_name = model_name
+        self.cache = ByteLRU(cache_bytes)
+        self.token_budget = token_budget
+        self.forwards = 0  # vision forwards run so far (tests count them)
+
+    def feature_key(self, request: Request) -> tuple:
+        return (request.video.content_hash, request.sampling, self.model_name)
+
+    def lookup(self, key: tuple, grid_thw: tuple[int, int, int]) -> VideoFeatures | None:
+        cached = self.cache.get(key)
+        # A key match is trusted only when the token grid agrees too (guards a hash collision).
+        if cached is None or cached.grid_thw != grid_thw:
+            return None
+        return cached.features
+
+    def encode(self, requests: list[Request], on_batch=None) -> None:
+        """Set features and vision stats on every request; on_batch(requests_in_forward) is called
+        before each forward so callers can report progress."""
+        misses: dict[tuple, list[Request]] = {}
+        for request in requests:
+            request.feature_key = self.feature_key(request)
+            features = self.lookup(request.feature_key, request.prompt.grid_thw)
+            if features is not None:
+                request.features = features
+                request.stats.update(vit_cache_hit=True, vit_s=0.0, vit_batch_requests=0)
+            else:
+                misses.setdefault(request.feature_key, []).append(request)
+        keys = list(misses)
+        sizes = [misses[key][0].prompt.pixel_values.shape[0] for key in keys]
+        for chunk in chunk_by_budget(sizes, self.token_budget):
+            self._forward([keys[i] for i in chunk], misses, on_batch)
+
+    def _forward(self, keys: list[tuple], misses: dict[tuple, list[Request]], on_batch) -> None:
+        owners = [misses[key][0] for key in keys]
+        served = [request for key in keys for request in misses[key]]
+        if on_batch is not None:
+            on_batch(served)
+        device = self.model.device
+        pixels = torch.cat([r.prompt.pixel_values for r in owners]).to(device)
+        grids = torch.stack([r.prompt.grid_thw_patches for r in owners]).to(device)
+        start = time.perf_counter()
+        outputs = self.family.encode(self.model, pixels, grids)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        vit_s = time.perf_counter() - start
+        self.forwards += 1
+        for key, owner, features in zip(keys, owners, outputs):
+            self.cache.put(key, CachedFeatures(features, owner.prompt.grid_thw), features.nbytes)
+            for request in misses[key]:
+                request.features = features
+                request.stats.update(vit_cache_hit=False, vit_s=vit_s, vit_batch_requests=len(served))
