@@ -1,0 +1,171 @@
+"""Figures, frame overlays and the stats panel on a synthetic EvsPicture (no engine, no model)."""
+
+import json
+
+import numpy as np
+import plotly.io as pio
+import pytest
+
+from engine.stats import STATS_KEYS
+from engine.stream import EvsPicture
+from ui import figures, overlays, stats_panel
+
+# 3 groups of 2x3 tokens; group 0 keeps everything, group 2 keeps nothing.
+KEPT = np.array(
+    [
+        [[1, 1, 1], [1, 1, 1]],
+        [[1, 0, 0], [0, 0, 1]],
+        [[0, 0, 0], [0, 0, 0]],
+    ],
+    dtype=bool,
+)
+
+
+def make_picture(height_px: int = 12, width_px: int = 18) -> EvsPicture:
+    rng = np.random.default_rng(0)
+    dissim = rng.uniform(0.0, 0.5, size=KEPT.shape).astype(np.float16)
+    dissim[0] = np.inf
+    return EvsPicture(
+        frames=rng.integers(0, 256, size=(3, height_px, width_px, 3), dtype=np.uint8),
+        timestamps_s=[0.25, 1.25, 2.25],
+        grid_thw=(3, 2, 3),
+        kept_mask=KEPT,
+        dissimilarity=dissim,
+    )
+
+
+def sample_stats(**overrides) -> dict:
+    stats = dict(
+        pruning_rate=0.7, frames_sampled=6, grid_thw=[3, 2, 3], video_tokens_total=18,
+        video_tokens_kept=8, tokens_kept_per_frame=[6, 2, 0], prompt_tokens=40, generated_tokens=11,
+        ttft_s=0.5, total_s=1.5, decode_video_s=0.004, vit_s=0.12, evs_s=0.0021, prefill_s=0.2,
+        decode_s=1.0, vit_batch_requests=2, vit_cache_hit=True, prefix_cache_hit=False, decode_batch_max=3,
+    )
+    stats.update(overrides)
+    assert set(stats) == set(STATS_KEYS)
+    return stats
+
+
+def decoded(array_or_list) -> np.ndarray:
+    """Plotly keeps numpy arrays in figure objects; read them back as plain arrays."""
+    return np.asarray(array_or_list)
+
+
+# --- bar chart ---------------------------------------------------------------------------------
+
+def test_bars_split_every_group_into_kept_and_pruned():
+    fig = figures.tokens_per_group_figure(make_picture())
+    kept_bar, pruned_bar = fig.data
+    assert kept_bar.name == "kept" and pruned_bar.name == "pruned"
+    np.testing.assert_array_equal(decoded(kept_bar.y), [6, 2, 0])
+    np.testing.assert_array_equal(decoded(pruned_bar.y), [0, 4, 6])
+    assert fig.layout.barmode == "stack"
+    assert list(fig.layout.xaxis.ticktext) == ["0.2 s", "1.2 s", "2.2 s"]
+    assert "8 of 18 kept (56% pruned)" in fig.layout.title.text
+
+
+def test_groups_with_the_same_rounded_time_keep_separate_bars():
+    picture = make_picture()
+    picture = EvsPicture(picture.frames, [0.0, 0.01, 0.02], picture.grid_thw, picture.kept_mask,
+                         picture.dissimilarity)
+    kept_bar = figures.tokens_per_group_figure(picture).data[0]
+    assert len(set(decoded(kept_bar.x).tolist())) == 3
+
+
+# --- heatmap ---------------------------------------------------------------------------------
+
+def test_heatmap_rows_are_groups_and_first_group_is_blank():
+    picture = make_picture()
+    heat, kept_dots = figures.dissimilarity_figure(picture).data
+    z = decoded(heat.z)
+    assert z.shape == (3, 6)
+    assert np.isnan(z[0]).all()
+    np.testing.assert_allclose(z[1:], picture.dissimilarity[1:].reshape(2, 6).astype(np.float32))
+    # one dot per kept token, at (patch, group)
+    dots = set(zip(decoded(kept_dots.x).tolist(), decoded(kept_dots.y).tolist()))
+    expected = {(p, g) for g, p in zip(*np.nonzero(KEPT.reshape(3, 6)))}
+    assert dots == expected
+
+
+def test_heatmap_of_a_single_group_has_no_finite_values_and_still_builds():
+    picture = make_picture()
+    one = EvsPicture(picture.frames[:1], [0.25], (1, 2, 3), picture.kept_mask[:1], picture.dissimilarity[:1])
+    heat = figures.dissimilarity_figure(one).data[0]
+    assert heat.zmax > heat.zmin
+
+
+# --- API payload -----------------------------------------------------------------------------
+
+def test_payload_is_json_with_compact_arrays_and_round_trips():
+    payload = figures.figures_payload(make_picture())
+    text = json.dumps(payload, allow_nan=False)
+    assert set(payload) == {"tokens_per_group", "dissimilarity"}
+    assert '"bdata"' in text  # typed arrays, not long number lists
+    assert len(text) < 8000  # no plotly default template in the payload
+    fig = pio.from_json(json.dumps(payload["tokens_per_group"]))
+    assert [trace.name for trace in fig.data] == ["kept", "pruned"]
+
+
+# --- frame overlays --------------------------------------------------------------------------
+
+def test_overlay_dims_pruned_patches_and_leaves_kept_ones():
+    picture = make_picture()
+    frame = picture.frames[1]
+    out = overlays.dim_pruned(frame, KEPT[1])
+    # 12x18 pixels over 2x3 tokens: token (0, 0) is rows 0-5, cols 0-5 (kept); token (0, 1) is pruned.
+    np.testing.assert_array_equal(out[:6, :6], frame[:6, :6])
+    expected = np.rint(frame[:6, 6:12].astype(np.float32) * overlays.PRUNED_DIM
+                       + overlays.PRUNED_TINT_RGB * overlays.PRUNED_TINT_WEIGHT)
+    np.testing.assert_array_equal(out[:6, 6:12], expected.astype(np.uint8))
+    assert out.dtype == np.uint8 and out.shape == frame.shape
+    assert not np.shares_memory(out, frame)
+
+
+def test_pixel_mask_covers_frames_that_are_not_a_multiple_of_the_grid():
+    mask = overlays.pruned_pixels(KEPT[1], 7, 10)
+    # rows 0-3 -> token row 0, rows 4-6 -> row 1; cols 0-3 -> col 0, 4-6 -> col 1, 7-9 -> col 2
+    expected = np.zeros((7, 10), dtype=bool)
+    expected[:4, 4:] = True  # tokens (0, 1) and (0, 2) pruned
+    expected[4:, :7] = True  # tokens (1, 0) and (1, 1) pruned
+    np.testing.assert_array_equal(mask, expected)
+
+
+def test_gallery_captions_give_time_and_kept_count():
+    gallery = overlays.frame_gallery(make_picture())
+    assert [caption for _, caption in gallery] == [
+        "t=0.2 s · kept 6/6", "t=1.2 s · kept 2/6", "t=2.2 s · kept 0/6"]
+    fully_pruned, _ = gallery[2]
+    assert fully_pruned.max() <= np.ceil(255 * overlays.PRUNED_DIM + 225 * overlays.PRUNED_TINT_WEIGHT)
+
+
+# --- stats panel -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("seconds, text", [(None, "—"), (0.0021, "2.1 ms"), (0.12, "120 ms"), (1.5, "1.50 s")])
+def test_format_seconds(seconds, text):
+    assert stats_panel.format_seconds(seconds) == text
+
+
+def test_stats_cards_show_the_headline_numbers():
+    html = stats_panel.stats_html(sample_stats())
+    for fragment in ["18 → 8", "56% pruned at q=0.70", "Prompt tokens", ">40<", "11 tokens",
+                     "10.0 tokens/s decode", "500 ms", "ViT × 2 · decode × 3", "features hit · prefix miss",
+                     "grid 3 × 2 × 3"]:
+        assert fragment in html, fragment
+
+
+def test_decode_speed_is_unknown_for_a_single_token():
+    assert stats_panel.decode_tokens_per_s(sample_stats(generated_tokens=1)) is None
+    assert "—" in stats_panel.stats_html(sample_stats(generated_tokens=1))
+
+
+def test_placeholder_before_any_answer():
+    assert stats_panel.stats_html(None) == stats_panel.PLACEHOLDER_HTML
+
+
+def test_compare_summary_states_savings():
+    full = sample_stats(pruning_rate=0.0, prompt_tokens=50, ttft_s=1.0, video_tokens_kept=18)
+    pruned = sample_stats(prompt_tokens=40, ttft_s=0.5)
+    text = stats_panel.compare_summary(full, pruned)
+    assert "**10 tokens shorter**" in text and "(2.0× faster)" in text
+    assert "(2.0× slower)" in stats_panel.compare_summary(pruned | {"pruning_rate": 0.0}, full | {"pruning_rate": 0.7})
+    assert "TTFT 1.00 s" in stats_panel.compare_line(full)

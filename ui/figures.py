@@ -1,0 +1,134 @@
+"""Plotly figures of one request's pruning picture.
+
+They are built once per request, when the engine's "evs" event arrives, and sent before the first
+token. Arrays go into the figures as small numpy dtypes so plotly encodes them as base64 typed arrays
+("bdata") instead of long JSON lists.
+"""
+
+import json
+
+import numpy as np
+import plotly.graph_objects as go
+
+from engine.stream import EvsPicture
+
+KEPT_COLOR = "#0d9488"  # teal; the frame overlays leave kept patches untouched
+PRUNED_COLOR = "#e11d48"  # rose; the frame overlays tint pruned patches with it
+_FONT = dict(family="Inter, system-ui, sans-serif", size=12, color="#334155")
+_GRID_COLOR = "#e2e8f0"
+
+
+def kept_per_group(picture: EvsPicture) -> np.ndarray:
+    """(T,) int32: tokens each temporal group sends to the language model."""
+    num_groups = picture.kept_mask.shape[0]
+    return picture.kept_mask.reshape(num_groups, -1).sum(axis=1).astype(np.int32)
+
+
+def group_tick_labels(picture: EvsPicture) -> list[str]:
+    """One axis label per temporal group: its centre time in seconds."""
+    return [f"{t:.1f} s" for t in picture.timestamps_s]
+
+
+def tokens_per_group_figure(picture: EvsPicture) -> go.Figure:
+    """Stacked bars: kept vs pruned tokens of each temporal group, x labelled with its timestamp.
+
+    x is the group index (ticks show the time) so that two groups whose times round to the same
+    label still get their own bar.
+    """
+    num_groups, h, w = picture.grid_thw
+    tokens_per_group = h * w
+    kept = kept_per_group(picture)
+    pruned = (tokens_per_group - kept).astype(np.int32)
+    group_index = np.arange(num_groups, dtype=np.int32)
+    time_s = np.asarray(picture.timestamps_s, dtype=np.float32)
+    kept_total = int(kept.sum())
+    total = num_groups * tokens_per_group
+    pruned_pct = 100.0 * (total - kept_total) / total if total else 0.0
+
+    hover = "t=%{customdata:.2f} s<br>%{y} of " + str(tokens_per_group) + " tokens %{meta}<extra></extra>"
+    fig = go.Figure(
+        [
+            go.Bar(x=group_index, y=kept, name="kept", marker_color=KEPT_COLOR,
+                   customdata=time_s, meta="kept", hovertemplate=hover),
+            go.Bar(x=group_index, y=pruned, name="pruned", marker_color=PRUNED_COLOR,
+                   customdata=time_s, meta="pruned", hovertemplate=hover),
+        ]
+    )
+    fig.update_layout(
+        barmode="stack",
+        bargap=0.15,
+        title=dict(text=f"Tokens per temporal group: {kept_total:,} of {total:,} kept "
+                        f"({pruned_pct:.0f}% pruned)", x=0.0, xanchor="left", font=dict(size=14)),
+        yaxis_title=f"tokens (of {tokens_per_group} per group)",
+        yaxis=dict(range=[0, tokens_per_group], gridcolor=_GRID_COLOR),
+        xaxis=dict(title="group start time", tickmode="array", tickvals=group_index,
+                   ticktext=group_tick_labels(picture)),
+        **_base_layout(),
+    )
+    return fig
+
+
+def dissimilarity_figure(picture: EvsPicture) -> go.Figure:
+    """Heatmap of 1 - cos(previous group) per token: rows are groups, columns are patches in raster order.
+
+    Group 0 has no predecessor (+inf, always kept); it is drawn empty. Dots mark the kept tokens.
+    """
+    num_groups, h, w = picture.grid_thw
+    tokens_per_group = h * w
+    dissim = picture.dissimilarity.reshape(num_groups, tokens_per_group).astype(np.float32)
+    dissim[~np.isfinite(dissim)] = np.nan  # JSON and colour scales have no +inf
+    finite_max = float(np.nanmax(dissim)) if np.isfinite(dissim).any() else 1.0
+    kept_group, kept_patch = np.nonzero(picture.kept_mask.reshape(num_groups, tokens_per_group))
+    group_index = np.arange(num_groups, dtype=np.int32)
+    ticks = group_tick_labels(picture)
+    ticks[0] += " (first)"
+
+    fig = go.Figure(
+        [
+            go.Heatmap(
+                z=dissim, x=np.arange(tokens_per_group, dtype=np.int32), y=group_index,
+                colorscale="Viridis", zmin=0.0, zmax=max(finite_max, 1e-6),
+                colorbar=dict(title=dict(text="1 − cos", side="right"), thickness=12),
+                hovertemplate="group %{y} · patch %{x}<br>1 − cos = %{z:.3f}<extra></extra>",
+            ),
+            go.Scatter(
+                x=kept_patch.astype(np.int32), y=kept_group.astype(np.int32), mode="markers", name="kept",
+                marker=dict(symbol="circle-open", size=5, color="white", line=dict(width=1)),
+                hovertemplate="group %{y} · patch %{x}: kept<extra></extra>",
+            ),
+        ]
+    )
+    fig.update_layout(
+        title=dict(text=f"Change since the previous group ({h}×{w} patches per group, ○ = kept)",
+                   x=0.0, xanchor="left", font=dict(size=14)),
+        xaxis=dict(title="patch (row-major)", showgrid=False, zeroline=False),
+        yaxis=dict(title="group", autorange="reversed", tickmode="array", tickvals=group_index,
+                   ticktext=ticks, showgrid=False, zeroline=False),
+        showlegend=False,
+        **_base_layout(),
+    )
+    return fig
+
+
+def figures_payload(picture: EvsPicture) -> dict:
+    """Both figures as plotly JSON dicts, for the `/ask` API: {"tokens_per_group": ..., "dissimilarity": ...}.
+
+    A client rebuilds one with `plotly.io.from_json(json.dumps(payload["dissimilarity"]))`.
+    """
+    return {
+        "tokens_per_group": json.loads(tokens_per_group_figure(picture).to_json()),
+        "dissimilarity": json.loads(dissimilarity_figure(picture).to_json()),
+    }
+
+
+def _base_layout() -> dict:
+    # "none" keeps plotly's large default template out of the payload; style is set here instead.
+    return dict(
+        template="none",
+        font=_FONT,
+        height=320,
+        margin=dict(l=60, r=20, t=48, b=48),
+        paper_bgcolor="rgba(0,0,0,0)",
+        plot_bgcolor="rgba(0,0,0,0)",
+        legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="right", x=1.0),
+    )

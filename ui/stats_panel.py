@@ -1,0 +1,83 @@
+"""Compact HTML for the numbers of one request (stats dict with the DESIGN.md keys) and for compare mode."""
+
+from html import escape
+
+PLACEHOLDER_HTML = (
+    '<div class="evs-stats evs-stats-empty">Token counts, time to first token and stage timings '
+    "appear here once a question has been answered.</div>"
+)
+
+
+def format_seconds(seconds: float | None) -> str:
+    """'—' when unknown, milliseconds below one second, else seconds with two decimals."""
+    if seconds is None:
+        return "—"
+    if seconds < 1.0:
+        return f"{seconds * 1000:.0f} ms" if seconds >= 0.01 else f"{seconds * 1000:.1f} ms"
+    return f"{seconds:.2f} s"
+
+
+def pruned_percent(stats: dict) -> float:
+    total = stats["video_tokens_total"]
+    return 100.0 * (total - stats["video_tokens_kept"]) / total if total else 0.0
+
+
+def decode_tokens_per_s(stats: dict) -> float | None:
+    """Steady decode speed: tokens after the first one over the time from first token to done."""
+    after_first = stats["generated_tokens"] - 1
+    if after_first <= 0 or stats["decode_s"] <= 0:
+        return None
+    return after_first / stats["decode_s"]
+
+
+def stats_html(stats: dict | None) -> str:
+    """A grid of small cards; the placeholder when `stats` is None (nothing answered yet)."""
+    if stats is None:
+        return PLACEHOLDER_HTML
+    speed = decode_tokens_per_s(stats)
+    cards = [
+        ("Video tokens", f"{stats['video_tokens_total']:,} → {stats['video_tokens_kept']:,}",
+         f"{pruned_percent(stats):.0f}% pruned at q={stats['pruning_rate']:.2f}"),
+        ("Prompt tokens", f"{stats['prompt_tokens']:,}",
+         f"{stats['frames_sampled']} frames · grid {' × '.join(str(n) for n in stats['grid_thw'])}"),
+        ("Generated", f"{stats['generated_tokens']:,} tokens",
+         "—" if speed is None else f"{speed:.1f} tokens/s decode"),
+        ("Time to first token", format_seconds(stats["ttft_s"]), f"total {format_seconds(stats['total_s'])}"),
+        ("Stages", f"ViT {format_seconds(stats['vit_s'])} · EVS {format_seconds(stats['evs_s'])}",
+         f"video {format_seconds(stats['decode_video_s'])} · prefill {format_seconds(stats['prefill_s'])}"
+         f" · decode {format_seconds(stats['decode_s'])}"),
+        ("Batching", f"ViT × {stats['vit_batch_requests']} · decode × {stats['decode_batch_max']}",
+         "requests sharing the ViT forward · most in one decode step"),
+        ("Caches", f"features {_hit(stats['vit_cache_hit'])} · prefix {_hit(stats['prefix_cache_hit'])}",
+         "ViT feature cache · KV of the same video prefix"),
+    ]
+    return '<div class="evs-stats">' + "".join(_card(*card) for card in cards) + "</div>"
+
+
+def compare_line(stats: dict | None) -> str:
+    """One markdown line under a compare-mode answer: TTFT and token counts."""
+    if stats is None:
+        return "*waiting for the answer…*"
+    return (f"**TTFT {format_seconds(stats['ttft_s'])}** · video tokens {stats['video_tokens_kept']:,}"
+            f"/{stats['video_tokens_total']:,} · prompt {stats['prompt_tokens']:,} · "
+            f"generated {stats['generated_tokens']:,} · total {format_seconds(stats['total_s'])}")
+
+
+def compare_summary(full: dict, pruned: dict) -> str:
+    """One markdown sentence: what pruning at q saved against q=0."""
+    saved_tokens = full["prompt_tokens"] - pruned["prompt_tokens"]
+    ratio = full["ttft_s"] / pruned["ttft_s"] if pruned["ttft_s"] > 0 else float("inf")
+    pace = f"{ratio:.1f}× faster" if ratio >= 1 else f"{1 / ratio:.1f}× slower"
+    return (f"At q={pruned['pruning_rate']:.2f} the prompt is **{saved_tokens:,} tokens shorter** "
+            f"({pruned['prompt_tokens']:,} vs {full['prompt_tokens']:,}) and the first token came after "
+            f"**{format_seconds(pruned['ttft_s'])}** instead of {format_seconds(full['ttft_s'])} ({pace}).")
+
+
+def _hit(hit: bool) -> str:
+    return "hit" if hit else "miss"
+
+
+def _card(label: str, value: str, detail: str) -> str:
+    return (f'<div class="evs-card"><div class="evs-card-label">{escape(label)}</div>'
+            f'<div class="evs-card-value">{escape(value)}</div>'
+            f'<div class="evs-card-detail">{escape(detail)}</div></div>')
