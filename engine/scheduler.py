@@ -207,8 +207,9 @@ class Scheduler(threading.Thread):
                 tokens_kept_per_frame=request.pruned.tokens_kept_per_group,
                 prompt_tokens=int(request.pruned.input_ids.numel()),
             )
+        token_ids = tuple(request.decoder.token_ids) if request.decoder else ()
         request.release()
-        request.stream.push(Event("done", stats=stats))
+        request.stream.push(Event("done", stats=stats, token_ids=token_ids))
 
     def _fail(self, request: Request, error: BaseException) -> None:
         self._release_slot(request)

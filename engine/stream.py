@@ -38,19 +38,22 @@ class Event:
     kind "status": `text` says what the engine is doing ("decoding video", "prefill", ...).
     kind "evs":    `evs` holds the pruning picture (once, before the first token).
     kind "text":   `text` is the next piece of the answer.
-    kind "done":   `stats` holds the final stats dict (DESIGN.md keys); the stream ends after it.
+    kind "done":   `stats` holds the final stats dict (DESIGN.md keys) and `token_ids` the generated
+                   token ids; the stream ends after it.
     """
 
     kind: Literal["status", "evs", "text", "done"]
     text: str = ""
     evs: EvsPicture | None = None
     stats: dict | None = None
+    token_ids: tuple[int, ...] = ()
 
 
 @dataclass
 class Answer:
     text: str
     stats: dict
+    token_ids: tuple[int, ...] = ()
     cancelled: bool = False
 
 
@@ -69,6 +72,7 @@ class Stream:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _text: list[str] = field(default_factory=list)
     _stats: dict | None = None
+    _token_ids: tuple[int, ...] = ()
     _error: BaseException | None = None
 
     # --- worker side -------------------------------------------------------------------------
@@ -77,6 +81,7 @@ class Stream:
             self._text.append(event.text)
         elif event.kind == "done":
             self._stats = event.stats
+            self._token_ids = event.token_ids
         self._deliver(event)
         if event.kind == "done":
             self._close()
@@ -141,4 +146,4 @@ class Stream:
             raise TimeoutError(f"request {self.request_id} did not finish in {timeout_s} s")
         if self._error is not None:
             raise self._error
-        return Answer(text="".join(self._text), stats=self._stats or {}, cancelled=self.cancelled)
+        return Answer("".join(self._text), self._stats or {}, self._token_ids, self.cancelled)
