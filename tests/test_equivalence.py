@@ -1,0 +1,96 @@
+"""The backbone: q=0 equals stock transformers generate; pruned logits equal full-sequence logits with the
+pruned tokens masked out of attention (DeepStack included); and pruning does change the logits."""
+
+import pytest
+import torch
+
+from engine import Engine, EngineConfig, GenerationParams
+from engine.config import SamplingParams
+from engine.lm import LMInput, embed_prompt, lm_logits
+from engine.prompt import chat_text, processor_inputs, prepare_prompt
+from engine.pruning import prune_prompt
+from engine.video import load_video
+
+SYSTEM = "You are a helpful assistant."
+QUESTION = "What moves?"
+# 2 s at 4 fps -> 8 frames, 4 temporal groups; 224x224 -> 7x7 (Qwen3) or 8x8 (Qwen2.5) tokens per group.
+# For Qwen2.5 the video's temporal extent (3 groups x 1 position) stays below its spatial extent, where
+# stock transformers' text-after-video offset agrees with the original Qwen rule.
+SAMPLING = SamplingParams(fps=4.0, max_frames=8, max_pixels_per_frame=224 * 224)
+MODELS = ["tiny-random", "tiny-random-qwen2.5-vl"]
+
+
+def sampled(path):
+    return load_video(path, SAMPLING, max_seconds=60, max_bytes=10**8, timeout_s=60)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_q0_equals_stock_generate(name, tiny_models, tiny_cache_dir, clip):
+    path = clip("moving_object", seconds=2.0, fps=8, size=(224, 224))
+    loaded, family = tiny_models(name)
+    inputs = processor_inputs(loaded, family, sampled(path), chat_text(family, SYSTEM, QUESTION, []), 224 * 224)
+    with torch.inference_mode():
+        stock = loaded.model.generate(**inputs, max_new_tokens=16, do_sample=False)
+    stock_tokens = stock[0, inputs["input_ids"].shape[1] :].tolist()
+
+    engine = Engine(EngineConfig(model=name, device="cpu", cache_dir=tiny_cache_dir, sampling=SAMPLING))
+    try:
+        params = GenerationParams(pruning_rate=0.0, max_new_tokens=16)
+        answer = engine.submit(video=path, question=QUESTION, params=params).result(timeout_s=300)
+    finally:
+        engine.shutdown()
+    eos = set(engine._scheduler.eos_ids)
+    stock_tokens = stock_tokens[: next((i for i, t in enumerate(stock_tokens) if t in eos), len(stock_tokens))]
+    assert list(answer.token_ids) == stock_tokens
+    assert answer.stats["video_tokens_kept"] == answer.stats["video_tokens_total"]
+
+
+def full_logits_with_mask(loaded, family, prompt, features, retention):
+    """Unpruned prompt, every feature in place, pruned video tokens masked out of attention."""
+    model = loaded.model
+    length = prompt.input_ids.numel()
+    embeds = embed_prompt(model, prompt.input_ids, prompt.is_video, features)
+    positions = torch.cat([torch.arange(length)[None], prompt.positions])[:, None]
+    attention = torch.ones(1, length, dtype=torch.long)
+    attention[0, prompt.is_video] = retention.long()
+    batch = LMInput(embeds[None], positions, attention, prompt.is_video[None], features.deepstack)
+    return lm_logits(model, family, batch, cache=None)[0]
+
+
+def pruned_logits(loaded, family, pruned):
+    embeds = embed_prompt(loaded.model, pruned.input_ids, pruned.video_mask, pruned.features)
+    batch = LMInput(embeds[None], pruned.positions[:, None], None, pruned.video_mask[None], pruned.features.deepstack)
+    return lm_logits(loaded.model, family, batch, cache=None)[0]
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_pruned_logits_equal_masked_full_sequence(name, tiny_models, clip):
+    loaded, family = tiny_models(name)
+    prompt = prepare_prompt(
+        loaded, family, sampled(clip("moving_object", seconds=2.0, size=(224, 224))), QUESTION, [], SYSTEM, 224 * 224
+    )
+    with torch.inference_mode():
+        features = family.encode(loaded.model, prompt.pixel_values, prompt.grid_thw_patches[None])[0]
+        assert family.has_deepstack == bool(features.deepstack)
+        pruned = prune_prompt(prompt, features, 0.5)
+        assert 0 < pruned.retention.sum() < pruned.retention.numel()
+        got = pruned_logits(loaded, family, pruned)
+        want = full_logits_with_mask(loaded, family, prompt, features, pruned.retention)
+        unpruned = pruned_logits(loaded, family, prune_prompt(prompt, features, 0.0))
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    assert (got - unpruned).abs().max() > 1e-3
+
+
+def test_deepstack_reaches_the_pruned_path(tiny_models, clip):
+    """Dropping DeepStack changes the logits, so the equivalence above covers it."""
+    loaded, family = tiny_models("tiny-random")
+    prompt = prepare_prompt(
+        loaded, family, sampled(clip("moving_object", seconds=2.0, size=(224, 224))), QUESTION, [], SYSTEM, 224 * 224
+    )
+    with torch.inference_mode():
+        features = family.encode(loaded.model, prompt.pixel_values, prompt.grid_thw_patches[None])[0]
+        pruned = prune_prompt(prompt, features, 0.5)
+        with_deepstack = pruned_logits(loaded, family, pruned)
+        pruned.features.deepstack = [torch.zeros_like(level) for level in pruned.features.deepstack]
+        without = pruned_logits(loaded, family, pruned)
+    assert (with_deepstack - without).abs().max() > 1e-4
