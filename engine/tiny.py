@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 TINY_MODELS = {"tiny-random": "qwen3_vl", "tiny-random-qwen2.5-vl": "qwen2_5_vl"}
 
 # Bump when the config, tokenizer or init changes: a cached folder with another version is rebuilt.
-TINY_BUILD_VERSION = "1"
+TINY_BUILD_VERSION = "2"
 _VERSION_FILE = "evs_tiny_version.txt"
 
 # Large enough that the top-2 logit gap dwarfs float noise from batching/padding, so greedy
@@ -186,11 +186,24 @@ def _qwen2_5_vl(tokenizer):
 _BUILDERS = {"qwen3_vl": _qwen3_vl, "qwen2_5_vl": _qwen2_5_vl}
 
 
+def _silence_special_tokens(model, tokenizer) -> None:
+    """Zero the output rows of the special tokens so greedy decoding never picks them.
+
+    Random weights otherwise emit <|im_end|> after a handful of tokens; a tiny model that always runs
+    to max_new_tokens gives tests and benchmarks a fixed, known answer length.
+    """
+    lm_head = model.get_output_embeddings().weight
+    assert lm_head.data_ptr() != model.get_input_embeddings().weight.data_ptr(), "tied embeddings"
+    with torch.no_grad():
+        lm_head[tokenizer.convert_tokens_to_ids(SPECIAL_TOKENS)] = 0.0
+
+
 def _build_into(name: str, folder: Path) -> None:
     tokenizer = build_tokenizer()
     model_class, config, processor = _BUILDERS[TINY_MODELS[name]](tokenizer)
     torch.manual_seed(0)
     model = model_class(config).to(torch.float32).eval()
+    _silence_special_tokens(model, tokenizer)
     model.generation_config = GenerationConfig(
         eos_token_id=[tokenizer.eos_token_id, tokenizer.pad_token_id],
         pad_token_id=tokenizer.pad_token_id,
