@@ -1,5 +1,6 @@
 """The public engine: one per process; `submit` is thread-safe and never waits for the GPU."""
 
+import contextlib
 import itertools
 import logging
 import math
@@ -63,6 +64,8 @@ class Engine:
         self._ids = itertools.count(1)
         self._admission = threading.BoundedSemaphore(self.config.max_queue)
         self._prepare_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="evs-prepare")
+        self._preparing = 0  # requests submitted and not yet handed to the worker
+        self._prepared = threading.Condition()
         self._scheduler = Scheduler(self.loaded, self.family, self.config, self._admission)
         self._scheduler.start()
 
@@ -119,11 +122,34 @@ class Engine:
             sampling=params.sampling or self.config.sampling,
         )
         request.stats["pruning_rate"] = float(params.pruning_rate)
+        with self._prepared:
+            self._preparing += 1
         self._prepare_pool.submit(self._prepare, request)
         return stream
 
+    @contextlib.contextmanager
+    def paused(self, timeout_s: float = 120.0):
+        """Hold admission while the block submits a burst; on exit wait until every submitted request
+        is prepared, then let the worker take them all in one iteration (one ViT forward). Benchmarks
+        and tests use it to make "simultaneous" exact; running requests keep decoding meanwhile."""
+        self._scheduler.admitting.clear()
+        try:
+            yield self
+            with self._prepared:
+                self._prepared.wait_for(lambda: self._preparing == 0, timeout_s)
+        finally:
+            self._scheduler.admitting.set()
+
     def _prepare(self, request: Request) -> None:
         """CPU work off the GPU thread: decode and sample the video, run the HF processor."""
+        try:
+            self._prepare_request(request)
+        finally:
+            with self._prepared:
+                self._preparing -= 1
+                self._prepared.notify_all()
+
+    def _prepare_request(self, request: Request) -> None:
         stream = request.stream
         try:
             if stream.cancelled:

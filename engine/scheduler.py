@@ -56,6 +56,8 @@ class Scheduler(threading.Thread):
         self.waiting: deque[Request] = deque()
         self.running: dict[int, Request] = {}
         self._stopping = threading.Event()
+        self.admitting = threading.Event()  # cleared by Engine.paused() to line up a burst
+        self.admitting.set()
 
     # --- called from other threads -------------------------------------------------------------
     def enqueue(self, request: Request) -> None:
@@ -77,9 +79,9 @@ class Scheduler(threading.Thread):
         self._fail_all(RuntimeError("The engine is shutting down."))
 
     def _iteration(self) -> None:
-        self._collect(block=not self.running and not self.waiting)
+        self._collect(block=not self.running and not (self.waiting and self.admitting.is_set()))
         self._drop_cancelled()
-        free = self.config.max_running - len(self.running)
+        free = self.config.max_running - len(self.running) if self.admitting.is_set() else 0
         new = [self.waiting.popleft() for _ in range(min(free, len(self.waiting)))]
         if new:
             for request in new:
