@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 TINY_MODELS = {"tiny-random": "qwen3_vl", "tiny-random-qwen2.5-vl": "qwen2_5_vl"}
 
 # Bump when the config, tokenizer or init changes: a cached folder with another version is rebuilt.
-TINY_BUILD_VERSION = "2"
+TINY_BUILD_VERSION = "3"
 _VERSION_FILE = "evs_tiny_version.txt"
 
 # Large enough that the top-2 logit gap dwarfs float noise from batching/padding, so greedy
@@ -75,15 +75,14 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     core = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     core.decoder = decoders.ByteLevel()
+    core.add_special_tokens(SPECIAL_TOKENS)  # ids 256.. in list order
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=core,
+        model_max_length=32768,
         pad_token=_PAD,
         eos_token=_EOS,
-        additional_special_tokens=SPECIAL_TOKENS[1:2] + SPECIAL_TOKENS[3:],
-        model_max_length=32768,
-        padding_side="left",
+        additional_special_tokens=[t for t in SPECIAL_TOKENS if t not in (_PAD, _EOS)],
     )
-    tokenizer.add_special_tokens({"additional_special_tokens": SPECIAL_TOKENS[1:2] + SPECIAL_TOKENS[3:]})
     tokenizer.chat_template = CHAT_TEMPLATE
     return tokenizer
 

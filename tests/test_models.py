@@ -25,8 +25,9 @@ VIDEO_PAD = "<|video_pad|>"
 
 
 @pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("models")
+def cache_dir(tiny_cache_dir):
+    """The session's shared tiny-model folder (tests/conftest.py), so the suite builds each model once."""
+    return tiny_cache_dir
 
 
 @pytest.fixture(scope="module")
