@@ -30,7 +30,26 @@ from transformers import (
 
 log = logging.getLogger(__name__)
 
-TINY_MODELS = {"tiny-random": "qwen3_vl", "tiny-random-qwen2.5-vl": "qwen2_5_vl"}
+TINY_MODELS = {
+    "tiny-random": "qwen3_vl",
+    "tiny-random-qwen2.5-vl": "qwen2_5_vl",
+    "random-qwen3-vl-50m": "qwen3_vl",  # benchmark size: heavy enough that batching shows
+}
+
+# Layer sizes of each Qwen3-VL build: text (hidden, layers, heads, kv heads, head_dim, MLP, MRoPE split),
+# vision (depth, hidden, heads, MLP, DeepStack layers).
+_QWEN3_SIZES = {
+    "tiny-random": dict(
+        text=dict(hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                  head_dim=16, intermediate_size=128, mrope=[4, 2, 2]),
+        vision=dict(depth=3, hidden_size=32, num_heads=2, intermediate_size=64, deepstack_visual_indexes=[0, 1]),
+    ),
+    "random-qwen3-vl-50m": dict(
+        text=dict(hidden_size=512, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4,
+                  head_dim=64, intermediate_size=1536, mrope=[12, 10, 10]),
+        vision=dict(depth=6, hidden_size=384, num_heads=6, intermediate_size=1536, deepstack_visual_indexes=[1, 3]),
+    ),
+}
 
 # Bump when the config, tokenizer or init changes: a cached folder with another version is rebuilt.
 TINY_BUILD_VERSION = "3"
@@ -98,37 +117,31 @@ def _token_ids(tokenizer) -> dict[str, int]:
 
 
 def _text_config(tokenizer, mrope_section: list[int], **extra) -> dict:
+    sizes = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2)
     return dict(
         vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        **{**sizes, **extra},
         max_position_embeddings=32768,
         initializer_range=_INIT_RANGE,
         pad_token_id=tokenizer.pad_token_id,
         rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0, "mrope_section": mrope_section},
-        **extra,
     )
 
 
-def _qwen3_vl(tokenizer):
-    """Qwen3-VL layout: patch 16, merge 2, interleaved MRoPE, DeepStack from ViT layers 0 and 1."""
+def _qwen3_vl(tokenizer, name: str = "tiny-random"):
+    """Qwen3-VL layout: patch 16, merge 2, interleaved MRoPE, DeepStack from two early ViT layers."""
+    text = dict(_QWEN3_SIZES[name]["text"])
+    # tiny: head_dim 16 -> 8 rotary frequencies split t/h/w = 4/2/2; the model interleaves them.
+    mrope = text.pop("mrope")
     config = Qwen3VLConfig(
-        # head_dim 16 -> 8 rotary frequencies split t/h/w = 4/2/2; the model interleaves them.
-        text_config=_text_config(tokenizer, [4, 2, 2], head_dim=16),
+        text_config=_text_config(tokenizer, mrope, **text),
         vision_config=dict(
-            depth=3,
-            hidden_size=32,
-            intermediate_size=64,
-            num_heads=2,
+            **_QWEN3_SIZES[name]["vision"],
             patch_size=16,
             temporal_patch_size=2,
             spatial_merge_size=2,
-            out_hidden_size=64,
+            out_hidden_size=text["hidden_size"],
             num_position_embeddings=64,
-            deepstack_visual_indexes=[0, 1],
             initializer_range=_INIT_RANGE,
         ),
         **_token_ids(tokenizer),
@@ -149,7 +162,7 @@ def _qwen3_vl(tokenizer):
     return Qwen3VLForConditionalGeneration, config, processor
 
 
-def _qwen2_5_vl(tokenizer):
+def _qwen2_5_vl(tokenizer, name: str = "tiny-random-qwen2.5-vl"):
     """Qwen2.5-VL layout: patch 14, merge 2, windowed ViT attention with one full-attention block."""
     config = Qwen2_5_VLConfig(
         # head_dim 64/4 = 16 -> 8 rotary frequencies split t/h/w = 2/3/3 like the real 16/24/24.
@@ -199,7 +212,7 @@ def _silence_special_tokens(model, tokenizer) -> None:
 
 def _build_into(name: str, folder: Path) -> None:
     tokenizer = build_tokenizer()
-    model_class, config, processor = _BUILDERS[TINY_MODELS[name]](tokenizer)
+    model_class, config, processor = _BUILDERS[TINY_MODELS[name]](tokenizer, name)
     torch.manual_seed(0)
     model = model_class(config).to(torch.float32).eval()
     _silence_special_tokens(model, tokenizer)
