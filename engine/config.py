@@ -34,6 +34,7 @@ class EngineConfig:
     vit_token_budget: int = 65536  # patches (pre-merge) in one ViT forward before it is split
     feature_cache_bytes: int = 1 << 30
     prefix_cache_bytes: int = 1 << 30
+    decoded_video_cache_bytes: int = 256 << 20  # sampled frames of recent uploads (follow-ups skip decoding)
     max_queue: int = 64  # requests waiting for admission before submit answers "busy"
     max_running: int = 16  # requests decoding together
     cache_dir: Path = field(default_factory=default_cache_dir)

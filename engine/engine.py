@@ -16,13 +16,14 @@ import evs
 from .config import EngineConfig, GenerationParams
 from .errors import BusyError, InputError
 from .families import family_for
+from .lru import ByteLRU
 from .models import load_model
 from .prompt import prepare_prompt
 from .request import Request
 from .sampling import TextDecoder
 from .scheduler import Scheduler
 from .stream import Event, Stream
-from .video import load_video
+from .video import SampledVideo, file_sha256, load_video
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,9 @@ class Engine:
         self._admission = threading.BoundedSemaphore(self.config.max_queue)
         self._prepare_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="evs-prepare")
         self._preparing = 0  # requests submitted and not yet handed to the worker
+        # Sampled frames of recent uploads, so a follow-up question skips decoding the file again.
+        self._decoded = ByteLRU(self.config.decoded_video_cache_bytes)
+        self._decoded_lock = threading.Lock()
         self._prepared = threading.Condition()
         self._scheduler = Scheduler(self.loaded, self.family, self.config, self._admission)
         self._scheduler.start()
@@ -157,14 +161,7 @@ class Engine:
             stream.push(Event("status", "decoding video"))
             start = time.perf_counter()
             config, sampling = self.config, request.sampling
-            request.video = load_video(
-                request.video_path,
-                sampling,
-                max_seconds=config.max_video_seconds,
-                max_bytes=config.max_file_bytes,
-                timeout_s=config.decode_timeout_s,
-                temporal_patch=self.loaded.model.config.vision_config.temporal_patch_size,
-            )
+            request.video = self._sampled_video(request.video_path, sampling)
             request.prompt = prepare_prompt(
                 self.loaded,
                 self.family,
@@ -194,6 +191,26 @@ class Engine:
                 self._admission.release()
             request.release()
             stream.fail(error)
+
+    def _sampled_video(self, path: str, sampling) -> SampledVideo:
+        file = Path(path)
+        hashable = file.is_file() and file.stat().st_size <= self.config.max_file_bytes
+        key = (file_sha256(path), sampling) if hashable else None
+        with self._decoded_lock:
+            video = self._decoded.get(key) if key else None
+        if video is None:
+            config = self.config
+            video = load_video(
+                path,
+                sampling,
+                max_seconds=config.max_video_seconds,
+                max_bytes=config.max_file_bytes,
+                timeout_s=config.decode_timeout_s,
+                temporal_patch=self.loaded.model.config.vision_config.temporal_patch_size,
+            )
+            with self._decoded_lock:
+                self._decoded.put((video.content_hash, sampling), video, video.frames.nbytes)
+        return video
 
     def shutdown(self) -> None:
         self._prepare_pool.shutdown(wait=True, cancel_futures=True)
