@@ -1,0 +1,174 @@
+"""EVS Video Chat: `python app.py [--model ID|tiny-random] [--device auto|cuda|cpu] [--host H] [--port P]`.
+
+Every flag has an environment twin (the flag wins): EVS_MODEL, EVS_DEVICE, EVS_HOST (or GRADIO_SERVER_NAME),
+EVS_PORT (or GRADIO_SERVER_PORT), EVS_MAX_FILE_MB, EVS_STRICT_MODEL=1.
+
+Start-up: load the model once (falling back to tiny-random when the checkpoint cannot be fetched, unless
+strict), answer one warm-up request on a built-in clip, log what runs where, then serve the UI and
+GET /healthz.
+"""
+
+import argparse
+import importlib.util
+import logging
+import os
+import resource
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import NoReturn
+
+from fastapi.routing import APIRoute
+
+from engine import Engine, EngineConfig, GenerationParams
+from engine.models import ModelUnavailable, UnsupportedModel
+
+DEFAULT_MODEL = "Qwen/Qwen3-VL-4B-Instruct"
+FALLBACK_MODEL = "tiny-random"
+WARMUP_CLIP = Path(__file__).resolve().parent / "assets" / "examples" / "moving_object.mp4"
+WARMUP_TIMEOUT_S = 600.0
+EXIT_MODEL_UNAVAILABLE = 3
+
+log = logging.getLogger("app")
+
+
+def _env(*names: str, default: str) -> str:
+    """The first of `names` set to a non-empty value in the environment, else `default`."""
+    for name in names:
+        value = os.environ.get(name, "").strip()
+        if value:
+            return value
+    return default
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Flags with environment defaults; argparse converts (and checks) string defaults with `type`."""
+    parser = argparse.ArgumentParser(prog="python app.py", description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=_env("EVS_MODEL", default=DEFAULT_MODEL),
+                        help="Hub id, local folder, tiny-random or tiny-random-qwen2.5-vl [EVS_MODEL]")
+    parser.add_argument("--device", default=_env("EVS_DEVICE", default="auto"), choices=["auto", "cuda", "cpu"],
+                        help="[EVS_DEVICE]")
+    parser.add_argument("--host", default=_env("EVS_HOST", "GRADIO_SERVER_NAME", default="127.0.0.1"),
+                        help="[EVS_HOST, GRADIO_SERVER_NAME]")
+    parser.add_argument("--port", type=int, default=_env("EVS_PORT", "GRADIO_SERVER_PORT", default="7860"),
+                        help="[EVS_PORT, GRADIO_SERVER_PORT]")
+    parser.add_argument("--max-file-mb", type=float, default=_env("EVS_MAX_FILE_MB", default="200"),
+                        help="largest upload accepted, in MB [EVS_MAX_FILE_MB]")
+    parser.add_argument("--strict-model", action="store_true", default=_env_flag("EVS_STRICT_MODEL"),
+                        help="exit instead of falling back to tiny-random when the model cannot be fetched "
+                             "[EVS_STRICT_MODEL=1]")
+    args = parser.parse_args(argv)
+    if args.max_file_mb <= 0:
+        parser.error("--max-file-mb must be above 0")
+    return args
+
+
+def _one_line(error: BaseException) -> str:
+    return " ".join(str(error).split())
+
+
+def build_engine(args: argparse.Namespace, max_file_bytes: int) -> tuple[Engine, str | None]:
+    """The engine for `args.model`, or for tiny-random with a banner saying why.
+
+    Exits with EXIT_MODEL_UNAVAILABLE (one message on stderr, no traceback) when the model is
+    unavailable and strict, or when the checkpoint is not a supported family.
+    """
+    def engine_for(model: str) -> Engine:
+        return Engine(EngineConfig(model=model, device=args.device, max_file_bytes=max_file_bytes))
+
+    try:
+        return engine_for(args.model), None
+    except UnsupportedModel as error:
+        _fail(f"cannot serve model {args.model}: {_one_line(error)}")
+    except ModelUnavailable as error:
+        cause = _one_line(error.__cause__ or error)
+        if args.strict_model:
+            _fail(f"model {args.model} could not be loaded ({cause}); EVS_STRICT_MODEL is set, so the app "
+                  f"does not fall back to {FALLBACK_MODEL}.")
+        banner = (f"Model {args.model} could not be loaded, so this app runs {FALLBACK_MODEL}, a tiny model "
+                  f"with random weights: the pipeline and numbers are real, the words are not. Cause: {cause}")
+        log.warning("falling back to %s: %s", FALLBACK_MODEL, banner)
+        return engine_for(FALLBACK_MODEL), banner
+
+
+def _fail(message: str) -> NoReturn:
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    sys.exit(EXIT_MODEL_UNAVAILABLE)
+
+
+def warm_up(engine: Engine) -> dict:
+    """One request on the built-in clip so the first user's TTFT is not a cold start; returns its stats."""
+    if not WARMUP_CLIP.exists():
+        log.warning("warm-up skipped: %s is missing (python -m assets.make_examples writes it)", WARMUP_CLIP)
+        return {}
+    start = time.perf_counter()
+    stream = engine.submit(video=WARMUP_CLIP, question="What moves in this video?",
+                           params=GenerationParams(pruning_rate=0.7, max_new_tokens=8))
+    stats = stream.result(timeout_s=WARMUP_TIMEOUT_S).stats
+    log.info("warm-up done in %.2f s (ttft %.2f s, video tokens %s -> %s)", time.perf_counter() - start,
+             stats.get("ttft_s", float("nan")), stats.get("video_tokens_total"), stats.get("video_tokens_kept"))
+    return stats
+
+
+def log_runtime(engine: Engine) -> None:
+    """Device, dtype, attention implementation and memory in use, once, after the warm-up."""
+    info = engine.model_info
+    log.info("model %s (%s) on %s, dtype %s, attention %s%s", info["name"], info["family"], info["device"],
+             info["dtype"], info["attn"], " [random weights]" if info["is_tiny"] else "")
+    if info["device"].startswith("cuda"):
+        import torch
+
+        gib = 1024**3
+        log.info("GPU %s: %.2f GiB allocated, %.2f GiB peak (after warm-up)", torch.cuda.get_device_name(),
+                 torch.cuda.memory_allocated() / gib, torch.cuda.max_memory_allocated() / gib)
+        if info["attn"] != "flash_attention_2":
+            absent = importlib.util.find_spec("flash_attn") is None
+            log.warning("flash-attn %s: attention runs on sdpa (slower vision encoder on long videos)",
+                        "is not installed" if absent else "is installed but not used")
+    # ru_maxrss is in KiB on Linux.
+    log.info("host memory: %.2f GiB peak resident", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2)
+
+
+def health_route(engine: Engine, fallback: bool) -> APIRoute:
+    """GET /healthz -> {"status": "ok", "model": ...}; registered at launch, i.e. only once warm."""
+    info = engine.model_info
+    body = {"status": "ok", "model": info["name"], "device": info["device"], "fallback": fallback}
+
+    def healthz() -> dict:
+        return body
+
+    return APIRoute("/healthz", healthz, methods=["GET"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args = parse_args(argv)
+    max_file_bytes = int(args.max_file_mb * 1024 * 1024)
+    log.info("starting: model %s, device %s, %s:%d", args.model, args.device, args.host, args.port)
+
+    engine, banner = build_engine(args, max_file_bytes)
+    try:
+        warm_up(engine)
+        log_runtime(engine)
+        import ui  # imported once the model is up: a strict start-up failure exits without loading Gradio
+
+        demo = ui.build_demo(engine, banner=banner)
+        launch_kwargs = ui.launch_kwargs(max_file_bytes)
+        app_kwargs = dict(launch_kwargs.pop("app_kwargs", None) or {})
+        # FastAPI(routes=...) puts /healthz ahead of every route Gradio adds.
+        app_kwargs["routes"] = [*app_kwargs.get("routes", []), health_route(engine, banner is not None)]
+        # Docker stop and Space restarts send SIGTERM: end like Ctrl-C so Gradio closes its server cleanly.
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
+        demo.launch(server_name=args.host, server_port=args.port, app_kwargs=app_kwargs, **launch_kwargs)
+    finally:
+        engine.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
