@@ -16,6 +16,7 @@ KEPT_COLOR = "#0d9488"  # teal; the frame overlays leave kept patches untouched
 PRUNED_COLOR = "#e11d48"  # rose; the frame overlays tint pruned patches with it
 _FONT = dict(family="Inter, system-ui, sans-serif", size=12, color="#334155")
 _GRID_COLOR = "#e2e8f0"
+_NAN_COLOR = "#cbd5e1"  # heatmap cells without a value (group 0) show the plot background
 
 
 def kept_per_group(picture: EvsPicture) -> np.ndarray:
@@ -60,9 +61,11 @@ def tokens_per_group_figure(picture: EvsPicture) -> go.Figure:
         title=dict(text=f"Tokens per temporal group: {kept_total:,} of {total:,} kept "
                         f"({pruned_pct:.0f}% pruned)", x=0.0, xanchor="left", font=dict(size=14)),
         yaxis_title=f"tokens (of {tokens_per_group} per group)",
-        yaxis=dict(range=[0, tokens_per_group], gridcolor=_GRID_COLOR),
-        xaxis=dict(title="group start time", tickmode="array", tickvals=group_index,
-                   ticktext=group_tick_labels(picture)),
+        yaxis=dict(range=[0, tokens_per_group], gridcolor=_GRID_COLOR, automargin=True),
+        plot_bgcolor="rgba(0,0,0,0)",
+        xaxis=dict(title="group time (centre)", tickmode="array", tickvals=group_index,
+                   ticktext=group_tick_labels(picture), automargin=True),
+        legend_traceorder="normal",
         **_base_layout(),
     )
     return fig
@@ -71,7 +74,8 @@ def tokens_per_group_figure(picture: EvsPicture) -> go.Figure:
 def dissimilarity_figure(picture: EvsPicture) -> go.Figure:
     """Heatmap of 1 - cos(previous group) per token: rows are groups, columns are patches in raster order.
 
-    Group 0 has no predecessor (+inf, always kept); it is drawn empty. Dots mark the kept tokens.
+    Group 0 has no predecessor (+inf, always kept); its row shows the grey background. Dots mark the kept
+    tokens.
     """
     num_groups, h, w = picture.grid_thw
     tokens_per_group = h * w
@@ -93,7 +97,7 @@ def dissimilarity_figure(picture: EvsPicture) -> go.Figure:
             ),
             go.Scatter(
                 x=kept_patch.astype(np.int32), y=kept_group.astype(np.int32), mode="markers", name="kept",
-                marker=dict(symbol="circle-open", size=5, color="white", line=dict(width=1)),
+                marker=dict(symbol="circle", size=6, color="white", line=dict(width=1, color="#0f172a")),
                 hovertemplate="group %{y} · patch %{x}: kept<extra></extra>",
             ),
         ]
@@ -101,9 +105,10 @@ def dissimilarity_figure(picture: EvsPicture) -> go.Figure:
     fig.update_layout(
         title=dict(text=f"Change since the previous group ({h}×{w} patches per group, ○ = kept)",
                    x=0.0, xanchor="left", font=dict(size=14)),
-        xaxis=dict(title="patch (row-major)", showgrid=False, zeroline=False),
+        xaxis=dict(title="patch (row-major)", showgrid=False, zeroline=False, automargin=True),
         yaxis=dict(title="group", autorange="reversed", tickmode="array", tickvals=group_index,
-                   ticktext=ticks, showgrid=False, zeroline=False),
+                   ticktext=ticks, showgrid=False, zeroline=False, automargin=True),
+        plot_bgcolor=_NAN_COLOR,
         showlegend=False,
         **_base_layout(),
     )
@@ -129,6 +134,5 @@ def _base_layout() -> dict:
         height=320,
         margin=dict(l=60, r=20, t=48, b=48),
         paper_bgcolor="rgba(0,0,0,0)",
-        plot_bgcolor="rgba(0,0,0,0)",
         legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="right", x=1.0),
     )

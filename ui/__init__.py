@@ -1,0 +1,37 @@
+"""The Gradio user interface of EVS Video Chat.
+
+    demo = ui.build_demo(engine, banner=None)      # gr.Blocks, queue already configured
+    demo.launch(**ui.launch_kwargs(max_file_bytes))
+
+API endpoint `/ask` (gradio_client: `client.submit(..., api_name="/ask")`)
+------------------------------------------------------------------------
+Inputs, in order (all after the first three have defaults):
+    video                 file (gradio_client.handle_file(path)); required
+    question              str; required
+    pruning_rate          float q in [0, 0.95], the fraction of video tokens EVS drops (default 0.7)
+    fps                   float, frames sampled per second of video (default 2.0)
+    max_frames            int, cap on sampled frames (default 32)
+    max_pixels_per_frame  int, cap on height*width of each frame (default 50176 = 224*224)
+    max_new_tokens        int (default 128)
+    temperature           float, 0 decodes greedily (default 0.0)
+    compare               bool, also answer at q=0 (default False)
+    history               list of [question, answer] pairs asked earlier about the same video (default []);
+                          the engine then reuses its feature and prefix caches
+
+Outputs, streamed as a tuple (answer, stats, figures, frames):
+    answer   str: the answer so far at `pruning_rate`.
+    stats    dict: {"status": "<what the engine is doing>"} while the request is under way; in the final
+             update the stats dict with the DESIGN.md keys (engine.stats.STATS_KEYS). With compare=True it
+             has one more key, "compare": {"pruning_rate": 0.0, "answer": str, "stats": {...same keys...}}.
+    figures  dict of two plotly figures as JSON, {"tokens_per_group": ..., "dissimilarity": ...}
+             (rebuild with plotly.io.from_json(json.dumps(...))); sent once, before the first token.
+    frames   gallery: one image per temporal group, pruned patches dimmed and tinted, captioned
+             "t=1.2 s · kept 12/49"; sent once, before the first token.
+An intermediate update carries {"__type__": "update"} for an output that did not change; the final
+result always carries all four. User errors (no video, empty question, unreadable / too long / too
+large video, bad settings, server busy) come back as errors whose message is one sentence.
+"""
+
+from ui.layout import build_demo, default_banner, launch_kwargs
+
+__all__ = ["build_demo", "default_banner", "launch_kwargs"]

@@ -1,0 +1,274 @@
+"""Async generator handlers that bridge Gradio events to the one engine.
+
+Each question becomes one engine request (two in compare mode: q=0 and the chosen q, submitted together
+so they share the ViT forward and decode steps). Engine events are read with `Stream.aevents()`, so a
+waiting request holds no thread. When Gradio stops iterating a handler (Stop button, closed tab, API
+cancel) the generator is cancelled or closed, and its `finally` cancels the engine requests.
+"""
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import AsyncIterator, Sequence
+
+import gradio as gr
+
+from engine.config import GenerationParams, SamplingParams
+from engine.errors import InputError
+from engine.stream import Event, EvsPicture, Stream
+from ui import figures, overlays, stats_panel
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PRUNING_RATE = 0.7
+DEFAULT_MAX_NEW_TOKENS = 128
+DEFAULT_TEMPERATURE = 0.0
+DEFAULT_SAMPLING = SamplingParams()
+NO_VIDEO = "Please upload a video first."
+BAD_HISTORY = "History must be a list of [question, answer] pairs of text."
+SERVER_FAULT = "Something went wrong on the server; please try again."
+
+# Output order of the chat (browser) handler; layout.py wires components by these names.
+CHAT_OUTPUTS = (
+    "chat", "question", "status", "stats_html", "stats_json", "bars", "heatmap", "gallery",
+    "compare_full", "compare_pruned", "compare_summary", "turns",
+)
+
+
+@dataclasses.dataclass
+class RunView:
+    """What is known so far about one engine request."""
+
+    pruning_rate: float
+    status: str = "queued"
+    answer: str = ""
+    picture: EvsPicture | None = None
+    stats: dict | None = None
+
+    def apply(self, event: Event) -> None:
+        if event.kind == "status":
+            self.status = event.text
+        elif event.kind == "evs":
+            self.picture = event.evs
+        elif event.kind == "text":
+            self.answer += event.text
+            self.status = "answering"
+        elif event.kind == "done":
+            self.stats = event.stats
+            self.status = f"done in {stats_panel.format_seconds(event.stats.get('total_s'))}"
+
+
+def generation_params(pruning_rate, fps, max_frames, max_pixels_per_frame, max_new_tokens,
+                      temperature) -> GenerationParams:
+    """Settings from UI / API values; the engine checks ranges and answers with its own sentence."""
+    try:
+        sampling = SamplingParams(fps=float(fps), max_frames=int(round(float(max_frames))),
+                                  max_pixels_per_frame=int(round(float(max_pixels_per_frame))))
+        return GenerationParams(pruning_rate=float(pruning_rate), max_new_tokens=int(round(float(max_new_tokens))),
+                                temperature=float(temperature), sampling=sampling)
+    except (TypeError, ValueError):
+        raise gr.Error("The pruning rate, fps, frame, pixel and token limits and temperature must be numbers.",
+                       print_exception=False) from None
+
+
+def history_pairs(history) -> list[tuple[str, str]]:
+    """Earlier (question, answer) turns from an API value: a list of 2-item lists of text."""
+    if history is None:
+        return []
+    if not isinstance(history, (list, tuple)) or not all(
+        isinstance(turn, (list, tuple)) and len(turn) == 2 and all(isinstance(x, str) for x in turn)
+        for turn in history
+    ):
+        raise gr.Error(BAD_HISTORY, print_exception=False)
+    return [(q, a) for q, a in history]
+
+
+def user_error(error: BaseException) -> gr.Error:
+    """A toast for the browser / an error for API clients: the engine's sentence, never a traceback."""
+    if isinstance(error, InputError):
+        return gr.Error(str(error), print_exception=False)
+    log.error("request failed", exc_info=error)
+    return gr.Error(SERVER_FAULT, print_exception=False)
+
+
+async def follow(engine, video: str | None, question: str, params_list: Sequence[GenerationParams],
+                 history: list[tuple[str, str]]) -> AsyncIterator[tuple[int, Event]]:
+    """Submit one request per params and yield (request index, event) as events arrive, merged.
+
+    Raises gr.Error for a user's mistake. Whatever ends the iteration (finish, error, cancel, close),
+    unfinished engine requests are cancelled on the way out.
+    """
+    if not video:
+        raise gr.Error(NO_VIDEO, print_exception=False)
+    streams: list[Stream] = []
+    pumps: list[asyncio.Task] = []
+    arrivals: asyncio.Queue = asyncio.Queue()
+    try:
+        for params in params_list:
+            streams.append(engine.submit(video=video, question=question, params=params, history=history))
+        pumps = [asyncio.create_task(_pump(i, stream, arrivals)) for i, stream in enumerate(streams)]
+        open_streams = len(streams)
+        while open_streams:
+            index, event, error = await arrivals.get()
+            if error is not None:
+                raise user_error(error)
+            if event is None:
+                open_streams -= 1
+                continue
+            yield index, event
+    except InputError as error:  # from submit
+        raise user_error(error) from None
+    finally:
+        for stream in streams:
+            if not stream.finished:
+                stream.cancel()
+        for pump in pumps:
+            pump.cancel()
+
+
+async def _pump(index: int, stream: Stream, arrivals: asyncio.Queue) -> None:
+    """Move one stream's events into the shared queue; (index, None, None) marks its end."""
+    try:
+        async for event in stream.aevents():
+            arrivals.put_nowait((index, event, None))
+        arrivals.put_nowait((index, None, None))
+    except Exception as error:  # the request failed: InputError (user) or a bug
+        arrivals.put_nowait((index, None, error))
+
+
+def _params_for(compare: bool, params: GenerationParams) -> list[GenerationParams]:
+    """Compare mode puts the unpruned baseline first; the chosen q is always the last request."""
+    if not compare:
+        return [params]
+    return [dataclasses.replace(params, pruning_rate=0.0), params]
+
+
+class Handlers:
+    """The event functions of one demo; they all feed the same engine."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    async def ask(
+        self,
+        video: str | None,
+        question: str,
+        pruning_rate: float = DEFAULT_PRUNING_RATE,
+        fps: float = DEFAULT_SAMPLING.fps,
+        max_frames: int = DEFAULT_SAMPLING.max_frames,
+        max_pixels_per_frame: int = DEFAULT_SAMPLING.max_pixels_per_frame,
+        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+        temperature: float = DEFAULT_TEMPERATURE,
+        compare: bool = False,
+        history: list | None = None,
+    ) -> AsyncIterator[tuple]:
+        """The `/ask` API endpoint: streams (answer, stats, figures, frames); see ui/__init__.py."""
+        params = generation_params(pruning_rate, fps, max_frames, max_pixels_per_frame, max_new_tokens,
+                                   temperature)
+        runs = [RunView(p.pruning_rate) for p in _params_for(bool(compare), params)]
+        chosen = runs[-1]
+        figures_json, frames = gr.skip(), gr.skip()
+        yield "", {"status": chosen.status}, figures_json, frames
+        async for index, event in follow(self.engine, video, question, _params_for(bool(compare), params),
+                                         history_pairs(history)):
+            runs[index].apply(event)
+            if index != len(runs) - 1:
+                continue
+            if event.kind == "status":
+                yield chosen.answer, {"status": chosen.status}, gr.skip(), gr.skip()
+            elif event.kind == "evs":
+                figures_json = figures.figures_payload(event.evs)
+                frames = overlays.frame_gallery(event.evs)
+                yield chosen.answer, gr.skip(), figures_json, frames
+            elif event.kind == "text":
+                yield chosen.answer, gr.skip(), gr.skip(), gr.skip()
+        stats = dict(chosen.stats or {})
+        if compare:
+            stats["compare"] = {"pruning_rate": 0.0, "answer": runs[0].answer, "stats": runs[0].stats}
+        # The final update repeats every output so that a client's result holds all four values.
+        yield chosen.answer, stats, figures_json, frames
+
+    async def chat(
+        self,
+        video: str | None,
+        question: str,
+        pruning_rate: float,
+        fps: float,
+        max_frames: int,
+        max_pixels_per_frame: int,
+        max_new_tokens: int,
+        temperature: float,
+        compare: bool,
+        turns: list,
+    ) -> AsyncIterator[tuple]:
+        """The browser's Ask: streams updates of CHAT_OUTPUTS (chat view, status, numbers, pictures)."""
+        params = generation_params(pruning_rate, fps, max_frames, max_pixels_per_frame, max_new_tokens,
+                                   temperature)
+        if not video:
+            raise gr.Error(NO_VIDEO, print_exception=False)
+        turns = list(turns or [])
+        runs = [RunView(p.pruning_rate) for p in _params_for(bool(compare), params)]
+        chosen = runs[-1]
+
+        def chat_view() -> list[dict]:
+            messages = [m for q, a in turns for m in (_user(q), _assistant(a))]
+            messages.append(_user(question))
+            if chosen.answer:
+                messages.append(_assistant(chosen.answer))
+            return messages
+
+        def update(**changes) -> tuple:
+            return tuple(changes.get(name, gr.skip()) for name in CHAT_OUTPUTS)
+
+        def compare_panels() -> dict:
+            if not compare:
+                return {}
+            return dict(compare_full=_compare_panel("q = 0 · all tokens", runs[0]),
+                        compare_pruned=_compare_panel(f"q = {chosen.pruning_rate:.2f}", chosen))
+
+        yield update(chat=chat_view(), question="", status=_status_line(runs), **compare_panels(),
+                     compare_summary="")
+        async for index, event in follow(self.engine, video, question, _params_for(bool(compare), params),
+                                         turns):
+            runs[index].apply(event)
+            is_chosen = index == len(runs) - 1
+            if event.kind == "evs" and is_chosen:
+                yield update(status=_status_line(runs), bars=figures.tokens_per_group_figure(event.evs),
+                             heatmap=figures.dissimilarity_figure(event.evs),
+                             gallery=overlays.frame_gallery(event.evs))
+            elif event.kind == "text":
+                yield update(chat=chat_view(), status=_status_line(runs), **compare_panels())
+            elif event.kind == "status" or (event.kind == "done" and compare):
+                yield update(status=_status_line(runs), **compare_panels())
+        summary = stats_panel.compare_summary(runs[0].stats, chosen.stats) if compare else ""
+        yield update(chat=chat_view(), status=_status_line(runs), stats_html=stats_panel.stats_html(chosen.stats),
+                     stats_json=chosen.stats, compare_summary=summary, turns=[*turns, [question, chosen.answer]],
+                     **compare_panels())
+
+    @staticmethod
+    def new_video() -> tuple:
+        """A different video starts a new conversation: clear everything shown about the old one."""
+        cleared = dict(chat=[], status="", stats_html=stats_panel.stats_html(None), stats_json=None,
+                       bars=None, heatmap=None, gallery=None, compare_full="", compare_pruned="",
+                       compare_summary="", turns=[])
+        return tuple(cleared.get(name, gr.skip()) for name in CHAT_OUTPUTS)
+
+
+def _user(text: str) -> dict:
+    return {"role": "user", "content": text}
+
+
+def _assistant(text: str) -> dict:
+    return {"role": "assistant", "content": text}
+
+
+def _status_line(runs: list[RunView]) -> str:
+    """Markdown status: what the engine is doing for each request of this question."""
+    if len(runs) == 1:
+        return f"**Status:** {runs[0].status}"
+    return " · ".join(f"**q={run.pruning_rate:.2f}:** {run.status}" for run in runs)
+
+
+def _compare_panel(title: str, run: RunView) -> str:
+    answer = run.answer or f"*{run.status}…*"
+    return f"#### {title}\n\n{answer}\n\n{stats_panel.compare_line(run.stats)}"

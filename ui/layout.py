@@ -1,0 +1,159 @@
+"""The Gradio Blocks page and its wiring: inputs on the left, conversation and numbers on the right,
+the pruning picture underneath, and the `/ask` API endpoint on hidden components."""
+
+from html import escape
+from pathlib import Path
+
+import gradio as gr
+
+from ui import stats_panel
+from ui.handlers import (
+    CHAT_OUTPUTS,
+    DEFAULT_MAX_NEW_TOKENS,
+    DEFAULT_PRUNING_RATE,
+    DEFAULT_SAMPLING,
+    DEFAULT_TEMPERATURE,
+    Handlers,
+)
+
+ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets"
+EXAMPLES_DIR = ASSETS_DIR / "examples"
+CSS_PATH = ASSETS_DIR / "style.css"
+QUEUE_MAX_SIZE = 64  # waiting events beyond this are refused at once instead of piling up
+PIXELS_STEP = 112 * 112  # the pixel slider moves in 112x112 blocks; 224x224 is 4 steps
+
+EXAMPLES = (  # (clip file, question, pruning rate)
+    ("moving_object.mp4", "What moves in this video, and where does it go?", 0.7),
+    ("pan.mp4", "Which way does the camera move?", 0.5),
+    ("scene_cut.mp4", "When does the scene change, and what changes?", 0.8),
+)
+
+HEADER_HTML = """
+<div class="evs-header">
+  <h1>EVS Video Chat</h1>
+  <p>Upload a video and ask about it. <b>Efficient Video Sampling</b> drops the video tokens that barely
+  changed since the previous frame before the language model reads them; the slider sets how many.
+  Below the answer: token counts, time to first token, and which patches of each frame were kept.</p>
+</div>
+"""
+
+
+def default_banner(model_info: dict, banner: str | None = None) -> str | None:
+    """The warning line above the page, or None when there is nothing to warn about.
+
+    `banner` (e.g. app.py's "model X could not be loaded, ...") takes the place of the tiny-model note;
+    a note that the app runs on CPU is added either way.
+    """
+    notes = [banner] if banner else []
+    if not banner and model_info.get("is_tiny"):
+        notes.append(f"{model_info.get('name', 'tiny')} model: the words are random, "
+                     "but the pipeline, EVS, timings and pictures are real.")
+    if str(model_info.get("device", "")).startswith("cpu"):
+        notes.append("Running on CPU, so answers are slow.")
+    if not notes:
+        return None
+    text = " ".join(notes)
+    return text[0].upper() + text[1:]
+
+
+def build_demo(engine, *, banner: str | None = None) -> gr.Blocks:
+    """The whole page for one engine; `banner` is an extra warning (see default_banner)."""
+    handlers = Handlers(engine)
+    banner = default_banner(engine.model_info, banner)
+    with gr.Blocks(title="EVS Video Chat") as demo:
+        gr.HTML(HEADER_HTML)
+        if banner:
+            gr.HTML(f'<div class="evs-banner" role="status">⚠ {escape(banner)}</div>', elem_id="evs-banner")
+
+        with gr.Row(equal_height=False):
+            with gr.Column(scale=4, min_width=320):
+                video = gr.Video(label="Video", sources=["upload"], height=240, elem_id="evs-video")
+                question = gr.Textbox(label="Question", placeholder="What happens in this video?", lines=2,
+                                      max_lines=6, elem_id="evs-question")
+                pruning_rate = gr.Slider(0.0, 0.95, value=DEFAULT_PRUNING_RATE, step=0.05,
+                                         label="Pruning rate q",
+                                         info="Fraction of video tokens EVS drops; 0 keeps them all.",
+                                         elem_id="evs-pruning-rate")
+                compare = gr.Checkbox(label="Compare with q = 0 side by side", elem_id="evs-compare")
+                with gr.Row():
+                    ask = gr.Button("Ask", variant="primary", elem_id="evs-ask")
+                    stop = gr.Button("Stop", variant="stop", elem_id="evs-stop")
+                with gr.Accordion("Advanced", open=False):
+                    fps = gr.Slider(0.5, 8.0, value=DEFAULT_SAMPLING.fps, step=0.5, label="Frames sampled per second")
+                    max_frames = gr.Slider(2, 128, value=DEFAULT_SAMPLING.max_frames, step=2, precision=0,
+                                           label="Max frames")
+                    max_pixels = gr.Slider(PIXELS_STEP, 32 * PIXELS_STEP, value=DEFAULT_SAMPLING.max_pixels_per_frame,
+                                           step=PIXELS_STEP, precision=0, label="Max pixels per frame",
+                                           info="Height × width after resizing; 224 × 224 = 50,176.")
+                    max_new_tokens = gr.Slider(1, 1024, value=DEFAULT_MAX_NEW_TOKENS, step=1, precision=0,
+                                               label="Max new tokens")
+                    temperature = gr.Slider(0.0, 2.0, value=DEFAULT_TEMPERATURE, step=0.05,
+                                            label="Temperature", info="0 answers greedily.")
+                examples = [[str(EXAMPLES_DIR / name), text, q] for name, text, q in EXAMPLES
+                            if (EXAMPLES_DIR / name).is_file()]
+                if examples:
+                    gr.Examples(examples, inputs=[video, question, pruning_rate], label="Examples",
+                                elem_id="evs-examples")
+
+            with gr.Column(scale=6, min_width=360):
+                status = gr.Markdown(elem_id="evs-status")
+                chat = gr.Chatbot(label="Conversation", height=360, elem_id="evs-chat",
+                                  placeholder="Upload a video, type a question and press **Ask**.",
+                                  feedback_options=None, buttons=["copy"])
+                with gr.Row(visible=False, elem_id="evs-compare-row") as compare_row:
+                    compare_full = gr.Markdown(elem_classes="evs-compare-panel", elem_id="evs-compare-full")
+                    compare_pruned = gr.Markdown(elem_classes="evs-compare-panel", elem_id="evs-compare-pruned")
+                compare_summary = gr.Markdown(elem_id="evs-compare-summary")
+                stats_html = gr.HTML(stats_panel.stats_html(None), elem_id="evs-stats")
+
+        gr.Markdown("### What the model sees", elem_classes="evs-section")
+        with gr.Row(equal_height=True):
+            # the figures carry their own titles
+            bars = gr.Plot(label="Kept vs pruned tokens per temporal group", show_label=False, elem_id="evs-bars")
+            heatmap = gr.Plot(label="Change since the previous group", show_label=False, elem_id="evs-heatmap")
+        gallery = gr.Gallery(label="Sampled frames, one per temporal group; pruned patches are dimmed and tinted",
+                             columns=6, fit_columns=False, height="auto", object_fit="contain",
+                             elem_id="evs-gallery")
+        with gr.Accordion("Raw stats (JSON)", open=False):
+            stats_json = gr.JSON(elem_id="evs-stats-json")
+
+        turns = gr.State([])  # earlier [question, answer] pairs about the current video
+        # `/ask` lives on hidden components: API clients get plain values, the page stays a chat.
+        history = gr.JSON([], visible=False)
+        api_answer = gr.Textbox(label="answer", visible=False)
+        api_stats = gr.JSON(label="stats", visible=False)
+        api_figures = gr.JSON(label="figures", visible=False)
+        api_frames = gr.Gallery(label="frames", visible=False)
+        api_trigger = gr.Button(visible=False)
+
+        shown = dict(chat=chat, question=question, status=status, stats_html=stats_html, stats_json=stats_json,
+                     bars=bars, heatmap=heatmap, gallery=gallery, compare_full=compare_full,
+                     compare_pruned=compare_pruned, compare_summary=compare_summary, turns=turns)
+        chat_outputs = [shown[name] for name in CHAT_OUTPUTS]
+        settings = [video, question, pruning_rate, fps, max_frames, max_pixels, max_new_tokens, temperature, compare]
+
+        asked = [
+            trigger(handlers.chat, inputs=[*settings, turns], outputs=chat_outputs, api_visibility="private",
+                    concurrency_limit=None, show_progress="hidden")
+            for trigger in (ask.click, question.submit)
+        ]
+        api_trigger.click(handlers.ask, inputs=[*settings, history],
+                                     outputs=[api_answer, api_stats, api_figures, api_frames], api_name="ask",
+                                     concurrency_limit=None, show_progress="hidden")
+        stop.click(None, cancels=asked)
+        video.change(handlers.new_video, outputs=chat_outputs, api_visibility="private", queue=False)
+        compare.change(lambda on: gr.Row(visible=on), inputs=compare, outputs=compare_row,
+                       api_visibility="private", queue=False)
+
+    demo.queue(default_concurrency_limit=None, max_size=QUEUE_MAX_SIZE)
+    return demo
+
+
+def launch_kwargs(max_file_bytes: int) -> dict:
+    """Keyword arguments for `demo.launch(...)`: upload size limit, stylesheet, the example clips' folder."""
+    return dict(
+        max_file_size=max_file_bytes,
+        css_paths=[CSS_PATH],
+        theme=gr.themes.Soft(primary_hue="teal", secondary_hue="rose", neutral_hue="slate"),
+        allowed_paths=[str(EXAMPLES_DIR)],
+    )
