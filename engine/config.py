@@ -1,12 +1,13 @@
 """Engine-wide settings and per-request generation settings."""
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 
 def default_cache_dir() -> Path:
-    """Where the offline tiny models are saved once and loaded from afterwards."""
-    return Path.home() / ".cache" / "evs-video-chat"
+    """Where the offline tiny models are saved once and loaded from afterwards (EVS_CACHE_DIR overrides)."""
+    return Path(os.environ.get("EVS_CACHE_DIR") or Path.home() / ".cache" / "evs-video-chat")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,92 @@
+"""One request end to end on real H.264 files: the Engine API, the command line, user errors."""
+
+import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine import STATS_KEYS, Engine, EngineConfig, GenerationParams, InputError
+from engine.config import SamplingParams
+
+REPO = Path(__file__).resolve().parent.parent
+SAMPLING = SamplingParams(fps=4.0, max_frames=8, max_pixels_per_frame=160 * 128)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_cache_dir):
+    with Engine(EngineConfig(model="tiny-random", device="cpu", cache_dir=tiny_cache_dir, sampling=SAMPLING)) as eng:
+        yield eng
+
+
+def test_request_streams_text_then_stats(engine, clip):
+    stream = engine.submit(clip("moving_object"), "What moves?", GenerationParams(pruning_rate=0.7, max_new_tokens=10))
+    events = list(stream)
+    kinds = [e.kind for e in events]
+    assert kinds[-1] == "done" and kinds.count("evs") == 1
+    assert kinds.index("evs") < kinds.index("text")  # the picture goes out before the first token
+    stats = events[-1].stats
+    assert set(STATS_KEYS) <= set(stats)
+    assert stats["generated_tokens"] == 10 and len(events[-1].token_ids) == 10
+    assert stats["video_tokens_kept"] < stats["video_tokens_total"]
+    assert sum(stats["tokens_kept_per_frame"]) == stats["video_tokens_kept"]
+    assert stats["ttft_s"] <= stats["total_s"] and stats["vit_batch_requests"] == 1
+    picture = next(e.evs for e in events if e.kind == "evs")
+    T, h, w = picture.grid_thw
+    assert picture.kept_mask.shape == (T, h, w) and picture.frames.shape[0] == T
+    assert int(picture.kept_mask.sum()) == stats["video_tokens_kept"]
+    assert stream.result().text == "".join(e.text for e in events if e.kind == "text")
+
+
+def test_async_reader_gets_the_same_events(engine, clip):
+    async def read():
+        stream = engine.submit(clip("pan"), "What moves?", GenerationParams(pruning_rate=0.3, max_new_tokens=6))
+        return [event async for event in stream.aevents()]
+
+    events = asyncio.run(read())
+    assert events[-1].kind == "done" and events[-1].stats["generated_tokens"] == 6
+
+
+@pytest.mark.parametrize(
+    "question, params, message",
+    [
+        ("   ", GenerationParams(), "Please type a question"),
+        ("What?", GenerationParams(pruning_rate=1.0), "pruning rate"),
+        ("What?", GenerationParams(pruning_rate=-0.1), "pruning rate"),
+        ("What?", GenerationParams(max_new_tokens=0), "Max new tokens"),
+        ("What?", GenerationParams(temperature=-1), "temperature"),
+    ],
+)
+def test_bad_requests_are_refused_with_a_sentence(engine, clip, question, params, message):
+    with pytest.raises(InputError, match=message):
+        engine.submit(clip("moving_object"), question, params)
+
+
+def test_no_video_is_refused(engine):
+    with pytest.raises(InputError, match="upload a video"):
+        engine.submit(None, "What?")
+
+
+def test_unreadable_video_fails_its_stream_only(engine, clip, tmp_path):
+    junk = tmp_path / "junk.mp4"
+    junk.write_bytes(b"not a video at all" * 100)
+    bad = engine.submit(junk, "What?", GenerationParams(max_new_tokens=4))
+    with pytest.raises(InputError, match="could not be read"):
+        bad.result(60)
+    good = engine.submit(clip("moving_object"), "What?", GenerationParams(max_new_tokens=4)).result(60)
+    assert good.stats["generated_tokens"] == 4
+
+
+def test_command_line(tiny_cache_dir, clip):
+    env = {**os.environ, "EVS_CACHE_DIR": str(tiny_cache_dir)}
+    args = ["--video", str(clip("scene_cut")), "--question", "What changes?", "--pruning-rate", "0.7",
+            "--model", "tiny-random", "--device", "cpu", "--max-new-tokens", "5"]
+    done = subprocess.run([sys.executable, "-m", "engine", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert '"video_tokens_kept"' in done.stdout and '"generated_tokens": 5' in done.stdout
+    blank_question = [*args[:3], "   ", *args[4:]]
+    bad = subprocess.run([sys.executable, "-m", "engine", *blank_question], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "Please type a question" in bad.stderr and "Traceback" not in bad.stderr
