@@ -65,7 +65,8 @@ print("cu" + torch.version.cuda.replace(".", "") + "torch" + ".".join(torch.__ve
 
 # Spaces run the container as uid 1000; Ubuntu 24.04 images ship a user "ubuntu" with that uid.
 RUN if id -u ubuntu >/dev/null 2>&1; then userdel ubuntu && rm -rf /home/ubuntu; fi \
-    && useradd --create-home --uid 1000 --shell /bin/bash user
+    && useradd --create-home --uid 1000 --shell /bin/bash user \
+    && install -d -o user -g user /home/user/app
 USER 1000:1000
 
 # The Hugging Face cache lives under $HOME so a persistent volume mounted there keeps the weights.
