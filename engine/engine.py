@@ -70,7 +70,7 @@ class Engine:
         self._decoded = ByteLRU(self.config.decoded_video_cache_bytes)
         self._decoded_lock = threading.Lock()
         self._prepared = threading.Condition()
-        self._scheduler = Scheduler(self.loaded, self.family, self.config, self._admission)
+        self._scheduler = Scheduler(self.loaded, self.family, self.config)
         self._scheduler.start()
 
     @property
@@ -124,6 +124,7 @@ class Engine:
             history=[(str(q), str(a)) for q, a in history],
             params=params,
             sampling=params.sampling or self.config.sampling,
+            admission=self._admission,
         )
         request.stats["pruning_rate"] = float(params.pruning_rate)
         with self._prepared:
@@ -155,9 +156,11 @@ class Engine:
 
     def _prepare_request(self, request: Request) -> None:
         stream = request.stream
+        if stream.cancelled:  # dropped before any work: end it like a cancel in the queue
+            request.leave_queue()
+            stream.push(Event("done", stats=request.stats))
+            return
         try:
-            if stream.cancelled:
-                raise InputError("The request was cancelled.")
             stream.push(Event("status", "decoding video"))
             start = time.perf_counter()
             config, sampling = self.config, request.sampling
@@ -186,9 +189,7 @@ class Engine:
             if not isinstance(error, InputError):
                 log.exception("preparing request %d failed", request.id)
                 error = RuntimeError("Something went wrong while reading the video; please try again.")
-            if request.holds_slot:
-                request.holds_slot = False
-                self._admission.release()
+            request.leave_queue()
             request.release()
             stream.fail(error)
 

@@ -1,5 +1,6 @@
 """One request's state as it moves through the engine."""
 
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -36,7 +37,7 @@ class Request:
     tokens_seen: int = 0  # tokens in this row's own sequence so far (its next 1-D position)
     next_position: int = 0  # MRoPE position of the next token
     first_token_at: float | None = None
-    holds_slot: bool = True  # counts against the engine's admission bound until the GPU takes it
+    admission: threading.Semaphore | None = None  # the queue slot held until the GPU worker takes it
 
     @property
     def id(self) -> int:
@@ -48,6 +49,12 @@ class Request:
 
     def elapsed_s(self) -> float:
         return time.perf_counter() - self.submitted_at
+
+    def leave_queue(self) -> None:
+        """Give back the admission slot (once), when the worker takes the request or it ends early."""
+        slot, self.admission = self.admission, None
+        if slot is not None:
+            slot.release()
 
     def release(self) -> None:
         """Drop the tensors this request holds so a finished request frees its memory."""

@@ -36,13 +36,12 @@ def eos_token_ids(loaded) -> set[int]:
 
 
 class Scheduler(threading.Thread):
-    def __init__(self, loaded, family: Family, config, admission: threading.Semaphore):
+    def __init__(self, loaded, family: Family, config):
         super().__init__(name="evs-gpu-worker", daemon=True)
         self.loaded = loaded
         self.model = loaded.model
         self.family = family
         self.config = config
-        self.admission = admission
         text_config = self.model.config.text_config
         self.vision = VisionEncoder(
             self.model, family, loaded.name, config.feature_cache_bytes, config.vit_token_budget
@@ -85,7 +84,7 @@ class Scheduler(threading.Thread):
         new = [self.waiting.popleft() for _ in range(min(free, len(self.waiting)))]
         if new:
             for request in new:
-                self._release_slot(request)
+                request.leave_queue()
             self._start(new)
         if self.running:
             self._decode_step()
@@ -214,7 +213,7 @@ class Scheduler(threading.Thread):
         request.stream.push(Event("done", stats=stats, token_ids=token_ids))
 
     def _fail(self, request: Request, error: BaseException) -> None:
-        self._release_slot(request)
+        request.leave_queue()
         self.running.pop(request.id, None)
         if request.id in self.batch.keys:
             self.batch.remove({request.id})
@@ -244,14 +243,9 @@ class Scheduler(threading.Thread):
     def _drop_cancelled(self) -> None:
         for request in [r for r in self.waiting if r.stream.cancelled]:
             self.waiting.remove(request)
-            self._release_slot(request)
+            request.leave_queue()
             self._finish(request)
         cancelled = [r for r in self.running.values() if r.stream.cancelled]
         for request in cancelled:
             self._finish(request)
         self._leave({r.id for r in cancelled})
-
-    def _release_slot(self, request: Request) -> None:
-        if request.holds_slot:
-            request.holds_slot = False
-            self.admission.release()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from engine import STATS_KEYS, Engine, EngineConfig, GenerationParams, InputError
+from engine import STATS_KEYS, BusyError, Engine, EngineConfig, GenerationParams, InputError
 from engine.config import SamplingParams
 
 REPO = Path(__file__).resolve().parent.parent
@@ -90,3 +90,15 @@ def test_command_line(tiny_cache_dir, clip):
     bad = subprocess.run([sys.executable, "-m", "engine", *blank_question], cwd=REPO, env=env,
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "Please type a question" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_full_queue_answers_busy_and_recovers(tiny_cache_dir, clip):
+    config = EngineConfig(model="tiny-random", device="cpu", cache_dir=tiny_cache_dir, sampling=SAMPLING, max_queue=1)
+    with Engine(config) as small:
+        with small.paused():
+            first = small.submit(clip("moving_object"), "What?", GenerationParams(max_new_tokens=3))
+            with pytest.raises(BusyError, match="busy"):
+                small.submit(clip("pan"), "What?", GenerationParams(max_new_tokens=3))
+        assert first.result(60).stats["generated_tokens"] == 3
+        again = small.submit(clip("pan"), "What?", GenerationParams(max_new_tokens=3)).result(60)
+        assert again.stats["generated_tokens"] == 3
