@@ -73,6 +73,8 @@ def _pick_attention(device: torch.device, dtype: torch.dtype) -> str:
         reason = f"device is {device.type}"
     elif dtype not in (torch.float16, torch.bfloat16):
         reason = f"flash attention needs fp16/bf16, dtype is {dtype}"
+    elif torch.cuda.get_device_capability(device) < (8, 0):
+        reason = "FlashAttention-2 needs an Ampere (sm80) or newer GPU"
     elif not _flash_attn_importable():
         reason = "flash_attn is not installed"
     else:
