@@ -39,7 +39,7 @@ class PrunedPrompt:
 def prune_prompt(prompt: PreparedPrompt, features: VideoFeatures, q: float) -> PrunedPrompt:
     """Keep the EVS-selected video tokens of prompt at rate q; every text token stays."""
     dissimilarity = evs.frame_dissimilarity(features.embeds, prompt.grid_thw)
-    retention = evs.compute_retention_mask(features.embeds, prompt.grid_thw, q).cpu()
+    retention = evs.retention_mask_from_dissimilarity(dissimilarity, q).cpu()
     keep = evs.prompt_keep_mask(prompt.is_video, retention)
     full_rows = torch.cat([torch.arange(prompt.input_ids.numel())[None], prompt.positions])
     return PrunedPrompt(

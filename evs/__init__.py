@@ -7,6 +7,7 @@ from evs.core import (
     compute_retention_mask,
     frame_dissimilarity,
     retained_token_count,
+    retention_mask_from_dissimilarity,
     validate_pruning_rate,
 )
 from evs.layout import prompt_keep_mask, select_positions, tokens_kept_per_group
@@ -16,6 +17,7 @@ __all__ = [
     "frame_dissimilarity",
     "prompt_keep_mask",
     "retained_token_count",
+    "retention_mask_from_dissimilarity",
     "select_positions",
     "tokens_kept_per_group",
     "validate_pruning_rate",

@@ -98,13 +98,19 @@ def compute_retention_mask(features: torch.Tensor, grid_thw, q) -> torch.Tensor:
     q = validate_pruning_rate(q)
     t, h, w = parse_grid(grid_thw)
     _check_features(features, t, h, w)
-    total_tokens = t * h * w
+    if retained_token_count(h * w, t, q) == t * h * w:
+        return torch.ones(t * h * w, dtype=torch.bool, device=features.device)
+    return retention_mask_from_dissimilarity(frame_dissimilarity(features, (t, h, w)), q)
+
+
+def retention_mask_from_dissimilarity(dissimilarity: torch.Tensor, q) -> torch.Tensor:
+    """The same selection as `compute_retention_mask`, from an already computed (T, h, w) dissimilarity
+    (for callers that also show it). Returns (T*h*w,) bool in raster order."""
+    q = validate_pruning_rate(q)
+    t, h, w = dissimilarity.shape
     kept_tokens = retained_token_count(h * w, t, q)
-    if kept_tokens == total_tokens:
-        return torch.ones(total_tokens, dtype=torch.bool, device=features.device)
-    dissimilarity = frame_dissimilarity(features, (t, h, w)).reshape(-1)
     # A stable descending sort keeps equal values in raster order, so ties go to the earlier token.
-    order = torch.sort(dissimilarity, descending=True, stable=True).indices
-    mask = torch.zeros(total_tokens, dtype=torch.bool, device=features.device)
+    order = torch.sort(dissimilarity.reshape(-1), descending=True, stable=True).indices
+    mask = torch.zeros(t * h * w, dtype=torch.bool, device=dissimilarity.device)
     mask[order[:kept_tokens]] = True
     return mask

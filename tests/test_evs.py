@@ -216,3 +216,11 @@ def test_mask_properties(seed, t, h, w, dim, q, coarse):
         dropped_index = (~mask).nonzero().flatten()
         tied = kept[:, None] == dropped[None, :]
         assert (kept_index[:, None] < dropped_index[None, :])[tied].all()
+
+
+def test_mask_from_precomputed_dissimilarity_matches():
+    torch.manual_seed(3)
+    features = torch.randn(4 * 3 * 5, 8)
+    for q in (0.0, 0.3, 0.75):
+        dissimilarity = evs.frame_dissimilarity(features, (4, 3, 5))
+        assert torch.equal(evs.retention_mask_from_dissimilarity(dissimilarity, q), evs.compute_retention_mask(features, (4, 3, 5), q))
