@@ -149,8 +149,13 @@ def test_stats_cards_show_the_headline_numbers():
     html = stats_panel.stats_html(sample_stats())
     for fragment in ["18 → 8", "56% pruned at q=0.70", "Prompt tokens", ">40<", "11 tokens",
                      "10.0 tokens/s decode", "500 ms", "ViT × 2 · decode × 3", "features hit · prefix miss",
+                     "ViT cached · EVS 2.1 ms",
                      "grid 3 × 2 × 3"]:
         assert fragment in html, fragment
+
+
+def test_stage_times_show_the_vit_time_when_the_features_were_not_cached():
+    assert "ViT 120 ms · EVS" in stats_panel.stats_html(sample_stats(vit_cache_hit=False))
 
 
 def test_decode_speed_is_unknown_for_a_single_token():

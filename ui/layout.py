@@ -78,15 +78,16 @@ def build_demo(engine, *, banner: str | None = None) -> gr.Blocks:
                 with gr.Row():
                     ask = gr.Button("Ask", variant="primary", elem_id="evs-ask")
                     stop = gr.Button("Stop", variant="stop", elem_id="evs-stop")
-                with gr.Accordion("Advanced", open=False):
-                    fps = gr.Slider(0.5, 8.0, value=DEFAULT_SAMPLING.fps, step=0.5, label="Frames sampled per second")
+                with gr.Accordion("Advanced", open=False, elem_id="evs-advanced"):
+                    fps = gr.Slider(0.5, 8.0, value=DEFAULT_SAMPLING.fps, step=0.5, label="Frames sampled per second",
+                                    elem_id="evs-fps")
                     max_frames = gr.Slider(2, 128, value=DEFAULT_SAMPLING.max_frames, step=2, precision=0,
                                            label="Max frames")
                     max_pixels = gr.Slider(PIXELS_STEP, 32 * PIXELS_STEP, value=DEFAULT_SAMPLING.max_pixels_per_frame,
                                            step=PIXELS_STEP, precision=0, label="Max pixels per frame",
                                            info="Height × width after resizing; 224 × 224 = 50,176.")
                     max_new_tokens = gr.Slider(1, 1024, value=DEFAULT_MAX_NEW_TOKENS, step=1, precision=0,
-                                               label="Max new tokens")
+                                               label="Max new tokens", elem_id="evs-max-new-tokens")
                     temperature = gr.Slider(0.0, 2.0, value=DEFAULT_TEMPERATURE, step=0.05,
                                             label="Temperature", info="0 answers greedily.")
                 examples = [[str(EXAMPLES_DIR / name), text, q] for name, text, q in EXAMPLES
@@ -112,7 +113,7 @@ def build_demo(engine, *, banner: str | None = None) -> gr.Blocks:
             bars = gr.Plot(label="Kept vs pruned tokens per temporal group", show_label=False, elem_id="evs-bars")
             heatmap = gr.Plot(label="Change since the previous group", show_label=False, elem_id="evs-heatmap")
         gallery = gr.Gallery(label="Sampled frames, one per temporal group; pruned patches are dimmed and tinted",
-                             columns=6, fit_columns=False, height="auto", object_fit="contain",
+                             columns=6, fit_columns=False, object_fit="contain",
                              elem_id="evs-gallery")
         with gr.Accordion("Raw stats (JSON)", open=False):
             stats_json = gr.JSON(elem_id="evs-stats-json")

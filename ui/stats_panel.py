@@ -35,6 +35,7 @@ def stats_html(stats: dict | None) -> str:
     if stats is None:
         return PLACEHOLDER_HTML
     speed = decode_tokens_per_s(stats)
+    vit = "cached" if stats["vit_cache_hit"] else format_seconds(stats["vit_s"])
     cards = [
         ("Video tokens", f"{stats['video_tokens_total']:,} → {stats['video_tokens_kept']:,}",
          f"{pruned_percent(stats):.0f}% pruned at q={stats['pruning_rate']:.2f}"),
@@ -43,7 +44,7 @@ def stats_html(stats: dict | None) -> str:
         ("Generated", f"{stats['generated_tokens']:,} tokens",
          "—" if speed is None else f"{speed:.1f} tokens/s decode"),
         ("Time to first token", format_seconds(stats["ttft_s"]), f"total {format_seconds(stats['total_s'])}"),
-        ("Stages", f"ViT {format_seconds(stats['vit_s'])} · EVS {format_seconds(stats['evs_s'])}",
+        ("Stages", f"ViT {vit} · EVS {format_seconds(stats['evs_s'])}",
          f"video {format_seconds(stats['decode_video_s'])} · prefill {format_seconds(stats['prefill_s'])}"
          f" · decode {format_seconds(stats['decode_s'])}"),
         ("Batching", f"ViT × {stats['vit_batch_requests']} · decode × {stats['decode_batch_max']}",
