@@ -165,12 +165,12 @@ class Handlers:
         """The `/ask` API endpoint: streams (answer, stats, figures, frames); see ui/__init__.py."""
         params = generation_params(pruning_rate, fps, max_frames, max_pixels_per_frame, max_new_tokens,
                                    temperature)
-        runs = [RunView(p.pruning_rate) for p in _params_for(bool(compare), params)]
+        params_list = _params_for(bool(compare), params)
+        runs = [RunView(p.pruning_rate) for p in params_list]
         chosen = runs[-1]
         figures_json, frames = gr.skip(), gr.skip()
         yield "", {"status": chosen.status}, figures_json, frames
-        async for index, event in follow(self.engine, video, question, _params_for(bool(compare), params),
-                                         history_pairs(history)):
+        async for index, event in follow(self.engine, video, question, params_list, history_pairs(history)):
             runs[index].apply(event)
             if index != len(runs) - 1:
                 continue
@@ -204,10 +204,11 @@ class Handlers:
         """The browser's Ask: streams updates of CHAT_OUTPUTS (chat view, status, numbers, pictures)."""
         params = generation_params(pruning_rate, fps, max_frames, max_pixels_per_frame, max_new_tokens,
                                    temperature)
-        if not video:
+        if not video:  # before the question shows up in the chat
             raise gr.Error(NO_VIDEO, print_exception=False)
         turns = list(turns or [])
-        runs = [RunView(p.pruning_rate) for p in _params_for(bool(compare), params)]
+        params_list = _params_for(bool(compare), params)
+        runs = [RunView(p.pruning_rate) for p in params_list]
         chosen = runs[-1]
 
         def chat_view() -> list[dict]:
@@ -228,8 +229,7 @@ class Handlers:
 
         yield update(chat=chat_view(), question="", status=_status_line(runs), **compare_panels(),
                      compare_summary="")
-        async for index, event in follow(self.engine, video, question, _params_for(bool(compare), params),
-                                         turns):
+        async for index, event in follow(self.engine, video, question, params_list, turns):
             runs[index].apply(event)
             is_chosen = index == len(runs) - 1
             if event.kind == "evs" and is_chosen:
@@ -237,7 +237,8 @@ class Handlers:
                              heatmap=figures.dissimilarity_figure(event.evs),
                              gallery=overlays.frame_gallery(event.evs))
             elif event.kind == "text":
-                yield update(chat=chat_view(), status=_status_line(runs), **compare_panels())
+                shown_answer = dict(chat=chat_view()) if is_chosen else {}
+                yield update(**shown_answer, status=_status_line(runs), **compare_panels())
             elif event.kind == "status" or (event.kind == "done" and compare):
                 yield update(status=_status_line(runs), **compare_panels())
         summary = stats_panel.compare_summary(runs[0].stats, chosen.stats) if compare else ""
