@@ -7,7 +7,7 @@ cache, cut at the prefix, is exactly what a later request with the same prefix w
 import hashlib
 
 import torch
-from transformers import DynamicCache
+from transformers.cache_utils import Cache
 
 from .batch_kv import cache_from_tensors, cache_nbytes, cache_tensors
 from .lru import ByteLRU
@@ -21,15 +21,14 @@ def prefix_key(feature_key: tuple, pruning_rate: float, prefix_ids: torch.Tensor
 class PrefixCache:
     """LRU of per-layer (keys, values), each (1, heads, prefix_len, head_dim), bounded in bytes."""
 
-    def __init__(self, text_config, max_bytes: int):
-        self.text_config = text_config
+    def __init__(self, max_bytes: int):
         self.lru = ByteLRU(max_bytes)
 
-    def get(self, key: tuple) -> DynamicCache | None:
+    def get(self, key: tuple) -> Cache | None:
         tensors = self.lru.get(key)
-        return None if tensors is None else cache_from_tensors(self.text_config, tensors)
+        return None if tensors is None else cache_from_tensors(tensors)
 
-    def put(self, key: tuple, cache: DynamicCache, prefix_len: int) -> None:
+    def put(self, key: tuple, cache: Cache, prefix_len: int) -> None:
         if key in self.lru:
             return
         # clone so the stored prefix does not pin the whole prompt's KV in memory

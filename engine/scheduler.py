@@ -12,9 +12,8 @@ from collections import deque
 
 import numpy as np
 import torch
-from transformers import DynamicCache
 
-from .batch_kv import DecodeBatch
+from .batch_kv import DecodeBatch, new_cache
 from .families import Family
 from .lm import LMInput, embed_prompt, embed_tokens, lm_logits
 from .prefix_cache import PrefixCache, prefix_key
@@ -42,13 +41,11 @@ class Scheduler(threading.Thread):
         self.model = loaded.model
         self.family = family
         self.config = config
-        text_config = self.model.config.text_config
         self.vision = VisionEncoder(
             self.model, family, loaded.name, config.feature_cache_bytes, config.vit_token_budget
         )
-        self.prefix = PrefixCache(text_config, config.prefix_cache_bytes)
-        self.batch = DecodeBatch(text_config)
-        self.text_config = text_config
+        self.prefix = PrefixCache(config.prefix_cache_bytes)
+        self.batch = DecodeBatch()
         self.eos_ids = eos_token_ids(loaded)
         self.temporal_patch = self.model.config.vision_config.temporal_patch_size
         self.inbox: queue.Queue[Request | None] = queue.Queue()
@@ -148,7 +145,7 @@ class Scheduler(threading.Thread):
         if hit:  # the suffix holds text only
             batch = LMInput(embed_tokens(self.model, ids)[None], positions)
         else:
-            cache = DynamicCache(config=self.text_config)
+            cache = new_cache()
             embeds = embed_prompt(self.model, ids, pruned.video_mask, pruned.features)
             visual_mask = pruned.video_mask[None].to(self.model.device)
             batch = LMInput(embeds[None], positions, None, visual_mask, pruned.features.deepstack)
@@ -225,7 +222,7 @@ class Scheduler(threading.Thread):
             self._fail(request, error)
         self.waiting.clear()
         self.running.clear()
-        self.batch = DecodeBatch(self.text_config)
+        self.batch = DecodeBatch()
         while True:
             try:
                 request = self.inbox.get_nowait()

@@ -1,0 +1,39 @@
+"""The decode batch's KV bookkeeping: in-place appends, left padding on join, trimming on leave."""
+
+import torch
+
+from engine.batch_kv import DecodeBatch, GrowingLayer, cache_from_tensors, cache_tensors, new_cache
+
+
+def kv(batch: int, length: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(batch, 2, length, 4, generator=generator) for _ in range(2))
+
+
+def test_growing_layer_equals_concatenation_across_regrowth():
+    cache = new_cache()
+    pieces = [kv(1, n, seed) for seed, n in enumerate([5, 1, GrowingLayer.SPARE_TOKENS, 1, 3])]
+    for keys, values in pieces:
+        got_k, got_v = cache.update(keys, values, 0)
+    assert torch.equal(got_k, torch.cat([k for k, _ in pieces], dim=2))
+    assert torch.equal(got_v, torch.cat([v for _, v in pieces], dim=2))
+    assert cache.get_seq_length() == sum(k.shape[2] for k, _ in pieces)
+
+
+def test_join_left_pads_and_leave_trims():
+    batch = DecodeBatch()
+    short, long = kv(1, 3, 0), kv(1, 7, 1)
+    batch.add("short", cache_from_tensors([short]))
+    batch.add("long", cache_from_tensors([long]))
+    keys, _ = cache_tensors(batch.cache)[0]
+    assert keys.shape[2] == 7
+    assert batch.attention_mask.tolist() == [[0, 0, 0, 0, 1, 1, 1], [1] * 7]
+    assert torch.equal(keys[0, :, 4:], short[0][0]) and torch.equal(keys[1], long[0][0])
+    batch.step_mask()
+    batch.cache.update(*kv(2, 1, 2), 0)
+    batch.remove({"long"})
+    keys, _ = cache_tensors(batch.cache)[0]
+    assert batch.keys == ["short"] and batch.attention_mask.tolist() == [[1, 1, 1, 1]]
+    assert keys.shape[2] == 4 and torch.equal(keys[0, :, :3], short[0][0])
+    batch.remove({"short"})
+    assert len(batch) == 0 and batch.cache is None
