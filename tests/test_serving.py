@@ -1,0 +1,134 @@
+"""One GPU, many users: batched equals alone, dedup, caches, cancellation, the ViT token budget."""
+
+import shutil
+import time
+
+import pytest
+
+from engine import Engine, EngineConfig, GenerationParams
+from engine.config import SamplingParams
+
+SAMPLING = SamplingParams(fps=4.0, max_frames=8, max_pixels_per_frame=160 * 128)
+KINDS = ("moving_object", "pan", "scene_cut")
+# (video, q) pairs: every video twice, q = 0 included.
+WORKLOAD = [(0, 0.0), (0, 0.7), (1, 0.5), (1, 0.0), (2, 0.3), (2, 0.9)]
+
+
+def make_engine(tiny_cache_dir, **overrides) -> Engine:
+    return Engine(EngineConfig(model="tiny-random", device="cpu", cache_dir=tiny_cache_dir, sampling=SAMPLING, **overrides))
+
+
+def params(q: float, tokens: int = 12) -> GenerationParams:
+    return GenerationParams(pruning_rate=q, max_new_tokens=tokens, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def videos(clip):
+    return [clip(kind, seconds=2.0) for kind in KINDS]
+
+
+@pytest.fixture(scope="module")
+def alone(tiny_cache_dir, videos):
+    """Greedy tokens of each workload item, run one at a time on a fresh engine each."""
+    tokens = {}
+    for video, q in WORKLOAD:
+        with make_engine(tiny_cache_dir) as engine:
+            tokens[(video, q)] = engine.submit(videos[video], "What happens?", params(q)).result(120).token_ids
+    return tokens
+
+
+def test_batched_equals_alone(tiny_cache_dir, videos, alone):
+    with make_engine(tiny_cache_dir) as engine:
+        with engine.paused():
+            streams = {item: engine.submit(videos[item[0]], "What happens?", params(item[1])) for item in WORKLOAD}
+        answers = {item: stream.result(120) for item, stream in streams.items()}
+        assert engine.vision.forwards == 1  # three distinct videos, one forward
+    for item, answer in answers.items():
+        assert answer.token_ids == alone[item], item
+        assert answer.stats["vit_batch_requests"] == len(WORKLOAD)
+        assert answer.stats["decode_batch_max"] == len(WORKLOAD)
+    kept = {item: answers[item].stats["video_tokens_kept"] for item in WORKLOAD}
+    assert kept[(0, 0.7)] < kept[(0, 0.0)] and kept[(2, 0.9)] < kept[(2, 0.3)]
+
+
+def test_identical_bytes_are_encoded_once(tiny_cache_dir, videos, tmp_path):
+    copy = shutil.copy(videos[0], tmp_path / "same-bytes-other-name.mp4")
+    with make_engine(tiny_cache_dir) as engine:
+        with engine.paused():
+            first = engine.submit(videos[0], "What happens?", params(0.5))
+            second = engine.submit(copy, "Is there a square?", params(0.2))
+        a, b = first.result(120), second.result(120)
+        assert engine.vision.forwards == 1
+    assert a.stats["vit_batch_requests"] == b.stats["vit_batch_requests"] == 2
+
+
+def test_follow_up_hits_both_caches_and_matches_cold(tiny_cache_dir, videos):
+    history = [("What happens?", "A square moves.")]
+    with make_engine(tiny_cache_dir) as warm:
+        first = warm.submit(videos[0], "What happens?", params(0.6)).result(120)
+        follow = warm.submit(videos[0], "Which colour is it?", params(0.6), history=history).result(120)
+    with make_engine(tiny_cache_dir) as cold_engine:
+        cold = cold_engine.submit(videos[0], "Which colour is it?", params(0.6), history=history).result(120)
+    assert not first.stats["vit_cache_hit"] and not first.stats["prefix_cache_hit"]
+    assert follow.stats["vit_cache_hit"] and follow.stats["prefix_cache_hit"]
+    assert not cold.stats["prefix_cache_hit"]
+    assert follow.token_ids == cold.token_ids
+    assert follow.stats["prompt_tokens"] == cold.stats["prompt_tokens"]
+
+
+def test_other_rate_misses_the_prefix_cache(tiny_cache_dir, videos):
+    with make_engine(tiny_cache_dir) as engine:
+        engine.submit(videos[1], "What happens?", params(0.6)).result(120)
+        other = engine.submit(videos[1], "What happens?", params(0.3)).result(120)
+    assert other.stats["vit_cache_hit"] and not other.stats["prefix_cache_hit"]
+
+
+def test_caches_stay_within_their_byte_bounds(tiny_cache_dir, videos):
+    with make_engine(tiny_cache_dir) as probe:
+        probe.submit(videos[0], "What happens?", params(0.5)).result(120)
+        feature_bytes = probe.vision.cache.bytes_used
+        prefix_bytes = probe.prefix_cache.lru.bytes_used
+    # room for one entry of each, not two
+    bounds = dict(feature_cache_bytes=int(feature_bytes * 1.5), prefix_cache_bytes=int(prefix_bytes * 1.5))
+    with make_engine(tiny_cache_dir, **bounds) as engine:
+        for video in videos:
+            engine.submit(video, "What happens?", params(0.5)).result(120)
+            assert engine.vision.cache.bytes_used <= bounds["feature_cache_bytes"]
+            assert engine.prefix_cache.lru.bytes_used <= bounds["prefix_cache_bytes"]
+        assert len(engine.vision.cache) == 1 and len(engine.prefix_cache.lru) == 1
+        again = engine.submit(videos[0], "What happens?", params(0.5)).result(120)
+        assert not again.stats["vit_cache_hit"]  # evicted by the later videos
+        last = engine.submit(videos[2], "What happens?", params(0.5)).result(120)
+        assert not last.stats["vit_cache_hit"]
+
+
+def test_cancel_mid_stream_leaves_the_others_unchanged(tiny_cache_dir, videos, alone):
+    with make_engine(tiny_cache_dir) as engine:
+        with engine.paused():
+            victim = engine.submit(videos[1], "What happens?", GenerationParams(pruning_rate=0.5, max_new_tokens=400, ignore_eos=True))
+            others = {item: engine.submit(videos[item[0]], "What happens?", params(item[1])) for item in WORKLOAD[:2]}
+        for event in victim:
+            if event.kind == "text":
+                victim.cancel()
+                break
+        answer = victim.result(120)
+        results = {item: stream.result(120) for item, stream in others.items()}
+        deadline = time.monotonic() + 10
+        while engine.running_requests and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert engine.running_requests == 0
+        assert len(engine._scheduler.batch) == 0 and engine._scheduler.batch.cache is None
+    assert answer.cancelled and answer.stats["generated_tokens"] < 400
+    for item, result in results.items():
+        assert result.token_ids == alone[item]
+
+
+def test_token_budget_splits_the_vit_forward(tiny_cache_dir, videos, alone):
+    with make_engine(tiny_cache_dir, vit_token_budget=1) as engine:
+        with engine.paused():
+            streams = {item: engine.submit(videos[item[0]], "What happens?", params(item[1])) for item in WORKLOAD}
+        answers = {item: stream.result(120) for item, stream in streams.items()}
+        assert engine.vision.forwards == len(KINDS)
+    for item, answer in answers.items():
+        assert answer.token_ids == alone[item]
+        assert answer.stats["vit_batch_requests"] == 2  # the two requests on each video share its forward
