@@ -42,3 +42,12 @@ def tiny_models(tiny_cache_dir):
         return loaded[name]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def app(tiny_cache_dir):
+    """One launched demo (tiny model, CPU) shared by the app and browser tests."""
+    from app_harness import launched_app
+
+    with launched_app(tiny_cache_dir) as running:
+        yield running

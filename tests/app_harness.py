@@ -1,0 +1,70 @@
+"""A real app for the app and browser tests: the tiny-model engine on CPU behind a launched demo."""
+
+import socket
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from gradio_client import Client
+
+import ui
+from engine import Engine, EngineConfig, Stream
+
+MAX_FILE_BYTES = 1_000_000
+MAX_VIDEO_S = 4.0
+
+
+class SubmitSpy:
+    """The real engine, keeping every stream it hands out so tests can see cancellation."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.streams: list[Stream] = []
+
+    @property
+    def model_info(self) -> dict:
+        return self.engine.model_info
+
+    def submit(self, *args, **kwargs) -> Stream:
+        stream = self.engine.submit(*args, **kwargs)
+        self.streams.append(stream)
+        return stream
+
+
+@dataclass
+class RunningApp:
+    url: str
+    client: Client
+    spy: SubmitSpy
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextmanager
+def launched_app(cache_dir: Path):
+    """A demo on a free port around a tiny-model engine on CPU; closed and shut down afterwards."""
+    engine = Engine(EngineConfig(model="tiny-random", device="cpu", cache_dir=cache_dir,
+                                 max_video_seconds=MAX_VIDEO_S))
+    spy = SubmitSpy(engine)
+    demo = ui.build_demo(spy)
+    try:
+        _, url, _ = demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=free_port(),
+                                quiet=True, **ui.launch_kwargs(MAX_FILE_BYTES))
+        yield RunningApp(url=url, client=Client(url, verbose=False), spy=spy)
+    finally:
+        demo.close()
+        engine.shutdown()
+
+
+def wait_until(condition, timeout_s: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return condition()
