@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8, 16])
     args = parser.parse_args(argv)
 
-    no_cache = dict(feature_cache_bytes=0, prefix_cache_bytes=0)
+    no_cache = dict(feature_cache_bytes=0, prefix_cache_bytes=0, decoded_video_cache_bytes=0)
     config = EngineConfig(model=args.model, device=args.device, sampling=SAMPLING, **no_cache)
     rows: dict[str, object] = {"model": args.model, "device": args.device}
     with tempfile.TemporaryDirectory() as tmp:

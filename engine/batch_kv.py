@@ -110,6 +110,12 @@ class DecodeBatch:
         self.cache = cache_from_tensors(merged)
         self.attention_mask = mask
 
+    def row_tensors(self, key: object) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """One row's KV without its padding: per layer (1, heads, tokens, head_dim) views."""
+        row = self.keys.index(key)
+        tokens = int(self.attention_mask[row].sum())
+        return [(k[row : row + 1, :, -tokens:], v[row : row + 1, :, -tokens:]) for k, v in cache_tensors(self.cache)]
+
     def remove(self, gone: set) -> None:
         """Drop rows whose key is in gone and trim padding no remaining row needs."""
         keep = [i for i, key in enumerate(self.keys) if key not in gone]

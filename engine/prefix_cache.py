@@ -1,15 +1,17 @@
-"""Reuse of the [system + video] prefix KV for follow-up questions on the same video and rate.
+"""KV reuse across requests on the same video and rate: the [system + video] prefix, and beyond it the
+longest shared start of the latest conversation (earlier question, the answer the model gave, ...).
 
-Causal attention means the KV of a prefix does not depend on what follows it, so a cold prefill's
-cache, cut at the prefix, is exactly what a later request with the same prefix would compute.
+Causal attention means the KV of a token sequence does not depend on what follows it, and kept tokens
+sit at the same positions whatever follows, so any shared leading run of token ids can reuse its KV.
 """
 
 import hashlib
+from dataclasses import dataclass
 
 import torch
 from transformers.cache_utils import Cache
 
-from .batch_kv import cache_from_tensors, cache_nbytes, cache_tensors
+from .batch_kv import cache_from_tensors, cache_nbytes
 from .lru import ByteLRU
 
 
@@ -18,19 +20,40 @@ def prefix_key(feature_key: tuple, pruning_rate: float, prefix_ids: torch.Tensor
     return (feature_key, pruning_rate, digest)
 
 
+def common_prefix_len(a: torch.Tensor, b: torch.Tensor) -> int:
+    """Leading tokens two (L,) id tensors share."""
+    n = min(a.numel(), b.numel())
+    differ = torch.nonzero(a[:n] != b[:n])
+    return int(differ[0]) if differ.numel() else n
+
+
+@dataclass
+class Conversation:
+    """token_ids: (S,) long on CPU; tensors: per layer (keys, values), each (1, heads, S, head_dim)."""
+
+    token_ids: torch.Tensor
+    tensors: list[tuple[torch.Tensor, torch.Tensor]]
+
+
 class PrefixCache:
-    """LRU of per-layer (keys, values), each (1, heads, prefix_len, head_dim), bounded in bytes."""
+    """Per key, the latest conversation's KV; an LRU bounded in bytes over keys."""
 
     def __init__(self, max_bytes: int):
         self.lru = ByteLRU(max_bytes)
 
-    def get(self, key: tuple) -> Cache | None:
-        tensors = self.lru.get(key)
-        return None if tensors is None else cache_from_tensors(tensors)
+    def lookup(self, key: tuple, token_ids: torch.Tensor, min_len: int) -> tuple[Cache | None, int]:
+        """(cache holding the reusable leading tokens, their count), or (None, 0) when fewer than min_len
+        tokens are shared. At least one token is always left to prefill, for its logits."""
+        stored = self.lru.get(key)
+        if stored is None:
+            return None, 0
+        reused = min(common_prefix_len(stored.token_ids, token_ids), token_ids.numel() - 1)
+        if reused < min_len:
+            return None, 0
+        return cache_from_tensors([(k[:, :, :reused], v[:, :, :reused]) for k, v in stored.tensors]), reused
 
-    def put(self, key: tuple, cache: Cache, prefix_len: int) -> None:
-        if key in self.lru:
-            return
-        # clone so the stored prefix does not pin the whole prompt's KV in memory
-        tensors = [(k[:, :, :prefix_len].clone(), v[:, :, :prefix_len].clone()) for k, v in cache_tensors(cache)]
-        self.lru.put(key, tensors, cache_nbytes(tensors))
+    def store(self, key: tuple, token_ids: torch.Tensor, tensors: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Keep token_ids' KV under key, replacing the conversation stored there. Cloned, so the entry does
+        not pin a larger batch tensor in memory."""
+        kept = [(k.clone(), v.clone()) for k, v in tensors]
+        self.lru.put(key, Conversation(token_ids.cpu(), kept), cache_nbytes(kept))

@@ -29,6 +29,7 @@ class Request:
     video: SampledVideo | None = None
     prompt: PreparedPrompt | None = None
     feature_key: tuple | None = None
+    prefix_key: tuple | None = None
     features: VideoFeatures | None = None
     pruned: PrunedPrompt | None = None
     decoder: TextDecoder | None = None

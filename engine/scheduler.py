@@ -13,7 +13,7 @@ from collections import deque
 import numpy as np
 import torch
 
-from .batch_kv import DecodeBatch, new_cache
+from .batch_kv import DecodeBatch, cache_tensors, new_cache
 from .families import Family
 from .lm import LMInput, embed_prompt, embed_tokens, lm_logits
 from .prefix_cache import PrefixCache, prefix_key
@@ -136,13 +136,14 @@ class Scheduler(threading.Thread):
     def _prefill(self, request: Request) -> None:
         start = time.perf_counter()
         pruned = request.pruned
-        key = prefix_key(request.feature_key, request.params.pruning_rate, pruned.input_ids[: pruned.prefix_len])
-        cache = self.prefix.get(key)
+        request.prefix_key = prefix_key(
+            request.feature_key, request.params.pruning_rate, pruned.input_ids[: pruned.prefix_len]
+        )
+        cache, begin = self.prefix.lookup(request.prefix_key, pruned.input_ids, min_len=pruned.prefix_len)
         hit = cache is not None
-        begin = pruned.prefix_len if hit else 0
         ids = pruned.input_ids[begin:]
         positions = pruned.positions[:, None, begin:].to(self.model.device)
-        if hit:  # the suffix holds text only
+        if hit:  # the video lies inside the reused part; the rest is text
             batch = LMInput(embed_tokens(self.model, ids)[None], positions)
         else:
             cache = new_cache()
@@ -150,15 +151,27 @@ class Scheduler(threading.Thread):
             visual_mask = pruned.video_mask[None].to(self.model.device)
             batch = LMInput(embeds[None], positions, None, visual_mask, pruned.features.deepstack)
         logits = lm_logits(self.model, self.family, batch, cache)
-        if not hit:
-            self.prefix.put(key, cache, pruned.prefix_len)
-        request.stats.update(prefix_cache_hit=hit, prefill_s=time.perf_counter() - start, decode_batch_max=1)
+        if not hit:  # let requests arriving meanwhile on the same video reuse at least the prompt
+            self.prefix.store(request.prefix_key, pruned.input_ids, cache_tensors(cache))
+        request.stats.update(
+            prefix_cache_hit=hit, prefill_tokens=ids.numel(), prefill_s=time.perf_counter() - start, decode_batch_max=1
+        )
         request.tokens_seen = pruned.input_ids.numel()
         request.next_position = pruned.next_position
         self._emit(request, next_token(logits[0], request.params.temperature, request.params.top_p, request.generator))
-        if not request.stream.finished:
+        if request.stream.finished:
+            self._retire(request, cache_tensors(cache))
+        else:
             self.running[request.id] = request
             self.batch.add(request.id, cache)
+
+    def _remember(self, request: Request, tensors: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Store a request's conversation KV (prompt + the answer tokens fed back so far; a cancelled one's
+        too, its partial answer is what a follow-up will quote) for a follow-up.
+        tensors: per layer (1, heads, tokens_seen, head_dim)."""
+        answer = torch.tensor(request.decoder.token_ids[: request.tokens_seen - request.pruned.input_ids.numel()])
+        token_ids = torch.cat([request.pruned.input_ids, answer.to(request.pruned.input_ids.dtype)])
+        self.prefix.store(request.prefix_key, token_ids, tensors)
 
     # --- the shared decode step -----------------------------------------------------------------
     def _decode_step(self) -> None:
@@ -206,7 +219,6 @@ class Scheduler(threading.Thread):
                 prompt_tokens=int(request.pruned.input_ids.numel()),
             )
         token_ids = tuple(request.decoder.token_ids) if request.decoder else ()
-        request.release()
         request.stream.push(Event("done", stats=stats, token_ids=token_ids))
 
     def _fail(self, request: Request, error: BaseException) -> None:
@@ -232,16 +244,23 @@ class Scheduler(threading.Thread):
                 self._fail(request, error)
 
     def _leave(self, gone: set[int]) -> None:
-        if gone:
-            self.batch.remove(gone)
-            for key in gone:
-                self.running.pop(key, None)
+        """Finished or cancelled rows leave the decode batch; their conversation KV is kept for reuse."""
+        if not gone:
+            return
+        for key in gone:
+            self._retire(self.running.pop(key), self.batch.row_tensors(key))
+        self.batch.remove(gone)
+
+    def _retire(self, request: Request, tensors: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        self._remember(request, tensors)
+        request.release()
 
     def _drop_cancelled(self) -> None:
         for request in [r for r in self.waiting if r.stream.cancelled]:
             self.waiting.remove(request)
             request.leave_queue()
             self._finish(request)
+            request.release()
         cancelled = [r for r in self.running.values() if r.stream.cancelled]
         for request in cancelled:
             self._finish(request)

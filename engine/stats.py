@@ -8,6 +8,7 @@ STATS_KEYS = (
     "video_tokens_kept",  # after EVS
     "tokens_kept_per_frame",  # list, one count per temporal group
     "prompt_tokens",  # tokens the language model saw for the prompt (after pruning)
+    "prefill_tokens",  # of those, the ones prefilled now (the rest came from the prefix KV cache)
     "generated_tokens",
     "ttft_s",  # submit -> first answer token
     "total_s",  # submit -> done

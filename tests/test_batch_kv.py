@@ -37,3 +37,18 @@ def test_join_left_pads_and_leave_trims():
     assert keys.shape[2] == 4 and torch.equal(keys[0, :, :3], short[0][0])
     batch.remove({"short"})
     assert len(batch) == 0 and batch.cache is None
+
+
+def test_prefix_cache_reuses_the_longest_shared_start():
+    from engine.prefix_cache import PrefixCache
+
+    cache = PrefixCache(max_bytes=1 << 20)
+    stored_ids = torch.tensor([1, 2, 3, 4, 5, 6])
+    keys, values = kv(1, 6, 0)
+    cache.store("k", stored_ids, [(keys, values)])
+    reused_cache, reused = cache.lookup("k", torch.tensor([1, 2, 3, 4, 9, 9, 9]), min_len=3)
+    assert reused == 4 and torch.equal(cache_tensors(reused_cache)[0][0], keys[:, :, :4])
+    _, whole = cache.lookup("k", stored_ids.clone(), min_len=3)
+    assert whole == 5  # one token is always left to prefill, for its logits
+    assert cache.lookup("k", torch.tensor([1, 2, 7, 7]), min_len=3) == (None, 0)
+    assert cache.lookup("other", stored_ids, min_len=1) == (None, 0)

@@ -76,6 +76,18 @@ def test_follow_up_hits_both_caches_and_matches_cold(tiny_cache_dir, videos):
     assert follow.stats["prompt_tokens"] == cold.stats["prompt_tokens"]
 
 
+def test_follow_up_quoting_the_answer_reuses_the_whole_conversation(tiny_cache_dir, videos):
+    with make_engine(tiny_cache_dir) as engine:
+        first = engine.submit(videos[2], "What happens?", params(0.5)).result(120)
+        history = [("What happens?", engine.loaded.processor.tokenizer.decode(first.token_ids))]
+        follow = engine.submit(videos[2], "Why?", params(0.5), history=history).result(120)
+    assert first.stats["prefill_tokens"] == first.stats["prompt_tokens"]
+    # The whole first prompt and the answer's leading tokens come from the cache, not just [system + video].
+    # (The tiny model's random bytes do not survive decode -> encode, so the reuse stops inside the answer.)
+    assert follow.stats["prefix_cache_hit"]
+    assert follow.stats["prefill_tokens"] < follow.stats["prompt_tokens"] - first.stats["prompt_tokens"]
+
+
 def test_other_rate_misses_the_prefix_cache(tiny_cache_dir, videos):
     with make_engine(tiny_cache_dir) as engine:
         engine.submit(videos[1], "What happens?", params(0.6)).result(120)
