@@ -50,7 +50,8 @@ def stats_html(stats: dict | None) -> str:
         ("Batching", f"ViT × {stats['vit_batch_requests']} · decode × {stats['decode_batch_max']}",
          "requests sharing the ViT forward · most in one decode step"),
         ("Caches", f"features {_hit(stats['vit_cache_hit'])} · prefix {_hit(stats['prefix_cache_hit'])}",
-         "ViT feature cache · KV of the same video prefix"),
+         f"prefilled {stats['prefill_tokens']:,} of {stats['prompt_tokens']:,} prompt tokens; "
+         "the rest came from the KV of this video's conversation"),
     ]
     return '<div class="evs-stats">' + "".join(_card(*card) for card in cards) + "</div>"
 
