@@ -98,7 +98,15 @@ class Scheduler(threading.Thread):
 
     # --- new requests: vision, EVS, prefill ------------------------------------------------------
     def _start(self, requests: list[Request]) -> None:
-        self.vision.encode(requests, on_batch=self._announce_vit)
+        """Requests taken from the queue are in neither `waiting` nor `running` until their prefill
+        ends, so a failure here must fail them itself."""
+        try:
+            self.vision.encode(requests, on_batch=self._announce_vit)
+        except Exception:
+            log.exception("vision forward failed")
+            for request in requests:
+                self._fail(request, RuntimeError("Encoding the video failed on the server; please try again."))
+            return
         for request in requests:
             try:
                 self._evs(request)

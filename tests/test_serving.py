@@ -144,3 +144,21 @@ def test_token_budget_splits_the_vit_forward(tiny_cache_dir, videos, alone):
     for item, answer in answers.items():
         assert answer.token_ids == alone[item]
         assert answer.stats["vit_batch_requests"] == 2  # the two requests on each video share its forward
+
+
+def test_a_failing_vision_forward_fails_its_requests_and_the_engine_keeps_serving(tiny_cache_dir, videos, monkeypatch):
+    with make_engine(tiny_cache_dir) as engine:
+        real_encode = engine.family.encode
+        calls = []
+
+        def broken_once(*args, **kwargs):
+            calls.append(1)
+            if len(calls) == 1:
+                raise RuntimeError("simulated device fault")
+            return real_encode(*args, **kwargs)
+
+        monkeypatch.setattr(engine.family, "encode", broken_once)
+        with pytest.raises(RuntimeError, match="Encoding the video failed"):
+            engine.submit(videos[0], "What happens?", params(0.5)).result(60)
+        answer = engine.submit(videos[0], "What happens?", params(0.5)).result(60)
+    assert answer.stats["generated_tokens"] == 12
