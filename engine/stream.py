@@ -98,8 +98,12 @@ class Stream:
     def _deliver(self, item: object) -> None:
         with self._lock:
             self._events.put(item)
-            for loop, aqueue in self._listeners:
-                loop.call_soon_threadsafe(aqueue.put_nowait, item)
+            for listener in list(self._listeners):
+                loop, aqueue = listener
+                try:
+                    loop.call_soon_threadsafe(aqueue.put_nowait, item)
+                except RuntimeError:  # the reader's event loop is closed: nobody is listening there
+                    self._listeners.remove(listener)
 
     # --- caller side -------------------------------------------------------------------------
     @property
@@ -128,17 +132,23 @@ class Stream:
         """Async twin of iteration; one reader per stream (it takes over the event queue)."""
         loop = asyncio.get_running_loop()
         aqueue: asyncio.Queue = asyncio.Queue()
+        listener = (loop, aqueue)
         with self._lock:
             while not self._events.empty():
                 aqueue.put_nowait(self._events.get_nowait())
-            self._listeners.append((loop, aqueue))
-        while True:
-            item = await aqueue.get()
-            if item is _END:
-                if self._error is not None:
-                    raise self._error
-                return
-            yield item
+            self._listeners.append(listener)
+        try:
+            while True:
+                item = await aqueue.get()
+                if item is _END:
+                    if self._error is not None:
+                        raise self._error
+                    return
+                yield item
+        finally:
+            with self._lock:
+                if listener in self._listeners:
+                    self._listeners.remove(listener)
 
     def result(self, timeout_s: float | None = None) -> Answer:
         """Block until the request ends; raises the request's error (e.g. InputError) if it failed."""
