@@ -38,6 +38,7 @@ class EngineConfig:
     decoded_video_cache_bytes: int = 256 << 20  # sampled frames of recent uploads (follow-ups skip decoding)
     max_queue: int = 64  # requests waiting for admission before submit answers "busy"
     max_running: int = 16  # requests decoding together
+    prefill_token_budget: int = 2048  # prompt tokens prefilled per iteration between decode steps (>= 1 prompt)
     cache_dir: Path = field(default_factory=default_cache_dir)
     system_prompt: str = "You are a helpful assistant."
 

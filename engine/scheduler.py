@@ -49,8 +49,9 @@ class Scheduler(threading.Thread):
         self.eos_ids = eos_token_ids(loaded)
         self.temporal_patch = self.model.config.vision_config.temporal_patch_size
         self.inbox: queue.Queue[Request | None] = queue.Queue()
-        self.waiting: deque[Request] = deque()
-        self.running: dict[int, Request] = {}
+        self.waiting: deque[Request] = deque()  # prepared, not yet admitted
+        self.encoded: deque[Request] = deque()  # features and EVS done, prefill pending
+        self.running: dict[int, Request] = {}  # in the decode batch
         self._stopping = threading.Event()
         self.admitting = threading.Event()  # cleared by Engine.paused() to line up a burst
         self.admitting.set()
@@ -75,14 +76,17 @@ class Scheduler(threading.Thread):
         self._fail_all(RuntimeError("The engine is shutting down."))
 
     def _iteration(self) -> None:
-        self._collect(block=not self.running and not (self.waiting and self.admitting.is_set()))
+        idle = not self.running and not self.encoded
+        self._collect(block=idle and not (self.waiting and self.admitting.is_set()))
         self._drop_cancelled()
-        free = self.config.max_running - len(self.running) if self.admitting.is_set() else 0
+        busy = len(self.running) + len(self.encoded)
+        free = self.config.max_running - busy if self.admitting.is_set() else 0
         new = [self.waiting.popleft() for _ in range(min(free, len(self.waiting)))]
         if new:
             for request in new:
                 request.leave_queue()
             self._start(new)
+        self._prefill_within_budget()
         if self.running:
             self._decode_step()
 
@@ -110,6 +114,20 @@ class Scheduler(threading.Thread):
         for request in requests:
             try:
                 self._evs(request)
+            except Exception:
+                log.exception("request %d failed", request.id)
+                self._fail(request, RuntimeError("The engine hit an internal error; please try again."))
+            else:
+                self.encoded.append(request)
+
+    def _prefill_within_budget(self) -> None:
+        """Prefill encoded requests until this iteration's token budget is spent (at least one), so a
+        burst of new prompts delays the running requests' next token by a bounded amount."""
+        budget, spent = self.config.prefill_token_budget, 0
+        while self.encoded and (spent == 0 or spent + self.encoded[0].pruned.input_ids.numel() <= budget):
+            request = self.encoded.popleft()
+            spent += request.pruned.input_ids.numel()
+            try:
                 self._prefill(request)
             except Exception:
                 log.exception("request %d failed", request.id)
@@ -238,9 +256,10 @@ class Scheduler(threading.Thread):
         request.stream.fail(error)
 
     def _fail_all(self, error: BaseException) -> None:
-        for request in [*self.running.values(), *self.waiting]:
+        for request in [*self.running.values(), *self.encoded, *self.waiting]:
             self._fail(request, error)
         self.waiting.clear()
+        self.encoded.clear()
         self.running.clear()
         self.batch = DecodeBatch()
         while True:
@@ -264,11 +283,12 @@ class Scheduler(threading.Thread):
         request.release()
 
     def _drop_cancelled(self) -> None:
-        for request in [r for r in self.waiting if r.stream.cancelled]:
-            self.waiting.remove(request)
-            request.leave_queue()
-            self._finish(request)
-            request.release()
+        for queue_ in (self.waiting, self.encoded):
+            for request in [r for r in queue_ if r.stream.cancelled]:
+                queue_.remove(request)
+                request.leave_queue()
+                self._finish(request)
+                request.release()
         cancelled = [r for r in self.running.values() if r.stream.cancelled]
         for request in cancelled:
             self._finish(request)

@@ -162,3 +162,16 @@ def test_a_failing_vision_forward_fails_its_requests_and_the_engine_keeps_servin
             engine.submit(videos[0], "What happens?", params(0.5)).result(60)
         answer = engine.submit(videos[0], "What happens?", params(0.5)).result(60)
     assert answer.stats["generated_tokens"] == 12
+
+
+def test_prefill_budget_staggers_joins_without_changing_tokens(tiny_cache_dir, videos, alone):
+    """With room for one prompt per iteration, requests join the decode batch one by one (a decode step
+    for the running ones between two prefills), and every answer is still what it is alone."""
+    with make_engine(tiny_cache_dir, prefill_token_budget=1) as engine:
+        with engine.paused():
+            streams = {item: engine.submit(videos[item[0]], "What happens?", params(item[1])) for item in WORKLOAD[:3]}
+        answers = {item: stream.result(120) for item, stream in streams.items()}
+    for item, answer in answers.items():
+        assert answer.token_ids == alone[item]
+        assert answer.stats["vit_batch_requests"] == 3
+    assert all(answer.stats["decode_batch_max"] == 3 for answer in answers.values())
