@@ -154,3 +154,22 @@ def test_user_errors_come_back_as_one_sentence(app, clip, bad_files, case, messa
 def test_a_too_large_upload_is_refused_with_the_limit(app, bad_files):
     with pytest.raises(Exception, match=rf"exceeds the maximum file size of {MAX_FILE_BYTES} bytes"):
         app.client.predict(handle_file(str(bad_files["big"])), "What moves?", api_name="/ask", **FAST)
+
+
+def test_concurrent_users_with_bad_uploads_among_them_are_all_served(app, clip, bad_files):
+    """Several people at once, two of them sending junk: the good answers come back and share the
+    engine's batches; the bad ones get their sentence; the server stays up."""
+    kinds = ["moving_object", "pan", "scene_cut", "moving_object"]
+    # long enough answers that the requests overlap in the decode batch
+    good = [app.client.submit(handle_file(str(clip(kind))), f"What happens? ({i})", 0.5, api_name="/ask",
+                              max_new_tokens=40) for i, kind in enumerate(kinds)]
+    bad = [app.client.submit(handle_file(str(bad_files["junk"])), "What moves?", api_name="/ask", **FAST)
+           for _ in range(2)]
+    results = [job.result(timeout=180) for job in good]
+    for job in bad:
+        with pytest.raises(Exception, match="could not be read as a video"):
+            job.result(timeout=180)
+    assert all(stats["generated_tokens"] == 40 for _, stats, _, _ in results)
+    assert max(stats["decode_batch_max"] for _, stats, _, _ in results) > 1
+    after = app.client.predict(handle_file(str(clip("pan"))), "Still there?", 0.3, api_name="/ask", **FAST)
+    assert after[1]["generated_tokens"] == FAST["max_new_tokens"]
