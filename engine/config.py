@@ -32,7 +32,11 @@ class EngineConfig:
     max_video_seconds: float = 600.0
     max_file_bytes: int = 200 * 1024 * 1024
     decode_timeout_s: float = 60.0
-    vit_token_budget: int = 65536  # patches (pre-merge) in one ViT forward before it is split
+    # Patches (pre-merge rows) in one ViT forward before the batch is split; None picks by device:
+    # 65536 on a GPU (bounds activation memory), 4096 on a CPU, where larger batches overflow the caches
+    # and turn the elementwise ops memory-bound (2 cores, 8 videos of 1568 patches: one forward 1.18x
+    # eight separate ones, forwards of 2 videos 0.97x; `python bench/serving.py`).
+    vit_token_budget: int | None = None
     feature_cache_bytes: int = 1 << 30
     prefix_cache_bytes: int = 1 << 30
     decoded_video_cache_bytes: int = 256 << 20  # sampled frames of recent uploads (follow-ups skip decoding)

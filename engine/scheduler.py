@@ -34,6 +34,12 @@ def eos_token_ids(loaded) -> set[int]:
     return ids
 
 
+def vit_token_budget(config, device: torch.device) -> int:
+    if config.vit_token_budget is not None:
+        return config.vit_token_budget
+    return 65536 if device.type == "cuda" else 4096
+
+
 class Scheduler(threading.Thread):
     def __init__(self, loaded, family: Family, config):
         super().__init__(name="evs-gpu-worker", daemon=True)
@@ -42,7 +48,7 @@ class Scheduler(threading.Thread):
         self.family = family
         self.config = config
         self.vision = VisionEncoder(
-            self.model, family, loaded.name, config.feature_cache_bytes, config.vit_token_budget
+            self.model, family, loaded.name, config.feature_cache_bytes, vit_token_budget(config, loaded.device)
         )
         self.prefix = PrefixCache(config.prefix_cache_bytes)
         self.batch = DecodeBatch()
