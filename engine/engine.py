@@ -65,6 +65,8 @@ class Engine:
         self._ids = itertools.count(1)
         self._admission = threading.BoundedSemaphore(self.config.max_queue)
         self._prepare_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="evs-prepare")
+        self._closed = False
+        self._submit_lock = threading.Lock()  # a submit never races shutdown past the closed check
         self._preparing = 0  # requests submitted and not yet handed to the worker
         # Sampled frames of recent uploads, so a follow-up question skips decoding the file again.
         self._decoded = ByteLRU(self.config.decoded_video_cache_bytes)
@@ -114,14 +116,24 @@ class Engine:
         check_params(question, params)
         if video is None or not str(video).strip():
             raise InputError("Please upload a video file.")
-        if not self._admission.acquire(blocking=False):
-            raise BusyError("The server is busy with other videos right now; please try again in a minute.")
+        try:
+            history = [(str(asked), str(answered)) for asked, answered in history]
+        except (TypeError, ValueError):
+            raise InputError("The conversation history must be a list of (question, answer) pairs.") from None
+        with self._submit_lock:
+            if self._closed:
+                raise BusyError("The server is restarting; please try again in a minute.")
+            if not self._admission.acquire(blocking=False):
+                raise BusyError("The server is busy with other videos right now; please try again in a minute.")
+            return self._accept(video, question, params, history)
+
+    def _accept(self, video, question: str, params: GenerationParams, history) -> Stream:
         stream = Stream(next(self._ids))
         request = Request(
             stream=stream,
             video_path=str(video),
             question=question.strip(),
-            history=[(str(q), str(a)) for q, a in history],
+            history=history,
             params=params,
             sampling=params.sampling or self.config.sampling,
             admission=self._admission,
@@ -214,7 +226,10 @@ class Engine:
         return video
 
     def shutdown(self) -> None:
-        self._prepare_pool.shutdown(wait=True, cancel_futures=True)
+        """Stop taking requests, let accepted ones reach the worker, then end every stream still open."""
+        with self._submit_lock:
+            self._closed = True
+        self._prepare_pool.shutdown(wait=True)
         self._scheduler.stop()
         self._scheduler.join(timeout=30)
 

@@ -102,3 +102,19 @@ def test_full_queue_answers_busy_and_recovers(tiny_cache_dir, clip):
         assert first.result(60).stats["generated_tokens"] == 3
         again = small.submit(clip("pan"), "What?", GenerationParams(max_new_tokens=3)).result(60)
         assert again.stats["generated_tokens"] == 3
+
+
+def test_malformed_history_is_refused(engine, clip):
+    with pytest.raises(InputError, match="history"):
+        engine.submit(clip("moving_object"), "What?", GenerationParams(), history=["not a pair"])
+
+
+def test_shutdown_ends_every_accepted_stream_and_refuses_new_ones(tiny_cache_dir, clip):
+    closing = Engine(EngineConfig(model="tiny-random", device="cpu", cache_dir=tiny_cache_dir, sampling=SAMPLING))
+    streams = [closing.submit(clip(kind), "What?", GenerationParams(max_new_tokens=200, ignore_eos=True))
+               for kind in ("moving_object", "pan", "scene_cut")]
+    closing.shutdown()
+    for stream in streams:
+        assert stream.finished  # ended with an answer or "shutting down", never left open
+    with pytest.raises(BusyError, match="restarting"):
+        closing.submit(clip("pan"), "What?")
