@@ -208,9 +208,9 @@ class Engine:
     def _sampled_video(self, path: str, sampling) -> SampledVideo:
         file = Path(path)
         hashable = file.is_file() and file.stat().st_size <= self.config.max_file_bytes
-        key = (file_sha256(path), sampling) if hashable else None
+        digest = file_sha256(path) if hashable else None
         with self._decoded_lock:
-            video = self._decoded.get(key) if key else None
+            video = self._decoded.get((digest, sampling)) if digest else None
         if video is None:
             config = self.config
             video = load_video(
@@ -220,6 +220,7 @@ class Engine:
                 max_bytes=config.max_file_bytes,
                 timeout_s=config.decode_timeout_s,
                 temporal_patch=self.loaded.model.config.vision_config.temporal_patch_size,
+                content_hash=digest,
             )
             with self._decoded_lock:
                 self._decoded.put((video.content_hash, sampling), video, video.frames.nbytes)

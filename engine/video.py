@@ -71,9 +71,11 @@ def load_video(
     max_bytes: int,
     timeout_s: float,
     temporal_patch: int = 2,
+    content_hash: str | None = None,
 ) -> SampledVideo:
     """Check the upload, decode the sampled frames in a child process, and return them.
 
+    content_hash: the file's sha256 when the caller already computed it (it is read again otherwise).
     Raises InputError (one sentence for the user) when the file is missing, larger than max_bytes,
     not a readable video, longer than max_seconds, or takes longer than timeout_s to decode.
     """
@@ -95,7 +97,7 @@ def load_video(
         native_fps=header["native_fps"],
         total_frames=header["total_frames"],
         duration_s=header["total_frames"] / header["native_fps"],
-        content_hash=file_sha256(path),
+        content_hash=content_hash or file_sha256(path),
     )
 
 
