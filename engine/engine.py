@@ -4,6 +4,7 @@ import contextlib
 import itertools
 import logging
 import math
+import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -31,10 +32,20 @@ MAX_QUESTION_CHARS = 4000
 MAX_NEW_TOKENS_LIMIT = 4096
 
 
+CONTROL_TOKEN = re.compile(r"<\|[a-z_]+\|>")
+
+
+def check_text(text: str, what: str) -> None:
+    """The model's control tokens (<|video_pad|>, <|im_end|>, ...) in user text would be read as markup."""
+    if CONTROL_TOKEN.search(text):
+        raise InputError(f"The {what} may not contain control markers such as <|im_end|>.")
+
+
 def check_params(question: str, params: GenerationParams) -> None:
     """Raise InputError for anything in the request a user could have got wrong."""
     if not isinstance(question, str) or not question.strip():
         raise InputError("Please type a question about the video.")
+    check_text(question, "question")
     if len(question) > MAX_QUESTION_CHARS:
         raise InputError(f"The question is {len(question)} characters long; the limit is {MAX_QUESTION_CHARS}.")
     try:
@@ -43,8 +54,11 @@ def check_params(question: str, params: GenerationParams) -> None:
         raise InputError(str(error)) from None
     if not isinstance(params.max_new_tokens, int) or not 1 <= params.max_new_tokens <= MAX_NEW_TOKENS_LIMIT:
         raise InputError(f"Max new tokens must be a whole number from 1 to {MAX_NEW_TOKENS_LIMIT}.")
-    if not (isinstance(params.temperature, (int, float)) and math.isfinite(params.temperature) and params.temperature >= 0):
-        raise InputError("The temperature must be a number of at least 0.")
+    temperature = params.temperature
+    if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and (temperature == 0 or temperature >= 0.01)):
+        raise InputError("The temperature must be 0 (greedy) or a number of at least 0.01.")
+    if not isinstance(params.seed, int):
+        raise InputError("The seed must be a whole number.")
     if not (isinstance(params.top_p, (int, float)) and 0 < params.top_p <= 1):
         raise InputError("Top-p must be above 0 and at most 1.")
     sampling = params.sampling
@@ -120,6 +134,8 @@ class Engine:
             history = [(str(asked), str(answered)) for asked, answered in history]
         except (TypeError, ValueError):
             raise InputError("The conversation history must be a list of (question, answer) pairs.") from None
+        for turn in history:
+            check_text(" ".join(turn), "conversation history")
         with self._submit_lock:
             if self._closed:
                 raise BusyError("The server is restarting; please try again in a minute.")
@@ -200,7 +216,7 @@ class Engine:
         except Exception as error:
             if not isinstance(error, InputError):
                 log.exception("preparing request %d failed", request.id)
-                error = RuntimeError("Something went wrong while reading the video; please try again.")
+                error = RuntimeError("Something went wrong while preparing the request; please try again.")
             request.leave_queue()
             request.release()
             stream.fail(error)

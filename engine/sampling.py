@@ -20,19 +20,32 @@ def next_token(logits: torch.Tensor, temperature: float, top_p: float, generator
 class TextDecoder:
     """Incremental detokenizer: returns only the new text each token adds.
 
-    Byte-level tokens can end mid-character; such a tail decodes to U+FFFD and is held back until
-    the character completes.
+    Decodes a short window (from the last emitted boundary) rather than the whole answer on every token.
+    Byte-level tokens can end mid-character; such a tail decodes to U+FFFD and is held back until the
+    character completes, or until `flush` at the end of the answer.
     """
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
         self.token_ids: list[int] = []
-        self.text = ""
+        self._window_start = 0  # the window's text up to _emitted_end was already returned
+        self._emitted_end = 0
+
+    def _decode(self, start: int, end: int | None = None) -> str:
+        return self.tokenizer.decode(self.token_ids[start:end], skip_special_tokens=True)
 
     def add(self, token_id: int) -> str:
         self.token_ids.append(token_id)
-        text = self.tokenizer.decode(self.token_ids, skip_special_tokens=True)
-        if text.endswith("\ufffd") or not text.startswith(self.text):
+        done = self._decode(self._window_start, self._emitted_end)
+        text = self._decode(self._window_start)
+        if len(text) <= len(done) or text.endswith("\ufffd"):
             return ""
-        piece, self.text = text[len(self.text) :], text
-        return piece
+        self._window_start, self._emitted_end = self._emitted_end, len(self.token_ids)
+        return text[len(done) :]
+
+    def flush(self) -> str:
+        """What is still held back (an incomplete character at the very end)."""
+        done = self._decode(self._window_start, self._emitted_end)
+        text = self._decode(self._window_start)
+        self._window_start = self._emitted_end = len(self.token_ids)
+        return text[len(done) :]

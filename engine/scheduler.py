@@ -26,6 +26,15 @@ from .vision import VisionEncoder
 log = logging.getLogger(__name__)
 
 
+
+def internal_error() -> RuntimeError:
+    return RuntimeError("The engine hit an internal error; please try again.")
+
+
+def shutting_down() -> RuntimeError:
+    return RuntimeError("The engine is shutting down.")
+
+
 def eos_token_ids(loaded) -> set[int]:
     ids = loaded.model.generation_config.eos_token_id
     ids = set(ids if isinstance(ids, list) else [ids] if ids is not None else [])
@@ -76,10 +85,10 @@ class Scheduler(threading.Thread):
             while not self._stopping.is_set():
                 try:
                     self._iteration()
-                except Exception:  # a bug: fail the requests in flight, keep serving new ones
+                except Exception:  # a bug or a device fault: fail the requests on the device, keep serving
                     log.exception("engine iteration failed")
-                    self._fail_all(RuntimeError("The engine hit an internal error; please try again."))
-        self._fail_all(RuntimeError("The engine is shutting down."))
+                    self._fail_many([*self.running.values(), *self.encoded], internal_error)
+        self._fail_many([*self.running.values(), *self.encoded, *self.waiting, *self._drain_inbox()], shutting_down)
 
     def _iteration(self) -> None:
         idle = not self.running and not self.encoded
@@ -122,7 +131,7 @@ class Scheduler(threading.Thread):
                 self._evs(request)
             except Exception:
                 log.exception("request %d failed", request.id)
-                self._fail(request, RuntimeError("The engine hit an internal error; please try again."))
+                self._fail(request, internal_error())
             else:
                 self.encoded.append(request)
 
@@ -137,7 +146,7 @@ class Scheduler(threading.Thread):
                 self._prefill(request)
             except Exception:
                 log.exception("request %d failed", request.id)
-                self._fail(request, RuntimeError("The engine hit an internal error; please try again."))
+                self._fail(request, internal_error())
 
     def _announce_vit(self, served: list[Request]) -> None:
         for request in served:
@@ -215,12 +224,15 @@ class Scheduler(threading.Thread):
         positions = torch.stack([one_d, mrope, mrope, mrope])[:, :, None]  # (4, B, 1)
         batch = LMInput(embed_tokens(self.model, tokens)[:, None], positions, self.batch.step_mask())
         logits = lm_logits(self.model, self.family, batch, self.batch.cache)
+        greedy = logits.argmax(dim=-1).tolist()  # one host sync for every greedy row
         for i, request in enumerate(rows):
             request.tokens_seen += 1
             request.next_position += 1
             request.stats["decode_batch_max"] = max(request.stats["decode_batch_max"], len(rows))
             params = request.params
-            self._emit(request, next_token(logits[i], params.temperature, params.top_p, request.generator))
+            sampled = params.temperature > 0
+            token = next_token(logits[i], params.temperature, params.top_p, request.generator) if sampled else greedy[i]
+            self._emit(request, token)
         self._leave({r.id for r in rows if r.stream.finished})
 
     def _emit(self, request: Request, token: int) -> None:
@@ -239,6 +251,8 @@ class Scheduler(threading.Thread):
 
     # --- leaving ---------------------------------------------------------------------------------
     def _finish(self, request: Request) -> None:
+        if request.decoder is not None and (tail := request.decoder.flush()):
+            request.stream.push(Event("text", tail))
         now = time.perf_counter()
         stats = request.stats
         stats["generated_tokens"] = request.generated
@@ -261,20 +275,28 @@ class Scheduler(threading.Thread):
         request.release()
         request.stream.fail(error)
 
-    def _fail_all(self, error: BaseException) -> None:
-        for request in [*self.running.values(), *self.encoded, *self.waiting]:
-            self._fail(request, error)
-        self.waiting.clear()
-        self.encoded.clear()
-        self.running.clear()
+    def _fail_many(self, requests: list[Request], make_error) -> None:
+        """Fail requests (every running one among them) without touching the device again: after a fault
+        it may be out of memory, so the decode batch is dropped whole instead of rebuilt row by row."""
+        failed = {id(r) for r in requests}
         self.batch = DecodeBatch()
+        self.running.clear()
+        self.encoded = deque(r for r in self.encoded if id(r) not in failed)
+        self.waiting = deque(r for r in self.waiting if id(r) not in failed)
+        for request in requests:
+            request.leave_queue()
+            request.release()
+            request.stream.fail(make_error())
+
+    def _drain_inbox(self) -> list[Request]:
+        drained = []
         while True:
             try:
                 request = self.inbox.get_nowait()
             except queue.Empty:
-                return
+                return drained
             if request is not None:
-                self._fail(request, error)
+                drained.append(request)
 
     def _leave(self, gone: set[int]) -> None:
         """Finished or cancelled rows leave the decode batch; their conversation KV is kept for reuse."""

@@ -77,6 +77,8 @@ class Stream:
 
     # --- worker side -------------------------------------------------------------------------
     def push(self, event: Event) -> None:
+        if self.finished:  # the request already ended; nothing may follow its last event
+            return
         if event.kind == "text":
             self._text.append(event.text)
         elif event.kind == "done":
@@ -87,7 +89,9 @@ class Stream:
             self._close()
 
     def fail(self, error: BaseException) -> None:
-        """End the stream with an error; readers see it raised."""
+        """End the stream with an error; readers see it raised. A stream that already ended stays as it is."""
+        if self.finished:
+            return
         self._error = error
         self._close()
 
@@ -97,7 +101,8 @@ class Stream:
 
     def _deliver(self, item: object) -> None:
         with self._lock:
-            self._events.put(item)
+            if not self._listeners:  # an async reader takes over delivery; no second copy is kept
+                self._events.put(item)
             for listener in list(self._listeners):
                 loop, aqueue = listener
                 try:

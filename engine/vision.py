@@ -88,7 +88,9 @@ class VisionEncoder:
             torch.cuda.synchronize(device)
         vit_s = time.perf_counter() - start
         self.forwards += 1
-        for key, owner, features in zip(keys, owners, outputs):
+        for key, owner, split in zip(keys, owners, outputs):
+            # own copies: a split view would keep the whole batch's output alive in the cache
+            features = VideoFeatures(split.embeds.clone(), [level.clone() for level in split.deepstack])
             self.cache.put(key, CachedFeatures(features, owner.prompt.grid_thw), features.nbytes)
             for request in misses[key]:
                 request.features = features
