@@ -34,7 +34,6 @@ class Family:
     """Base: a Qwen-VL family. Subclasses fill in the differences."""
 
     name = ""
-    has_deepstack = False
 
     def video_placeholder(self) -> str:
         """Text that the HF processor expands into the video's tokens."""
@@ -107,7 +106,6 @@ class Qwen3VL(Family):
     temporal order comes from the timestamps, so every group's t position is its own start."""
 
     name = "qwen3_vl"
-    has_deepstack = True
 
     def video_placeholder(self) -> str:
         # The processor adds the per-group timestamps and vision markers itself.

@@ -18,9 +18,6 @@ class ByteLRU:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def __contains__(self, key: Hashable) -> bool:
-        return key in self._entries
-
     def get(self, key: Hashable) -> Any | None:
         entry = self._entries.get(key)
         if entry is None:

@@ -53,7 +53,7 @@ def group_timestamps_s(frame_indices: list[int], native_fps: float, temporal_pat
     return [(times[g] + times[g + temporal_patch - 1]) / 2 for g in range(0, len(times), temporal_patch)]
 
 
-def processor_inputs(loaded, family: Family, video: SampledVideo, text: str, max_pixels_per_frame: int) -> dict:
+def processor_inputs(loaded, video: SampledVideo, text: str, max_pixels_per_frame: int) -> dict:
     """Run the real HF processor on our own sampled frames (do_sample_frames=False), with the file's real
     fps and frame indices so timestamps and second_per_grid_ts are right."""
     from .models import processor_video_kwargs
@@ -80,7 +80,7 @@ def prepare_prompt(
     loaded, family: Family, video: SampledVideo, question: str, history, system: str, max_pixels_per_frame: int
 ) -> PreparedPrompt:
     text = chat_text(family, system, question, history)
-    inputs = processor_inputs(loaded, family, video, text, max_pixels_per_frame)
+    inputs = processor_inputs(loaded, video, text, max_pixels_per_frame)
     input_ids = inputs["input_ids"][0]
     grid_patches = inputs["video_grid_thw"][0]
     merge = loaded.model.config.vision_config.spatial_merge_size

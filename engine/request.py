@@ -48,9 +48,6 @@ class Request:
     def generated(self) -> int:
         return len(self.decoder.token_ids) if self.decoder else 0
 
-    def elapsed_s(self) -> float:
-        return time.perf_counter() - self.submitted_at
-
     def leave_queue(self) -> None:
         """Give back the admission slot (once), when the worker takes the request or it ends early."""
         slot, self.admission = self.admission, None

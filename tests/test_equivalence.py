@@ -28,7 +28,7 @@ def sampled(path):
 def test_q0_equals_stock_generate(name, tiny_models, tiny_cache_dir, clip):
     path = clip("moving_object", seconds=2.0, fps=8, size=(224, 224))
     loaded, family = tiny_models(name)
-    inputs = processor_inputs(loaded, family, sampled(path), chat_text(family, SYSTEM, QUESTION, []), 224 * 224)
+    inputs = processor_inputs(loaded, sampled(path), chat_text(family, SYSTEM, QUESTION, []), 224 * 224)
     with torch.inference_mode():
         stock = loaded.model.generate(**inputs, max_new_tokens=16, do_sample=False)
     stock_tokens = stock[0, inputs["input_ids"].shape[1] :].tolist()
@@ -71,7 +71,7 @@ def test_pruned_logits_equal_masked_full_sequence(name, tiny_models, clip):
     )
     with torch.inference_mode():
         features = family.encode(loaded.model, prompt.pixel_values, prompt.grid_thw_patches[None])[0]
-        assert family.has_deepstack == bool(features.deepstack)
+        assert bool(features.deepstack) == (name == "tiny-random")  # Qwen3-VL carries DeepStack
         pruned = prune_prompt(prompt, features, 0.5)
         assert 0 < pruned.retention.sum() < pruned.retention.numel()
         got = pruned_logits(loaded, family, pruned)
