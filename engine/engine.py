@@ -7,7 +7,7 @@ import math
 import re
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -84,6 +84,7 @@ class Engine:
         self._preparing = 0  # requests submitted and not yet handed to the worker
         # Sampled frames of recent uploads, so a follow-up question skips decoding the file again.
         self._decoded = ByteLRU(self.config.decoded_video_cache_bytes)
+        self._decoding: dict[tuple, Future] = {}  # decodes under way, by (digest, sampling)
         self._decoded_lock = threading.Lock()
         self._prepared = threading.Condition()
         self._scheduler = Scheduler(self.loaded, self.family, self.config)
@@ -222,25 +223,47 @@ class Engine:
             stream.fail(error)
 
     def _sampled_video(self, path: str, sampling) -> SampledVideo:
+        """Decoded frames of an upload, shared: a recent decode is reused, and two requests on the same
+        bytes at once (compare mode, several users) wait for one decode instead of running two."""
         file = Path(path)
         hashable = file.is_file() and file.stat().st_size <= self.config.max_file_bytes
-        digest = file_sha256(path) if hashable else None
+        if not hashable:  # load_video says what is wrong with it
+            return self._load_video(path, sampling, None)
+        key = (file_sha256(path), sampling)
         with self._decoded_lock:
-            video = self._decoded.get((digest, sampling)) if digest else None
-        if video is None:
-            config = self.config
-            video = load_video(
-                path,
-                sampling,
-                max_seconds=config.max_video_seconds,
-                max_bytes=config.max_file_bytes,
-                timeout_s=config.decode_timeout_s,
-                temporal_patch=self.loaded.model.config.vision_config.temporal_patch_size,
-                content_hash=digest,
-            )
+            video = self._decoded.get(key)
+            pending = self._decoding.get(key)
+            owner = video is None and pending is None
+            if owner:
+                pending = self._decoding[key] = Future()
+        if video is not None:
+            return video
+        if not owner:
+            return pending.result()
+        try:
+            video = self._load_video(path, sampling, key[0])
             with self._decoded_lock:
-                self._decoded.put((video.content_hash, sampling), video, video.frames.nbytes)
-        return video
+                self._decoded.put(key, video, video.frames.nbytes)
+            pending.set_result(video)
+            return video
+        except BaseException as error:
+            pending.set_exception(error)
+            raise
+        finally:
+            with self._decoded_lock:
+                del self._decoding[key]
+
+    def _load_video(self, path: str, sampling, digest: str | None) -> SampledVideo:
+        config = self.config
+        return load_video(
+            path,
+            sampling,
+            max_seconds=config.max_video_seconds,
+            max_bytes=config.max_file_bytes,
+            timeout_s=config.decode_timeout_s,
+            temporal_patch=self.loaded.model.config.vision_config.temporal_patch_size,
+            content_hash=digest,
+        )
 
     def shutdown(self) -> None:
         """Stop taking requests, let accepted ones reach the worker, then end every stream still open."""

@@ -131,3 +131,23 @@ def test_shutdown_ends_every_accepted_stream_and_refuses_new_ones(tiny_cache_dir
 def test_markup_and_degenerate_settings_are_user_errors(engine, clip, question, history, params, message):
     with pytest.raises(InputError, match=message):
         engine.submit(clip("moving_object"), question, params, history=history)
+
+
+def test_two_requests_on_the_same_upload_at_once_decode_it_once(tiny_cache_dir, clip, monkeypatch):
+    import engine.engine as engine_module
+
+    decodes = []
+    real_load = engine_module.load_video
+
+    def counting_load(*args, **kwargs):
+        decodes.append(args[0])
+        return real_load(*args, **kwargs)
+
+    monkeypatch.setattr(engine_module, "load_video", counting_load)
+    with Engine(EngineConfig(model="tiny-random", device="cpu", cache_dir=tiny_cache_dir, sampling=SAMPLING)) as eng:
+        with eng.paused():  # compare mode: q = 0 and the chosen q on the same file, submitted together
+            pair = [eng.submit(clip("scene_cut"), "What?", GenerationParams(pruning_rate=q, max_new_tokens=3))
+                    for q in (0.0, 0.7)]
+        answers = [stream.result(60) for stream in pair]
+    assert len(decodes) == 1
+    assert answers[0].stats["video_tokens_kept"] > answers[1].stats["video_tokens_kept"]
