@@ -218,9 +218,7 @@ class Engine:
             if not isinstance(error, InputError):
                 log.exception("preparing request %d failed", request.id)
                 error = RuntimeError("Something went wrong while preparing the request; please try again.")
-            request.leave_queue()
-            request.release()
-            stream.fail(error)
+            request.abort(error)
 
     def _sampled_video(self, path: str, sampling) -> SampledVideo:
         """Decoded frames of an upload, shared: a recent decode is reused, and two requests on the same

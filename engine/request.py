@@ -54,6 +54,12 @@ class Request:
         if slot is not None:
             slot.release()
 
+    def abort(self, error: BaseException) -> None:
+        """End the request with error: give back its queue slot and tensors, fail its stream."""
+        self.leave_queue()
+        self.release()
+        self.stream.fail(error)
+
     def release(self) -> None:
         """Drop the tensors this request holds so a finished request frees its memory."""
         self.video = self.prompt = self.features = self.pruned = None

@@ -26,7 +26,6 @@ from .vision import VisionEncoder
 log = logging.getLogger(__name__)
 
 
-
 def internal_error() -> RuntimeError:
     return RuntimeError("The engine hit an internal error; please try again.")
 
@@ -106,14 +105,15 @@ class Scheduler(threading.Thread):
             self._decode_step()
 
     def _collect(self, block: bool) -> None:
-        try:
-            item = self.inbox.get(timeout=0.1) if block else self.inbox.get_nowait()
-            while True:
-                if item is not None:
-                    self.waiting.append(item)
-                item = self.inbox.get_nowait()
-        except queue.Empty:
-            pass
+        """Move arrived requests to `waiting`; when block, wait up to 0.1 s for the first one."""
+        if block:
+            try:
+                first = self.inbox.get(timeout=0.1)
+            except queue.Empty:
+                return
+            if first is not None:
+                self.waiting.append(first)
+        self.waiting.extend(self._drain_inbox())
 
     # --- new requests: vision, EVS, prefill ------------------------------------------------------
     def _start(self, requests: list[Request]) -> None:
@@ -192,8 +192,6 @@ class Scheduler(threading.Thread):
             visual_mask = pruned.video_mask[None].to(self.model.device)
             batch = LMInput(embeds[None], positions, None, visual_mask, pruned.features.deepstack)
         logits = lm_logits(self.model, self.family, batch, cache)
-        if not hit:  # let requests arriving meanwhile on the same video reuse at least the prompt
-            self.prefix.store(request.prefix_key, pruned.input_ids, cache_tensors(cache))
         request.stats.update(
             prefix_cache_hit=hit, prefill_tokens=ids.numel(), prefill_s=time.perf_counter() - start, decode_batch_max=1
         )
@@ -203,6 +201,8 @@ class Scheduler(threading.Thread):
         if request.stream.finished:
             self._retire(request, cache_tensors(cache))
         else:
+            if not hit:  # requests arriving meanwhile on the same video reuse at least this prompt
+                self.prefix.store(request.prefix_key, pruned.input_ids, cache_tensors(cache))
             self.running[request.id] = request
             self.batch.add(request.id, cache)
 
@@ -268,12 +268,10 @@ class Scheduler(threading.Thread):
         request.stream.push(Event("done", stats=stats, token_ids=token_ids))
 
     def _fail(self, request: Request, error: BaseException) -> None:
-        request.leave_queue()
         self.running.pop(request.id, None)
         if request.id in self.batch.keys:
             self.batch.remove({request.id})
-        request.release()
-        request.stream.fail(error)
+        request.abort(error)
 
     def _fail_many(self, requests: list[Request], make_error) -> None:
         """Fail requests (every running one among them) without touching the device again: after a fault
@@ -284,9 +282,7 @@ class Scheduler(threading.Thread):
         self.encoded = deque(r for r in self.encoded if id(r) not in failed)
         self.waiting = deque(r for r in self.waiting if id(r) not in failed)
         for request in requests:
-            request.leave_queue()
-            request.release()
-            request.stream.fail(make_error())
+            request.abort(make_error())
 
     def _drain_inbox(self) -> list[Request]:
         drained = []
