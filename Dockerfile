@@ -1,23 +1,24 @@
 # EVS Video Chat on a Hugging Face Docker Space with a dedicated GPU.
 #
-# These pins go together; change them together:
-#   CUDA 13.0     PyPI's torch 2.14.1 wheel for Linux x86_64 is the CUDA 13.0 build: it pulls
-#                 cuda-toolkit 13.0.3 and nvidia-cudnn-cu13 from PyPI, so the base image only has to
-#                 match the CUDA major/minor (the host driver must be 580 or newer).
+# These pins go together; change them together (tests/test_space.py checks that they agree):
+#   CUDA 12.6     The Space GPU hosts run NVIDIA driver 575 (CUDA 12.9): CUDA 13 builds cannot start
+#                 there. So torch comes from PyTorch's own cu126 wheel index (PyPI's torch 2.14.1 is
+#                 the CUDA 13.0 build, right for CPU users and requirements.txt, wrong here), and the
+#                 base image is CUDA 12.6, whose NVIDIA_REQUIRE_CUDA lets it start on any 12.6+ driver.
+#                 The torch wheel bundles its CUDA runtime, so a `base` image is enough. Driver floor:
+#                 525.60 (CUDA 12 minor-version compatibility); 560 or newer runs everything natively.
 #   Python 3.12   Ubuntu 24.04's python3.
-#   torch 2.14.1 + torchvision 0.29.1, the same pins as requirements.txt (tests/test_space.py checks).
-#   flash-attn    2.8.3 from mjun0812/flash-attention-prebuild-wheels release v0.10.0, the wheel built for
-#                 torch 2.14 + CUDA 13.0 + CPython 3.12 + the C++11 ABI (ABI=TRUE, as torch's
-#                 manylinux_2_28 wheels use) on linux x86_64:
-#                 flash_attn-2.8.3+cu130torch2.14-cp312-cp312-linux_x86_64.whl
-#                 The build derives the torch minor, CUDA tag and Python tag from what is installed, so
-#                 a mismatched combination asks for a wheel name that does not exist instead of
-#                 installing a wrong one. Without flash-attn the app runs on sdpa and logs so.
+#   torch 2.14.1 + torchvision 0.29.1, the same pins as requirements.txt.
+#   flash-attn    2.8.3, the prebuilt wheel of mjun0812/flash-attention-prebuild-wheels release v0.10.0
+#                 for exactly torch 2.14 + CUDA 12.6 + CPython 3.12 on linux x86_64 (C++11 ABI, as
+#                 torch's own wheels). The build checks the installed torch, CUDA and Python against the
+#                 wheel's name and leaves flash-attn out, saying so, when they differ or the wheel is
+#                 missing; the app then runs attention without it and logs so.
 #
 # Build args: PRELOAD_MODEL=1 downloads EVS_MODEL into the image's Hugging Face cache at build time
 # (a Space passes its variables as build args). INSTALL_FLASH_ATTN=0 skips flash-attn.
 
-FROM nvidia/cuda:13.0.1-base-ubuntu24.04
+FROM nvidia/cuda:12.6.3-base-ubuntu24.04
 
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ENV DEBIAN_FRONTEND=noninteractive
@@ -35,33 +36,39 @@ ENV VIRTUAL_ENV=/opt/venv \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python3 -m venv /opt/venv
 
-# torch first, in its own layer: it is the largest download and changes least often.
+# torch first, in its own layer: it is the largest download and changes least often. Its CUDA must be
+# the base image's ($CUDA_VERSION is set by the nvidia/cuda image).
 ARG TORCH_VERSION=2.14.1
 ARG TORCHVISION_VERSION=0.29.1
-RUN pip install torch==${TORCH_VERSION} torchvision==${TORCHVISION_VERSION} \
-    && python -c "import torch; assert torch.version.cuda == '13.0', torch.version.cuda"
+ARG TORCH_CUDA=cu126
+RUN pip install --index-url "https://download.pytorch.org/whl/${TORCH_CUDA}" \
+        "torch==${TORCH_VERSION}+${TORCH_CUDA}" "torchvision==${TORCHVISION_VERSION}+${TORCH_CUDA}" \
+    && python -c "import os, torch; image = '.'.join(os.environ['CUDA_VERSION'].split('.')[:2]); \
+assert torch.version.cuda == image, f'torch is built for CUDA {torch.version.cuda}, the image has {image}'"
 
+# requirements.txt pins torch==2.14.1, which the installed 2.14.1+cu126 satisfies (PEP 440 ignores the
+# local label), so pip keeps the CUDA 12 build.
 COPY requirements.txt /tmp/requirements.txt
 RUN pip install -r /tmp/requirements.txt && rm /tmp/requirements.txt
 
 ARG INSTALL_FLASH_ATTN=1
-ARG FLASH_ATTN_VERSION=2.8.3
 ARG FLASH_ATTN_RELEASE=v0.10.0
+ARG FLASH_ATTN_WHEEL=flash_attn-2.8.3+cu126torch2.14-cp312-cp312-linux_x86_64.whl
 ARG EINOPS_VERSION=0.8.2
-# Any failure here (no such wheel, download error, a wheel that does not import) leaves flash-attn out
-# and the image still builds; the app then runs attention on sdpa and says so in its log. The wheel URL
-# carries its version (DL3013), and the `|| fallback` after the && chain is meant (SC2015).
+# The wheel must be built for exactly the installed torch minor, CUDA and Python; the name is compared
+# with what is installed before anything is fetched. Any failure (another combination, no such wheel, a
+# download error, a wheel that does not import) leaves flash-attn out and the image still builds. The
+# wheel URL carries its version (DL3013), and the `|| fallback` after the && chain is meant (SC2015).
 # hadolint ignore=DL3013,SC2015
-RUN if [ "${INSTALL_FLASH_ATTN}" != "1" ]; then exit 0; fi; \
-    py_tag="$(python -c 'import sys; print("cp%d%d" % sys.version_info[:2])')" \
-    && torch_tag="$(python -c 'import torch; assert torch._C._GLIBCXX_USE_CXX11_ABI; \
-print("cu" + torch.version.cuda.replace(".", "") + "torch" + ".".join(torch.__version__.split(".")[:2]))')" \
-    && wheel="flash_attn-${FLASH_ATTN_VERSION}+${torch_tag}-${py_tag}-${py_tag}-linux_x86_64.whl" \
-    && url="https://github.com/mjun0812/flash-attention-prebuild-wheels/releases/download/${FLASH_ATTN_RELEASE}/${wheel}" \
+RUN if [ "${INSTALL_FLASH_ATTN}" != "1" ]; then echo "flash-attn: skipped (INSTALL_FLASH_ATTN=0)"; exit 0; fi; \
+    python -c "import sys, torch; assert torch._C._GLIBCXX_USE_CXX11_ABI; \
+built = '+cu%storch%s-cp%d%d-' % (torch.version.cuda.replace('.', ''), '.'.join(torch.__version__.split('.')[:2]), *sys.version_info[:2]); \
+sys.exit(0 if built in sys.argv[1] else f'flash-attn: {sys.argv[1]} is not built for the installed {built}')" "${FLASH_ATTN_WHEEL}" \
+    && url="https://github.com/mjun0812/flash-attention-prebuild-wheels/releases/download/${FLASH_ATTN_RELEASE}/${FLASH_ATTN_WHEEL/+/%2B}" \
     && echo "flash-attn wheel: ${url}" \
     && pip install --no-deps "${url}" einops==${EINOPS_VERSION} \
-    && python -c "import flash_attn, flash_attn_2_cuda, flash_attn.bert_padding; print('flash-attn', flash_attn.__version__)" \
-    || { echo "flash-attn is not installed: attention will run on sdpa"; pip uninstall -y flash-attn || true; }
+    && python -c "import flash_attn, flash_attn_2_cuda, flash_attn.bert_padding; print('flash-attn', flash_attn.__version__, 'installed')" \
+    || { echo "flash-attn is not installed: attention will run without it (the app logs which kernel it uses)"; pip uninstall -y flash-attn || true; }
 
 # Spaces run the container as uid 1000; Ubuntu 24.04 images ship a user "ubuntu" with that uid.
 RUN if id -u ubuntu >/dev/null 2>&1; then userdel ubuntu && rm -rf /home/ubuntu; fi \

@@ -1,11 +1,12 @@
 """EVS Video Chat: `python app.py [--model ID|tiny-random] [--device auto|cuda|cpu] [--host H] [--port P]`.
 
 Every flag has an environment twin (the flag wins): EVS_MODEL, EVS_DEVICE, EVS_HOST (or GRADIO_SERVER_NAME),
-EVS_PORT (or GRADIO_SERVER_PORT), EVS_MAX_FILE_MB, EVS_STRICT_MODEL=1.
+EVS_PORT (or GRADIO_SERVER_PORT), EVS_MAX_FILE_MB, EVS_STRICT_MODEL=1, EVS_TEMP_MAX_AGE_S, EVS_TEMP_SWEEP_S.
 
-Start-up: load the model once (falling back to tiny-random when the checkpoint cannot be fetched, unless
-strict), answer one warm-up request on a built-in clip, log what runs where, then serve the UI and
-GET /healthz.
+Start-up: check the host first (a GPU that torch cannot use, or --device cuda without one, ends the start
+with one line), load the model once (falling back to tiny-random when the checkpoint cannot be fetched, or
+when it is too large for the CPU that --device auto found, unless strict), answer one warm-up request on a
+built-in clip, log what runs where, then serve the UI and GET /healthz.
 """
 
 import argparse
@@ -15,6 +16,7 @@ import os
 import resource
 import signal
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import NoReturn
@@ -22,13 +24,22 @@ from typing import NoReturn
 from fastapi.routing import APIRoute
 
 from engine import Engine, EngineConfig, GenerationParams
-from engine.models import ModelUnavailable, UnsupportedModel
+from engine.hardware import DeviceUnavailable, choose_device, probe_host
+from engine.models import ModelUnavailable, UnsupportedModel, describe_model
+from engine.tiny import TINY_MODELS
 
 DEFAULT_MODEL = "Qwen/Qwen3-VL-4B-Instruct"
 FALLBACK_MODEL = "tiny-random"
 WARMUP_CLIP = Path(__file__).resolve().parent / "assets" / "examples" / "moving_object.mp4"
 WARMUP_TIMEOUT_S = 600.0
 EXIT_MODEL_UNAVAILABLE = 3
+EXIT_DEVICE_UNAVAILABLE = 4
+# Above this a checkpoint runs on the CPU only when asked for with --device cpu: float32 on a CPU serves
+# a 4B model at a few tokens a minute, or runs out of memory.
+CPU_PARAMETER_LIMIT = 1_000_000_000
+# Gradio keeps uploads and generated images forever unless told otherwise; uploads here reach 200 MB.
+TEMP_MAX_AGE_S = 3600
+TEMP_SWEEP_S = 1800
 
 log = logging.getLogger("app")
 
@@ -62,9 +73,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--strict-model", action="store_true", default=_env_flag("EVS_STRICT_MODEL"),
                         help="exit instead of falling back to tiny-random when the model cannot be fetched "
                              "[EVS_STRICT_MODEL=1]")
+    parser.add_argument("--temp-max-age-s", type=int, default=_env("EVS_TEMP_MAX_AGE_S", default=str(TEMP_MAX_AGE_S)),
+                        help="uploads and generated images older than this are deleted [EVS_TEMP_MAX_AGE_S]")
+    parser.add_argument("--temp-sweep-s", type=int, default=_env("EVS_TEMP_SWEEP_S", default=str(TEMP_SWEEP_S)),
+                        help="how often old temporary files are looked for [EVS_TEMP_SWEEP_S]")
     args = parser.parse_args(argv)
     if args.max_file_mb <= 0:
         parser.error("--max-file-mb must be above 0")
+    if args.temp_max_age_s <= 0 or args.temp_sweep_s <= 0:
+        parser.error("--temp-max-age-s and --temp-sweep-s must be above 0")
     return args
 
 
@@ -72,16 +89,42 @@ def _one_line(error: BaseException) -> str:
     return " ".join(str(error).split())
 
 
-def build_engine(args: argparse.Namespace, max_file_bytes: int) -> tuple[Engine, str | None]:
-    """The engine for `args.model`, or for tiny-random with a banner saying why.
+def too_large_for_cpu(model: str) -> str | None:
+    """Why `model` should not be served on a CPU that --device auto settled for, or None when it may be.
 
-    Exits with EXIT_MODEL_UNAVAILABLE (one message on stderr, no traceback) when the model is
-    unavailable and strict, or when the checkpoint is not a supported family.
+    Counts parameters from the config alone (instant, nothing large is read); raises ModelUnavailable
+    when not even the config can be had.
+    """
+    if model in TINY_MODELS:
+        return None
+    parameters = describe_model(model)["parameters"]
+    if parameters <= CPU_PARAMETER_LIMIT:
+        return None
+    return (f"no usable GPU was found and {model} has {parameters / 1e9:.1f} B parameters, too many to serve "
+            f"on a CPU (pass --device cpu to run it there anyway)")
+
+
+def build_engine(args: argparse.Namespace, device: str, max_file_bytes: int) -> tuple[Engine, str | None]:
+    """The engine for `args.model` on `device` ("cuda" | "cpu", already checked), or for tiny-random with a
+    banner saying why.
+
+    Exits with EXIT_MODEL_UNAVAILABLE (one message on stderr, no traceback) when the model is unavailable
+    or too large for the CPU and strict, or when the checkpoint is not a supported family.
     """
     def engine_for(model: str) -> Engine:
-        return Engine(EngineConfig(model=model, device=args.device, max_file_bytes=max_file_bytes))
+        return Engine(EngineConfig(model=model, device=device, max_file_bytes=max_file_bytes))
+
+    def fall_back(banner: str) -> tuple[Engine, str]:
+        log.warning("falling back to %s: %s", FALLBACK_MODEL, banner)
+        return engine_for(FALLBACK_MODEL), banner
 
     try:
+        reason = too_large_for_cpu(args.model) if device == "cpu" and args.device == "auto" else None
+        if reason:
+            if args.strict_model:
+                _fail(f"{reason}; EVS_STRICT_MODEL is set, so the app does not fall back to {FALLBACK_MODEL}.")
+            return fall_back(f"This app runs {FALLBACK_MODEL}, a tiny model with random weights, because {reason}: "
+                             "the pipeline and numbers are real, the words are not.")
         return engine_for(args.model), None
     except UnsupportedModel as error:
         _fail(f"cannot serve model {args.model}: {_one_line(error)}")
@@ -90,15 +133,25 @@ def build_engine(args: argparse.Namespace, max_file_bytes: int) -> tuple[Engine,
         if args.strict_model:
             _fail(f"model {args.model} could not be loaded ({cause}); EVS_STRICT_MODEL is set, so the app "
                   f"does not fall back to {FALLBACK_MODEL}.")
-        banner = (f"Model {args.model} could not be loaded, so this app runs {FALLBACK_MODEL}, a tiny model "
-                  f"with random weights: the pipeline and numbers are real, the words are not. Cause: {cause}")
-        log.warning("falling back to %s: %s", FALLBACK_MODEL, banner)
-        return engine_for(FALLBACK_MODEL), banner
+        return fall_back(f"Model {args.model} could not be loaded, so this app runs {FALLBACK_MODEL}, a tiny "
+                         f"model with random weights: the pipeline and numbers are real, the words are not. "
+                         f"Cause: {cause}")
 
 
-def _fail(message: str) -> NoReturn:
+def _fail(message: str, code: int = EXIT_MODEL_UNAVAILABLE) -> NoReturn:
     print(f"error: {message}", file=sys.stderr, flush=True)
-    sys.exit(EXIT_MODEL_UNAVAILABLE)
+    sys.exit(code)
+
+
+def check_host(requested: str) -> str:
+    """Log the host once and return the device to load on ("cuda" | "cpu"), before anything large is
+    loaded; exits with EXIT_DEVICE_UNAVAILABLE and one line when the asked-for device cannot be used."""
+    report = probe_host()
+    log.info("host: %s", report.summary())
+    try:
+        return choose_device(requested, report).type
+    except DeviceUnavailable as error:
+        _fail(str(error), EXIT_DEVICE_UNAVAILABLE)
 
 
 def warm_up(engine: Engine) -> dict:
@@ -118,8 +171,9 @@ def warm_up(engine: Engine) -> dict:
 def log_runtime(engine: Engine) -> None:
     """Device, dtype, attention implementation and memory in use, once, after the warm-up."""
     info = engine.model_info
-    log.info("model %s (%s) on %s, dtype %s, attention %s%s", info["name"], info["family"], info["device"],
-             info["dtype"], info["attn"], " [random weights]" if info["is_tiny"] else "")
+    log.info("model %s (%s) on %s, dtype %s, attention: vision tower %s, language model %s%s", info["name"],
+             info["family"], info["device"], info["dtype"], info["attn_vision"], info["attn_text"],
+             " [random weights]" if info["is_tiny"] else "")
     if info["device"].startswith("cuda"):
         import torch
 
@@ -151,20 +205,28 @@ def main(argv: list[str] | None = None) -> int:
     max_file_bytes = int(args.max_file_mb * 1024 * 1024)
     log.info("starting: model %s, device %s, %s:%d", args.model, args.device, args.host, args.port)
 
-    engine, banner = build_engine(args, max_file_bytes)
+    device = check_host(args.device)
+    engine, banner = build_engine(args, device, max_file_bytes)
     try:
         warm_up(engine)
         log_runtime(engine)
+        # A temp folder of the app's own: the sweeper deletes every old file in it, which would be wrong in
+        # the /tmp/gradio that all Gradio apps on a machine share.
+        os.environ.setdefault("GRADIO_TEMP_DIR", str(Path(tempfile.gettempdir()) / "evs-video-chat"))
         import ui  # imported once the model is up: a strict start-up failure exits without loading Gradio
 
-        demo = ui.build_demo(engine, banner=banner)
+        demo = ui.build_demo(engine, banner=banner, delete_cache=(args.temp_sweep_s, args.temp_max_age_s))
+        sweeper = ui.start_sweeper(demo, args.temp_sweep_s, args.temp_max_age_s)
         launch_kwargs = ui.launch_kwargs(max_file_bytes)
         app_kwargs = dict(launch_kwargs.pop("app_kwargs", None) or {})
         # FastAPI(routes=...) puts /healthz ahead of every route Gradio adds.
         app_kwargs["routes"] = [*app_kwargs.get("routes", []), health_route(engine, banner is not None)]
         # Docker stop and Space restarts send SIGTERM: end like Ctrl-C so Gradio closes its server cleanly.
         signal.signal(signal.SIGTERM, signal.default_int_handler)
-        demo.launch(server_name=args.host, server_port=args.port, app_kwargs=app_kwargs, **launch_kwargs)
+        try:
+            demo.launch(server_name=args.host, server_port=args.port, app_kwargs=app_kwargs, **launch_kwargs)
+        finally:
+            sweeper.stop()
     finally:
         engine.shutdown()
     return 0

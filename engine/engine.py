@@ -99,6 +99,9 @@ class Engine:
             "device": str(loaded.device),
             "dtype": str(loaded.dtype).removeprefix("torch."),
             "attn": loaded.attn_implementation,
+            # What each tower was built with (transformers may settle on another kernel than asked for).
+            "attn_vision": loaded.model.config.vision_config._attn_implementation,
+            "attn_text": loaded.model.config.text_config._attn_implementation,
             "is_tiny": loaded.is_tiny,
         }
 

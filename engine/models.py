@@ -20,6 +20,7 @@ from transformers import (
 )
 
 from engine.config import default_cache_dir
+from engine.hardware import choose_device, probe_host
 from engine.tiny import TINY_MODELS, ensure_tiny_model
 
 log = logging.getLogger(__name__)
@@ -54,10 +55,9 @@ class LoadedModel:
 
 
 def resolve_device(device: str) -> torch.device:
-    """"auto" -> cuda when available, else cpu; anything else is passed to torch.device."""
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+    """"auto" -> cuda when torch can use a GPU, cpu when there is none; engine.hardware.DeviceUnavailable
+    (one sentence) for a GPU that is there but unusable, or for "cuda" on a machine without one."""
+    return choose_device(device, probe_host())
 
 
 def _flash_attn_importable() -> bool:
@@ -84,33 +84,68 @@ def _pick_attention(device: torch.device, dtype: torch.dtype) -> str:
     return "sdpa"
 
 
+def _read_config(name: str, source: str):
+    try:
+        return AutoConfig.from_pretrained(source)
+    except _UNAVAILABLE_ERRORS as exc:
+        raise ModelUnavailable(f"Model {name!r} is unavailable: {type(exc).__name__}: {exc}") from exc
+
+
+def _model_class(name: str, config) -> type[PreTrainedModel]:
+    if config.model_type not in MODEL_CLASSES:
+        raise UnsupportedModel(
+            f"Model {name!r} has model_type {config.model_type!r}; only {sorted(MODEL_CLASSES)} checkpoints "
+            "are supported."
+        )
+    return MODEL_CLASSES[config.model_type]
+
+
+def _source(name: str, cache_dir: Path | None) -> str:
+    """Where from_pretrained reads `name`: the built tiny model's folder, else the name itself."""
+    return str(ensure_tiny_model(name, cache_dir or default_cache_dir())) if name in TINY_MODELS else name
+
+
+def describe_model(name: str, cache_dir: Path | None = None) -> dict:
+    """Parameter counts of `name` from its config alone: the model is built on the `meta` device, so no
+    weights are read or allocated and any size describes instantly. Tied embeddings count once.
+
+    Returns {"name", "family", "parameters", "vision_parameters"}; raises ModelUnavailable (no config to
+    be had) or UnsupportedModel like load_model.
+    """
+    config = _read_config(name, _source(name, cache_dir))
+    model_class = _model_class(name, config)
+    with torch.device("meta"):
+        model = model_class._from_config(config)
+    return {
+        "name": name,
+        "family": config.model_type,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "vision_parameters": sum(p.numel() for p in model.model.visual.parameters()),
+    }
+
+
 def load_model(name: str, device: str = "auto", cache_dir: Path | None = None) -> LoadedModel:
     """Load `name` onto `device` in eval mode.
 
     Tiny models are float32 everywhere; real checkpoints are bfloat16 on CUDA and float32 on CPU.
     Raises ModelUnavailable when the checkpoint cannot be found or fetched, UnsupportedModel when
-    it is not a Qwen3-VL or Qwen2.5-VL checkpoint.
+    it is not a Qwen3-VL or Qwen2.5-VL checkpoint, engine.hardware.DeviceUnavailable when `device`
+    cannot be used (checked first, before anything is read).
     """
     torch_device = resolve_device(device)
     is_tiny = name in TINY_MODELS
-    source = str(ensure_tiny_model(name, cache_dir or default_cache_dir())) if is_tiny else name
+    source = _source(name, cache_dir)
     # Tiny weights stay float32 so results are deterministic and comparable across code paths.
     dtype = torch.bfloat16 if torch_device.type == "cuda" and not is_tiny else torch.float32
 
-    try:
-        config = AutoConfig.from_pretrained(source)
-    except _UNAVAILABLE_ERRORS as exc:
-        raise ModelUnavailable(f"Model {name!r} is unavailable: {type(exc).__name__}: {exc}") from exc
+    config = _read_config(name, source)
     family = config.model_type
-    if family not in MODEL_CLASSES:
-        raise UnsupportedModel(
-            f"Model {name!r} has model_type {family!r}; only {sorted(MODEL_CLASSES)} checkpoints are supported."
-        )
+    model_class = _model_class(name, config)
 
     attn = _pick_attention(torch_device, dtype)
     try:
         processor = AutoProcessor.from_pretrained(source)
-        model = MODEL_CLASSES[family].from_pretrained(
+        model = model_class.from_pretrained(
             source,
             config=config,
             dtype=dtype,

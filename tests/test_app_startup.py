@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from engine.hardware import MIN_DRIVER_FOR_CUDA_MAJOR
+
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "Qwen/Qwen3-VL-4B-Instruct"
 START_TIMEOUT_S = 240.0
@@ -91,7 +93,7 @@ def test_unreachable_model_falls_back_to_tiny_random_with_a_banner(tmp_path):
     assert status == 200 and "<html" in page.lower()
     assert f"falling back to tiny-random: Model {MODEL} could not be loaded" in output
     assert "warm-up done" in output
-    assert "attention sdpa" in output
+    assert "attention: vision tower sdpa, language model sdpa" in output
     # The banner reaches the page a user sees.
     assert f"Model {MODEL} could not be loaded" in config
 
@@ -138,3 +140,86 @@ def test_bad_port_in_environment_is_a_usage_error(monkeypatch, capsys):
         app.parse_args([])
     assert exit_info.value.code == 2
     assert "invalid int value: 'seventy'" in capsys.readouterr().err
+
+
+# ---- the host self-check ------------------------------------------------------------------------
+
+def run_app(tmp_path: Path, *flags: str, path_prefix: Path | None = None, **env: str) -> subprocess.CompletedProcess:
+    """`python app.py FLAGS` that is expected to end by itself (a start-up refusal)."""
+    environment = offline_env(tmp_path, **env)
+    if path_prefix is not None:
+        environment["PATH"] = f"{path_prefix}{os.pathsep}{environment['PATH']}"
+    return subprocess.run([sys.executable, "app.py", "--port", str(free_port()), *flags], cwd=ROOT,
+                          env=environment, capture_output=True, text=True, timeout=START_TIMEOUT_S)
+
+
+def error_lines(result: subprocess.CompletedProcess) -> list[str]:
+    assert "Traceback" not in result.stderr + result.stdout
+    return [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+
+
+def test_a_gpu_torch_cannot_use_stops_the_start_with_one_line(tmp_path):
+    """A Space host whose driver (575, CUDA 12.9) is older than torch's CUDA: never serve on the CPU."""
+    import torch
+
+    if torch.version.cuda is None:
+        pytest.skip("the installed torch is a CPU-only build")
+    floor = MIN_DRIVER_FOR_CUDA_MAJOR[int(torch.version.cuda.split(".")[0])]
+    driver = f"{floor - 5}.57.08"  # for PyPI's CUDA 13 torch: 575, the Space hosts' driver
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text(f"#!/bin/sh\necho {driver}\n")
+    smi.chmod(0o755)
+    result = run_app(tmp_path, "--model", "tiny-random", path_prefix=bin_dir)
+    assert result.returncode == 4
+    [line] = error_lines(result)
+    assert f"driver {driver}" in line and f"built for CUDA {torch.version.cuda}" in line
+    assert f"needs driver {floor} or newer" in line
+    assert f"host: NVIDIA driver {driver}; torch" in result.stderr  # logged before the verdict
+    assert "loaded tiny-random" not in result.stderr
+
+
+def test_device_cuda_without_a_gpu_is_one_line(tmp_path):
+    result = run_app(tmp_path, "--model", "tiny-random", "--device", "cuda")
+    assert result.returncode == 4
+    [line] = error_lines(result)
+    assert line.startswith("error: --device cuda was asked for, but this machine has no usable GPU")
+
+
+def checkpoint_folder(tmp_path: Path, checkpoint: str) -> Path:
+    """A folder holding only the checkpoint's published config.json: enough to count its parameters."""
+    stored = json.loads((ROOT / "engine" / "checkpoints" / f"{checkpoint.replace('/', '--')}.json").read_text())
+    folder = tmp_path / checkpoint.split("/")[-1]
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(stored["config"]))
+    return folder
+
+
+def test_auto_on_a_cpu_serves_a_4b_checkpoint_only_when_asked(tmp_path):
+    """--device auto without a GPU starts on tiny-random with a banner instead of a 4B model in float32."""
+    folder = checkpoint_folder(tmp_path, MODEL)
+    port = free_port()
+    log_path = tmp_path / "app.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([sys.executable, "app.py", "--model", str(folder), "--port", str(port)], cwd=ROOT,
+                                env=offline_env(tmp_path), stdout=log, stderr=subprocess.STDOUT)
+        try:
+            health = wait_for_health(proc, port)
+            _, config = get(f"http://127.0.0.1:{port}/config")
+        finally:
+            stop(proc)
+    output = log_path.read_text()
+    assert health == {"status": "ok", "model": "tiny-random", "device": "cpu", "fallback": True}
+    reason = f"no usable GPU was found and {folder} has 4.4 B parameters, too many to serve on a CPU"
+    assert reason in output and reason in config
+    assert "pass --device cpu to run it there anyway" in config
+    assert "attention: vision tower sdpa, language model sdpa" in output
+
+
+def test_auto_on_a_cpu_with_a_4b_checkpoint_exits_when_strict(tmp_path):
+    folder = checkpoint_folder(tmp_path, MODEL)
+    result = run_app(tmp_path, "--model", str(folder), EVS_STRICT_MODEL="1")
+    assert result.returncode == 3
+    [line] = error_lines(result)
+    assert f"{folder} has 4.4 B parameters" in line and "EVS_STRICT_MODEL is set" in line

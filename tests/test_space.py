@@ -20,6 +20,12 @@ PROPOSED_FRONT_MATTER = ROOT / "docs" / "space_front_matter.yaml"
 README = ROOT / "README.md"
 SPACE_PORT = 7860
 SPACE_UID = 1000
+# The Space GPU hosts run NVIDIA driver 575 (CUDA 12.9): the image's CUDA major must be 12.
+HOST_CUDA = (12, 9)
+# python3 of each Ubuntu release an nvidia/cuda image is built on.
+UBUNTU_PYTHON = {"22.04": "3.10", "24.04": "3.12"}
+# Oldest driver branch for each CUDA major (minor-version compatibility); the README names it.
+DRIVER_FLOOR = {12: "525", 13: "580"}
 
 
 def front_matter(text: str) -> dict | None:
@@ -62,6 +68,42 @@ def dockerfile_pins(text: str) -> dict[str, str]:
     for name, version in re.findall(r"(?<![\w$])([A-Za-z][\w.-]*)==([\w.+-]+)", text):
         pins[normalize(name)] = version
     return pins
+
+
+def dockerfile_args(text: str) -> dict[str, str]:
+    """Every `ARG NAME=default` (the last one wins)."""
+    return dict(re.findall(r"^ARG\s+(\w+)=(\S+)", text, flags=re.M))
+
+
+def cuda_pin_problems(text: str) -> list[str]:
+    """Disagreements between the base image's CUDA, the torch wheel index's CUDA tag and the flash-attn
+    wheel's name (CUDA tag, torch minor, CPython tag); empty when they go together."""
+    base = re.search(r"^FROM\s+nvidia/cuda:(\d+)\.(\d+)\.\d+-\w+-ubuntu(\d+\.\d+)\s*$", text, flags=re.M)
+    if base is None:
+        return ["the base image is not an nvidia/cuda:X.Y.Z-<flavour>-ubuntuNN.NN image"]
+    major, minor, ubuntu = int(base[1]), int(base[2]), base[3]
+    problems = []
+    if (major, minor) > HOST_CUDA or major != HOST_CUDA[0]:
+        problems.append(f"base image CUDA {major}.{minor} does not run on the hosts' CUDA {HOST_CUDA} driver")
+    args = dockerfile_args(text)
+    cuda_tag = f"cu{major}{minor}"
+    if args.get("TORCH_CUDA") != cuda_tag:
+        problems.append(f"TORCH_CUDA={args.get('TORCH_CUDA')} but the base image is {cuda_tag}")
+    if 'pip install --index-url "https://download.pytorch.org/whl/${TORCH_CUDA}"' not in text:
+        problems.append("torch is not installed from PyTorch's ${TORCH_CUDA} wheel index")
+    if not re.search(r'"torch==\$\{TORCH_VERSION\}\+\$\{TORCH_CUDA\}"', text):
+        problems.append("torch is not pinned to ${TORCH_VERSION}+${TORCH_CUDA}")
+    wheel = re.fullmatch(r"flash_attn-([\w.]+)\+(cu\d+)torch(\d+\.\d+)-(cp\d+)-(cp\d+)-linux_x86_64\.whl",
+                         args.get("FLASH_ATTN_WHEEL", ""))
+    if wheel is None:
+        return problems + [f"FLASH_ATTN_WHEEL={args.get('FLASH_ATTN_WHEEL')} is not a flash-attn wheel name"]
+    torch_minor = ".".join(args["TORCH_VERSION"].split(".")[:2])
+    python_tag = "cp" + UBUNTU_PYTHON[ubuntu].replace(".", "")
+    for what, found, wanted in (("CUDA tag", wheel[2], cuda_tag), ("torch", wheel[3], torch_minor),
+                                ("Python", wheel[4], python_tag), ("ABI tag", wheel[5], python_tag)):
+        if found != wanted:
+            problems.append(f"the flash-attn wheel's {what} is {found}, the image has {wanted}")
+    return problems
 
 
 def dockerfile_env(text: str) -> dict[str, str]:
@@ -151,7 +193,8 @@ def test_dockerfile_pins_agree_with_requirements(dockerfile):
 
 
 def test_pin_readers_see_args_and_literals():
-    text = "ARG TORCH_VERSION=2.14.1\nARG FLASH_ATTN_VERSION=2.8.3\nRUN pip install einops==0.8.2 x==${V}\n"
+    text = ("ARG TORCH_VERSION=2.14.1\nARG FLASH_ATTN_VERSION=2.8.3\nRUN pip install einops==0.8.2 x==${V} "
+            '"torch==${TORCH_VERSION}+${TORCH_CUDA}"\n')
     assert dockerfile_pins(text) == {"torch": "2.14.1", "flash-attn": "2.8.3", "einops": "0.8.2"}
     assert requirement_pins("# c\ntorch==2.14.1\nnumpy>=2.0\nFlash_Attn==1.0 ; os_name=='posix'\n") == {
         "torch": "2.14.1",
@@ -159,10 +202,36 @@ def test_pin_readers_see_args_and_literals():
     }
 
 
+def test_torch_cuda_base_image_and_flash_attn_wheel_agree(dockerfile):
+    assert cuda_pin_problems(dockerfile) == []
+
+
+@pytest.mark.parametrize("change, complaint", [
+    (("nvidia/cuda:12.6.3-base", "nvidia/cuda:13.0.1-base"), "does not run on the hosts"),
+    (("ARG TORCH_CUDA=cu126", "ARG TORCH_CUDA=cu128"), "TORCH_CUDA=cu128 but the base image is cu126"),
+    (("+cu126torch2.14-cp312-cp312", "+cu130torch2.14-cp312-cp312"), "CUDA tag is cu130"),
+    (("+cu126torch2.14-cp312-cp312", "+cu126torch2.13-cp312-cp312"), "torch is 2.13"),
+    (("+cu126torch2.14-cp312-cp312", "+cu126torch2.14-cp311-cp311"), "Python is cp311"),
+    (("ubuntu24.04", "ubuntu22.04"), "Python is cp312, the image has cp310"),
+])
+def test_cuda_pin_check_sees_each_disagreement(dockerfile, change, complaint):
+    old, new = change
+    assert old in dockerfile
+    problems = cuda_pin_problems(dockerfile.replace(old, new))
+    assert any(complaint in problem for problem in problems), problems
+
+
+def test_readme_names_the_driver_floor(dockerfile):
+    major = int(re.search(r"^FROM\s+nvidia/cuda:(\d+)\.", dockerfile, flags=re.M)[1])
+    hosting = README.read_text().split("## Host it on a GPU Space", 1)[1].split("\n## ", 1)[0]
+    assert f"driver {DRIVER_FLOOR[major]}" in hosting
+    assert f"CUDA {major}" in hosting
+
+
 def test_flash_attn_install_tolerates_a_missing_wheel(dockerfile):
     """A failed flash-attn install must not fail the build: the app then runs on sdpa."""
     instructions = re.split(r"\n(?=[A-Z]+ )", dockerfile)
-    step = next(block for block in instructions if block.startswith("RUN ") and "flash_attn-" in block)
+    step = next(block for block in instructions if block.startswith("RUN ") and "${FLASH_ATTN_WHEEL" in block)
     assert re.search(r"\|\|\s*\{[^}]*pip uninstall -y flash-attn", step)
 
 

@@ -1,7 +1,9 @@
 """The Gradio user interface of EVS Video Chat.
 
-    demo = ui.build_demo(engine, banner=None)      # gr.Blocks, queue already configured
+    demo = ui.build_demo(engine, banner=None, delete_cache=(every_s, older_than_s))  # queue configured
+    sweeper = ui.start_sweeper(demo, every_s, older_than_s)   # also the images Gradio does not track
     demo.launch(**ui.launch_kwargs(max_file_bytes))
+    sweeper.stop()
 
 API endpoint `/ask` (gradio_client: `client.submit(..., api_name="/ask")`)
 ------------------------------------------------------------------------
@@ -33,5 +35,6 @@ large video, bad settings, server busy) come back as errors whose message is one
 """
 
 from ui.layout import build_demo, default_banner, launch_kwargs
+from ui.temp_files import start_sweeper
 
-__all__ = ["build_demo", "default_banner", "launch_kwargs"]
+__all__ = ["build_demo", "default_banner", "launch_kwargs", "start_sweeper"]

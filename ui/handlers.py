@@ -10,6 +10,7 @@ import asyncio
 import dataclasses
 import logging
 from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
 
 import gradio as gr
 
@@ -25,6 +26,8 @@ DEFAULT_MAX_NEW_TOKENS = 128
 DEFAULT_TEMPERATURE = 0.0
 DEFAULT_SAMPLING = SamplingParams()
 NO_VIDEO = "Please upload a video first."
+EXPIRED_VIDEO = ("This video is no longer on the server (uploads are deleted after a while); "
+                 "please upload it again.")
 BAD_HISTORY = "History must be a list of [question, answer] pairs of text."
 SERVER_FAULT = "Something went wrong on the server; please try again."
 
@@ -100,6 +103,8 @@ async def follow(engine, video: str | None, question: str, params_list: Sequence
     """
     if not video:
         raise gr.Error(NO_VIDEO, print_exception=False)
+    if not Path(video).is_file():
+        raise gr.Error(EXPIRED_VIDEO, print_exception=False)
     streams: list[Stream] = []
     pumps: list[asyncio.Task] = []
     arrivals: asyncio.Queue = asyncio.Queue()

@@ -56,11 +56,16 @@ def default_banner(model_info: dict, banner: str | None = None) -> str | None:
     return text[0].upper() + text[1:]
 
 
-def build_demo(engine, *, banner: str | None = None) -> gr.Blocks:
-    """The whole page for one engine; `banner` is an extra warning (see default_banner)."""
+def build_demo(engine, *, banner: str | None = None,
+               delete_cache: tuple[int, int] | None = None) -> gr.Blocks:
+    """The whole page for one engine; `banner` is an extra warning (see default_banner).
+
+    delete_cache: (every_s, older_than_s): uploads and generated images older than `older_than_s` seconds
+    are deleted every `every_s` seconds (None keeps them until the server stops).
+    """
     handlers = Handlers(engine)
     banner = default_banner(engine.model_info, banner)
-    with gr.Blocks(title="EVS Video Chat") as demo:
+    with gr.Blocks(title="EVS Video Chat", delete_cache=delete_cache) as demo:
         gr.HTML(HEADER_HTML)
         if banner:
             gr.HTML(f'<div class="evs-banner" role="status">⚠ {escape(banner)}</div>', elem_id="evs-banner")

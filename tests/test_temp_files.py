@@ -1,0 +1,86 @@
+"""Uploads and generated images are deleted on a schedule, and the app keeps answering afterwards.
+
+`python app.py` is launched with a 3-second age and a 1-second sweep and its own GRADIO_TEMP_DIR, so the
+files a request leaves behind can be listed and watched disappear.
+"""
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from gradio_client import Client, handle_file
+
+from test_app_startup import ROOT, free_port, offline_env, stop, wait_for_health
+
+MAX_AGE_S = 3
+SWEEP_S = 1
+QUESTION = dict(question="What moves?", pruning_rate=0.7, max_new_tokens=4, api_name="/ask")
+
+
+def files_under(folder: Path) -> set[Path]:
+    return {path for path in folder.rglob("*") if path.is_file()}
+
+
+@pytest.fixture(scope="module")
+def short_lived_app(tmp_path_factory):
+    home = tmp_path_factory.mktemp("home")
+    temp_dir = home / "gradio-temp"
+    port = free_port()
+    env = offline_env(home, GRADIO_TEMP_DIR=str(temp_dir), EVS_TEMP_MAX_AGE_S=str(MAX_AGE_S),
+                      EVS_TEMP_SWEEP_S=str(SWEEP_S))
+    with open(home / "app.log", "w") as log:
+        proc = subprocess.Popen([sys.executable, "app.py", "--model", "tiny-random", "--device", "cpu",
+                                 "--port", str(port)], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            wait_for_health(proc, port)
+            yield Client(f"http://127.0.0.1:{port}/", verbose=False), temp_dir
+        finally:
+            stop(proc)
+
+
+def test_uploads_and_frame_images_are_deleted_after_their_age(short_lived_app, clip):
+    client, temp_dir = short_lived_app
+    video = clip("moving_object")
+    before = files_under(temp_dir)
+    answer, stats, _, frames = client.predict(handle_file(str(video)), **QUESTION)
+    assert answer and stats["generated_tokens"] == 4
+    made = files_under(temp_dir) - before
+    uploads = {path for path in made if path.name == video.name}
+    images = {path for path in made if path.suffix == ".webp"}
+    assert len(uploads) == 1, "the upload is kept under GRADIO_TEMP_DIR"
+    assert len(images) == len(frames) == stats["grid_thw"][0], "one picture per temporal group"
+    examples = {path for path in files_under(temp_dir) if path.name in ("moving_object.mp4", "pan.mp4")}
+
+    deadline = time.monotonic() + MAX_AGE_S + 4 * SWEEP_S + 10
+    while files_under(temp_dir) & (uploads | images) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not files_under(temp_dir) & (uploads | images), "files older than EVS_TEMP_MAX_AGE_S must be gone"
+    assert examples and all(path.exists() for path in examples), "the example clips stay"
+
+    # The app still answers a new upload of the same video.
+    answer, stats, _, _ = client.predict(handle_file(str(video)), **QUESTION)
+    assert answer and stats["generated_tokens"] == 4
+
+
+def test_a_follow_up_on_a_deleted_upload_asks_for_it_again(short_lived_app, clip):
+    client, temp_dir = short_lived_app
+    job = client.submit(handle_file(str(clip("moving_object"))), **QUESTION)
+    answer, _, _, _ = job.result(timeout=120)
+    uploaded = next(path for path in files_under(temp_dir) if path.name == clip("moving_object").name)
+    deadline = time.monotonic() + MAX_AGE_S + 4 * SWEEP_S + 10
+    while uploaded.exists() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not uploaded.exists()
+
+    # What a browser tab sends for the video it still shows: the server path of the deleted upload
+    # (gradio_client would try to upload it again, so the call goes over Gradio's plain HTTP API).
+    stale = {"path": str(uploaded), "meta": {"_type": "gradio.FileData"}, "orig_name": uploaded.name}
+    data = [stale, "Where does it go next?", 0.7, 2.0, 32, 224 * 224, 4, 0.0, False, [["What moves?", answer]]]
+    base = client.src.rstrip("/")
+    event_id = httpx.post(f"{base}/gradio_api/call/ask", json={"data": data}, timeout=30).json()["event_id"]
+    events = httpx.get(f"{base}/gradio_api/call/ask/{event_id}", timeout=60).text
+    assert "event: error" in events
+    assert "no longer on the server" in events and "upload it again" in events

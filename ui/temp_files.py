@@ -1,0 +1,81 @@
+"""Bounded temporary files: uploads and generated images older than an age are deleted on a schedule.
+
+Gradio's own `delete_cache` removes only the files it tracks (uploads, files returned as paths); the
+images it writes for a gr.Gallery of arrays (our frame pictures, one per temporal group per answer) are
+never tracked, so they would pile up forever. TempFileSweeper sweeps the whole folder instead; the app
+gives Gradio a folder of its own (GRADIO_TEMP_DIR) so no other program's files are in it.
+"""
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import gradio as gr
+
+log = logging.getLogger(__name__)
+
+
+def files_to_keep(demo: gr.Blocks) -> set[str]:
+    """Files Gradio keeps for the app's lifetime (the example clips' cached copies)."""
+    return {str(path) for block in demo.blocks.values() for path in getattr(block, "keep_in_cache", ())}
+
+
+def sweep(folder: Path, older_than_s: float, keep: set[str], now_s: float | None = None) -> int:
+    """Delete the files under `folder` last changed more than `older_than_s` seconds ago, except `keep`,
+    then the folders left empty; returns how many files went. ctime, as Gradio ages its files: it touches
+    a cached copy when it hands it out again."""
+    now_s = time.time() if now_s is None else now_s
+    deleted = 0
+    for root, dirs, files in os.walk(folder, topdown=False):
+        for name in files:
+            path = os.path.join(root, name)
+            try:
+                if path not in keep and now_s - os.lstat(path).st_ctime > older_than_s:
+                    os.remove(path)
+                    deleted += 1
+            except FileNotFoundError:
+                continue  # deleted meanwhile (by Gradio's own sweep, or a request that finished)
+        for name in dirs:
+            try:
+                os.rmdir(os.path.join(root, name))  # only succeeds when empty
+            except OSError:
+                pass
+    return deleted
+
+
+class TempFileSweeper:
+    """Runs sweep(folder, older_than_s, keep()) every `every_s` seconds on a daemon thread until stop()."""
+
+    def __init__(self, folder: Path, every_s: float, older_than_s: float, keep: Callable[[], set[str]]):
+        self.folder, self.every_s, self.older_than_s, self.keep = Path(folder), every_s, older_than_s, keep
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="evs-temp-sweeper", daemon=True)
+
+    def start(self) -> "TempFileSweeper":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stopped.wait(self.every_s):
+            try:
+                deleted = sweep(self.folder, self.older_than_s, self.keep())
+            except OSError as error:  # a full or read-only disk must not end the sweeping
+                log.warning("temp-file sweep of %s failed: %s", self.folder, error)
+                continue
+            if deleted:
+                log.info("deleted %d temporary files older than %d s", deleted, self.older_than_s)
+
+
+def start_sweeper(demo: gr.Blocks, every_s: float, older_than_s: float) -> TempFileSweeper:
+    """Sweep Gradio's temp folder (GRADIO_TEMP_DIR) for `demo`, keeping its example clips."""
+    folder = Path(gr.utils.get_upload_folder())
+    log.info("temporary files in %s are deleted %d s after they were made (checked every %d s)", folder,
+             older_than_s, every_s)
+    return TempFileSweeper(folder, every_s, older_than_s, keep=lambda: files_to_keep(demo)).start()
