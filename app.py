@@ -173,7 +173,7 @@ def log_runtime(engine: Engine) -> None:
     info = engine.model_info
     log.info("model %s (%s) on %s, dtype %s, attention: vision tower %s, language model %s%s", info["name"],
              info["family"], info["device"], info["dtype"], info["attn_vision"], info["attn_text"],
-             " [random weights]" if info["is_tiny"] else "")
+             " [random weights]" if info["random_weights"] else "")
     if info["device"].startswith("cuda"):
         import torch
 

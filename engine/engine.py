@@ -103,6 +103,7 @@ class Engine:
             "attn_vision": loaded.model.config.vision_config._attn_implementation,
             "attn_text": loaded.model.config.text_config._attn_implementation,
             "is_tiny": loaded.is_tiny,
+            "random_weights": loaded.random_weights,
         }
 
     @property

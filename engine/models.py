@@ -21,6 +21,7 @@ from transformers import (
 
 from engine.config import default_cache_dir
 from engine.hardware import choose_device, probe_host
+from engine.random_checkpoints import UnknownCheckpoint, build_random_model, checkpoint_spec, is_random, spec_config
 from engine.tiny import TINY_MODELS, ensure_tiny_model
 
 log = logging.getLogger(__name__)
@@ -44,7 +45,7 @@ class UnsupportedModel(ValueError):
 
 @dataclass
 class LoadedModel:
-    name: str  # what the user asked for: "tiny-random", "Qwen/Qwen3-VL-4B-Instruct", a local path
+    name: str  # what the user asked for: "tiny-random", "Qwen/Qwen3-VL-4B-Instruct", "random:<id>", a local path
     family: str  # "qwen3_vl" | "qwen2_5_vl"
     model: PreTrainedModel  # the *ForConditionalGeneration, eval mode, on `device`
     processor: ProcessorMixin
@@ -52,6 +53,7 @@ class LoadedModel:
     dtype: torch.dtype
     attn_implementation: str  # "flash_attention_2" | "sdpa"
     is_tiny: bool
+    random_weights: bool  # tiny models and random:<checkpoint>: the words mean nothing
 
 
 def resolve_device(device: str) -> torch.device:
@@ -86,7 +88,11 @@ def _pick_attention(device: torch.device, dtype: torch.dtype) -> str:
 
 def _read_config(name: str, source: str):
     try:
+        if is_random(name):
+            return spec_config(checkpoint_spec(name))
         return AutoConfig.from_pretrained(source)
+    except UnknownCheckpoint as exc:
+        raise ModelUnavailable(str(exc)) from None
     except _UNAVAILABLE_ERRORS as exc:
         raise ModelUnavailable(f"Model {name!r} is unavailable: {type(exc).__name__}: {exc}") from exc
 
@@ -105,22 +111,33 @@ def _source(name: str, cache_dir: Path | None) -> str:
     return str(ensure_tiny_model(name, cache_dir or default_cache_dir())) if name in TINY_MODELS else name
 
 
-def describe_model(name: str, cache_dir: Path | None = None) -> dict:
-    """Parameter counts of `name` from its config alone: the model is built on the `meta` device, so no
-    weights are read or allocated and any size describes instantly. Tied embeddings count once.
+def model_dtype(name: str, device: torch.device) -> torch.dtype:
+    """bfloat16 on CUDA; float32 on CPU, and for tiny models everywhere, so their results are
+    deterministic and comparable across code paths."""
+    return torch.bfloat16 if device.type == "cuda" and name not in TINY_MODELS else torch.float32
 
-    Returns {"name", "family", "parameters", "vision_parameters"}; raises ModelUnavailable (no config to
-    be had) or UnsupportedModel like load_model.
+
+def describe_model(name: str, cache_dir: Path | None = None, device: torch.device | None = None) -> dict:
+    """What loading `name` on `device` would give, from its config alone: the model is built on the `meta`
+    device, so no weights are read or allocated and any size describes instantly. Tied embeddings count once.
+
+    Returns {"name", "family", "parameters", "vision_parameters", "dtype", "attention", "device"};
+    raises ModelUnavailable (no config to be had) or UnsupportedModel like load_model.
     """
     config = _read_config(name, _source(name, cache_dir))
     model_class = _model_class(name, config)
     with torch.device("meta"):
         model = model_class._from_config(config)
+    device = device or torch.device("cpu")
+    dtype = model_dtype(name, device)
     return {
         "name": name,
         "family": config.model_type,
         "parameters": sum(p.numel() for p in model.parameters()),
         "vision_parameters": sum(p.numel() for p in model.model.visual.parameters()),
+        "dtype": str(dtype).removeprefix("torch."),
+        "attention": _pick_attention(device, dtype),
+        "device": str(device),
     }
 
 
@@ -135,26 +152,28 @@ def load_model(name: str, device: str = "auto", cache_dir: Path | None = None) -
     torch_device = resolve_device(device)
     is_tiny = name in TINY_MODELS
     source = _source(name, cache_dir)
-    # Tiny weights stay float32 so results are deterministic and comparable across code paths.
-    dtype = torch.bfloat16 if torch_device.type == "cuda" and not is_tiny else torch.float32
+    dtype = model_dtype(name, torch_device)
 
     config = _read_config(name, source)
     family = config.model_type
     model_class = _model_class(name, config)
 
     attn = _pick_attention(torch_device, dtype)
-    try:
-        processor = AutoProcessor.from_pretrained(source)
-        model = model_class.from_pretrained(
-            source,
-            config=config,
-            dtype=dtype,
-            attn_implementation=attn,
-            # Load straight onto the GPU instead of staging a multi-GB copy in host memory.
-            device_map=str(torch_device) if torch_device.type == "cuda" else None,
-        )
-    except _UNAVAILABLE_ERRORS as exc:
-        raise ModelUnavailable(f"Model {name!r} is unavailable: {type(exc).__name__}: {exc}") from exc
+    if is_random(name):
+        model, processor = build_random_model(checkpoint_spec(name), model_class, torch_device, dtype, attn)
+    else:
+        try:
+            processor = AutoProcessor.from_pretrained(source)
+            model = model_class.from_pretrained(
+                source,
+                config=config,
+                dtype=dtype,
+                attn_implementation=attn,
+                # Load straight onto the GPU instead of staging a multi-GB copy in host memory.
+                device_map=str(torch_device) if torch_device.type == "cuda" else None,
+            )
+        except _UNAVAILABLE_ERRORS as exc:
+            raise ModelUnavailable(f"Model {name!r} is unavailable: {type(exc).__name__}: {exc}") from exc
     model = model.to(torch_device).eval()
     model.requires_grad_(False)
     log.info("loaded %s (%s) on %s as %s with %s attention", name, family, torch_device, dtype, attn)
@@ -167,6 +186,7 @@ def load_model(name: str, device: str = "auto", cache_dir: Path | None = None) -
         dtype=dtype,
         attn_implementation=attn,
         is_tiny=is_tiny,
+        random_weights=is_tiny or is_random(name),
     )
 
 

@@ -106,7 +106,8 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     return tokenizer
 
 
-def _token_ids(tokenizer) -> dict[str, int]:
+def special_token_ids(tokenizer) -> dict[str, int]:
+    """The config fields that name the media tokens, as ids of `tokenizer`."""
     ids = {tok: tokenizer.convert_tokens_to_ids(tok) for tok in SPECIAL_TOKENS}
     return {
         "image_token_id": ids["<|image_pad|>"],
@@ -144,7 +145,7 @@ def _qwen3_vl(tokenizer, name: str = "tiny-random"):
             num_position_embeddings=64,
             initializer_range=_INIT_RANGE,
         ),
-        **_token_ids(tokenizer),
+        **special_token_ids(tokenizer),
     )
     half = [0.5, 0.5, 0.5]
     processor = Qwen3VLProcessor(
@@ -183,7 +184,7 @@ def _qwen2_5_vl(tokenizer, name: str = "tiny-random-qwen2.5-vl"):
             out_hidden_size=64,
             initializer_range=_INIT_RANGE,
         ),
-        **_token_ids(tokenizer),
+        **special_token_ids(tokenizer),
     )
     pixels = {"shortest_edge": 56 * 56, "longest_edge": 28 * 28 * 1280}
     processor = Qwen2_5_VLProcessor(

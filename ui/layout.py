@@ -45,7 +45,7 @@ def default_banner(model_info: dict, banner: str | None = None) -> str | None:
     a note that the app runs on CPU is added either way.
     """
     notes = [banner] if banner else []
-    if not banner and model_info.get("is_tiny"):
+    if not banner and model_info.get("random_weights"):
         notes.append(f"{model_info.get('name', 'tiny')} model: the words are random, "
                      "but the pipeline, EVS, timings and pictures are real.")
     if str(model_info.get("device", "")).startswith("cpu"):

@@ -1,0 +1,109 @@
+"""Real checkpoints' exact architectures with random weights, built without the Hub: `random:<checkpoint>`.
+
+    random:Qwen/Qwen3-VL-4B-Instruct     one of the checkpoints stored in engine/checkpoints/
+    random:/path/to/spec.json            any spec file of the same shape
+
+No machine of this project can download a checkpoint, the GPU machines it borrows included, so real
+scale is reached this way: each stored spec holds the checkpoint's published config.json, its image
+processor settings and (Qwen3-VL) its video processor settings, plus the published parameter count.
+The model is built from that config directly on the target device in the target dtype (seconds on a
+GPU; no 8 GB file). The tokenizer is the tiny models' byte-level one; the embedding keeps the real
+vocabulary size, and the config's special-token ids are pointed at that tokenizer's ids. Shapes, memory
+and timings are real; the words are not.
+"""
+
+import json
+from pathlib import Path
+
+import torch
+from transformers import (
+    AutoConfig,
+    GenerationConfig,
+    PretrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerFast,
+    ProcessorMixin,
+    Qwen2_5_VLProcessor,
+    Qwen2VLImageProcessor,
+    Qwen2VLVideoProcessor,
+    Qwen3VLProcessor,
+    Qwen3VLVideoProcessor,
+)
+
+from engine.tiny import CHAT_TEMPLATE, build_tokenizer, special_token_ids
+
+RANDOM_PREFIX = "random:"
+CHECKPOINTS_DIR = Path(__file__).resolve().parent / "checkpoints"
+# Keys of the stored processor files that name classes rather than settings.
+_CLASS_KEYS = ("image_processor_type", "video_processor_type", "processor_class")
+
+
+class UnknownCheckpoint(LookupError):
+    """`random:X` names neither a stored checkpoint nor a readable spec file."""
+
+
+def is_random(name: str) -> bool:
+    return name.startswith(RANDOM_PREFIX)
+
+
+def stored_checkpoints() -> list[str]:
+    """Hub ids of the checkpoints whose specs ship in engine/checkpoints/."""
+    return sorted(json.loads(path.read_text())["checkpoint"] for path in CHECKPOINTS_DIR.glob("*.json"))
+
+
+def checkpoint_spec(name: str) -> dict:
+    """The spec behind `random:<checkpoint>`: {"checkpoint", "published_parameters", "config",
+    "preprocessor", "video_preprocessor" (Qwen3-VL only)}."""
+    target = name.removeprefix(RANDOM_PREFIX)
+    path = CHECKPOINTS_DIR / f"{target.replace('/', '--')}.json"
+    if not path.is_file():
+        path = Path(target)
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        raise UnknownCheckpoint(
+            f"{name!r} is neither a stored checkpoint ({', '.join(stored_checkpoints())}) nor a readable "
+            "spec file") from None
+
+
+def spec_config(spec: dict, tokenizer: PreTrainedTokenizerFast | None = None) -> PretrainedConfig:
+    """The checkpoint's config; with `tokenizer`, its special-token ids point at that tokenizer's."""
+    values = dict(spec["config"])
+    config = AutoConfig.for_model(values.pop("model_type"), **values)
+    if tokenizer is not None:
+        for key, token_id in special_token_ids(tokenizer).items():
+            setattr(config, key, token_id)
+        config.text_config.pad_token_id = tokenizer.pad_token_id
+        config.text_config.bos_token_id = None
+        config.text_config.eos_token_id = tokenizer.eos_token_id
+    return config
+
+
+def _settings(stored: dict) -> dict:
+    return {key: value for key, value in stored.items() if key not in _CLASS_KEYS}
+
+
+def spec_processor(spec: dict, family: str, tokenizer: PreTrainedTokenizerFast) -> ProcessorMixin:
+    """The checkpoint's own image and video processor settings around the byte-level tokenizer."""
+    image = Qwen2VLImageProcessor(**_settings(spec["preprocessor"]))
+    if family == "qwen3_vl":
+        video = Qwen3VLVideoProcessor(**_settings(spec["video_preprocessor"]))
+        return Qwen3VLProcessor(image_processor=image, video_processor=video, tokenizer=tokenizer,
+                                chat_template=CHAT_TEMPLATE)
+    # Qwen2.5-VL checkpoints ship no video processor file: their video processor reads the image settings.
+    video = Qwen2VLVideoProcessor(**_settings(spec["preprocessor"]))
+    return Qwen2_5_VLProcessor(image_processor=image, video_processor=video, tokenizer=tokenizer,
+                               chat_template=CHAT_TEMPLATE)
+
+
+def build_random_model(spec: dict, model_class: type[PreTrainedModel], device: torch.device,
+                       dtype: torch.dtype, attn_implementation: str) -> tuple[PreTrainedModel, ProcessorMixin]:
+    """The spec's architecture with random weights made on `device` in `dtype`, and its processor."""
+    tokenizer = build_tokenizer()
+    config = spec_config(spec, tokenizer)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = model_class._from_config(config, dtype=dtype, attn_implementation=attn_implementation)
+    model.generation_config = GenerationConfig(eos_token_id=[tokenizer.eos_token_id, tokenizer.pad_token_id],
+                                               pad_token_id=tokenizer.pad_token_id)
+    return model, spec_processor(spec, config.model_type, tokenizer)
