@@ -16,12 +16,14 @@ FrameFn = Callable[[int, int, int, int], np.ndarray]
 
 
 def write_clip(
-    path, kind: str, *, seconds: float = 4.0, fps: int = 8, size: tuple[int, int] = (160, 120)
+    path, kind: str, *, seconds: float = 4.0, fps: int = 8, size: tuple[int, int] = (160, 120),
+    codec: str = "libx264", options: dict[str, str] | None = None,
 ) -> Path:
     """Write a `seconds`-long clip of `kind` at `fps` and `size` = (width, height); returns the path.
 
     Kinds: "moving_object", "pan", "scene_cut", "static". Odd sides are rounded down to even
-    (yuv420p needs even sizes).
+    (yuv420p needs even sizes). codec: a PyAV encoder ("libx264", "libsvtav1", ...); options: encoder
+    options, by default x264's deterministic single-threaded ones.
     """
     if kind not in _KINDS:
         raise ValueError(f"unknown clip kind {kind!r}; choose one of {sorted(_KINDS)}")
@@ -30,10 +32,10 @@ def write_clip(
     path = Path(path)
     frame_fn = _KINDS[kind]
     with av.open(str(path), mode="w", format="mp4") as container:
-        stream = container.add_stream("libx264", rate=Fraction(fps))
+        stream = container.add_stream(codec, rate=Fraction(fps))
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
         # One thread: x264's output then depends only on the input, so regenerated files are identical.
-        stream.options = {"crf": "23", "preset": "medium", "threads": "1"}
+        stream.options = options if options is not None else {"crf": "23", "preset": "medium", "threads": "1"}
         for index in range(num_frames):
             rgb = frame_fn(index, num_frames, width, height)
             for packet in stream.encode(av.VideoFrame.from_ndarray(rgb, format="rgb24")):

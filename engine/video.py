@@ -177,7 +177,7 @@ def _child_main(request_json: str) -> None:
     try:
         sampling = SamplingParams(**request["sampling"])
         header, frames = _decode(request["path"], sampling, request["max_seconds"], request["patch"])
-    except Exception:  # decord reports broken input as DECORDError or RuntimeError
+    except Exception:  # the decoders report broken input as their own errors
         header, frames = {"status": "unreadable"}, None
     answer.write(json.dumps(header).encode() + b"\n")
     if frames is not None:
@@ -188,25 +188,29 @@ def _child_main(request_json: str) -> None:
 def _decode(
     path: str, sampling: SamplingParams, max_seconds: float, temporal_patch: int
 ) -> tuple[dict, np.ndarray | None]:
-    # Imported here so that only the child loads the native decoder.
-    from decord import VideoReader
+    """decord first (it seeks and scales while decoding); PyAV for what decord refuses (AV1, which
+    decord 0.6 cannot decode) and where decord is not installed (a bare GPU image)."""
+    try:
+        return _decode_with_decord(path, sampling, max_seconds, temporal_patch)
+    except Exception:  # ImportError, or decord's DECORDError / RuntimeError on a file it cannot read
+        return _decode_with_pyav(path, sampling, max_seconds, temporal_patch)
 
-    reader = VideoReader(path)
-    total_frames = len(reader)
-    native_fps = reader.get_avg_fps()
+
+def _sampling_plan(total_frames: int, native_fps: float, height: int, width: int, sampling: SamplingParams,
+                   max_seconds: float, temporal_patch: int) -> tuple[dict | None, list[int], tuple[int, int]]:
+    """(refusal header or None, source frame indices to keep, (height, width) to scale to)."""
     if total_frames <= 0 or not native_fps or not math.isfinite(native_fps) or native_fps <= 0:
-        return {"status": "unreadable"}, None
+        return {"status": "unreadable"}, [], (0, 0)
     duration_s = total_frames / native_fps
     if duration_s > max_seconds:
-        return {"status": "too_long", "duration_s": duration_s}, None
+        return {"status": "too_long", "duration_s": duration_s}, [], (0, 0)
     indices = sample_frame_indices(duration_s, total_frames, sampling, temporal_patch)
-    height, width = reader[0].shape[:2]
-    fit_h, fit_w = fit_pixels(height, width, sampling.max_pixels_per_frame)
-    if (fit_h, fit_w) != (height, width):
-        # decord scales while decoding, so a large video never exists at full size in memory.
-        reader = VideoReader(path, width=fit_w, height=fit_h)
-    frames = reader.get_batch(indices).asnumpy()
-    if frames.dtype != np.uint8 or frames.shape[0] != len(indices) or frames.shape[1:] != (fit_h, fit_w, 3):
+    return None, indices, fit_pixels(height, width, sampling.max_pixels_per_frame)
+
+
+def _answer(frames: np.ndarray, indices: list[int], size: tuple[int, int], native_fps: float,
+            total_frames: int) -> tuple[dict, np.ndarray | None]:
+    if frames.dtype != np.uint8 or frames.shape != (len(indices), *size, 3):
         return {"status": "unreadable"}, None
     header = {
         "status": "ok",
@@ -216,6 +220,62 @@ def _decode(
         "total_frames": total_frames,
     }
     return header, frames
+
+
+def _decode_with_decord(
+    path: str, sampling: SamplingParams, max_seconds: float, temporal_patch: int
+) -> tuple[dict, np.ndarray | None]:
+    # Imported here so that only the child loads the native decoder.
+    from decord import VideoReader
+
+    reader = VideoReader(path)
+    total_frames, native_fps = len(reader), reader.get_avg_fps()
+    height, width = reader[0].shape[:2] if total_frames > 0 else (0, 0)
+    refusal, indices, (fit_h, fit_w) = _sampling_plan(total_frames, native_fps, height, width, sampling,
+                                                      max_seconds, temporal_patch)
+    if refusal is not None:
+        return refusal, None
+    if (fit_h, fit_w) != (height, width):
+        # decord scales while decoding, so a large video never exists at full size in memory.
+        reader = VideoReader(path, width=fit_w, height=fit_h)
+    frames = reader.get_batch(indices).asnumpy()
+    return _answer(frames, indices, (fit_h, fit_w), native_fps, total_frames)
+
+
+def _decode_with_pyav(
+    path: str, sampling: SamplingParams, max_seconds: float, temporal_patch: int
+) -> tuple[dict, np.ndarray | None]:
+    """Decode in order and keep the sampled frames, each scaled as it is converted to RGB."""
+    import av
+
+    with av.open(path) as container:
+        # FFmpeg reads still images (PNG, JPEG, ...) through image demuxers as one-frame videos: not uploads.
+        if container.format.name == "image2" or container.format.name.endswith("_pipe"):
+            return {"status": "unreadable"}, None
+        stream = container.streams.video[0]
+        stream.thread_type = "AUTO"
+        native_fps = float(stream.average_rate or 0)
+        total_frames = stream.frames
+        if total_frames <= 0:  # containers that keep no count (WebM, MKV): count the packets
+            total_frames = sum(1 for packet in container.demux(stream) if packet.size)
+            container.seek(0)
+        refusal, indices, (fit_h, fit_w) = _sampling_plan(total_frames, native_fps, stream.height, stream.width,
+                                                          sampling, max_seconds, temporal_patch)
+        if refusal is not None:
+            return refusal, None
+        wanted = set(indices)
+        kept: dict[int, np.ndarray] = {}
+        for index, frame in enumerate(container.decode(stream)):
+            if index in wanted:
+                kept[index] = frame.to_ndarray(format="rgb24", width=fit_w, height=fit_h)
+            if index >= indices[-1]:
+                break
+    # A count taken from the header can exceed what decodes: repeat the last decoded frame for the rest.
+    if not kept:
+        return {"status": "unreadable"}, None
+    last = kept[max(kept)]
+    frames = np.stack([kept.get(index, last) for index in indices])
+    return _answer(frames, indices, (fit_h, fit_w), native_fps, total_frames)
 
 
 def _size_pair(size_bytes: int, limit_bytes: int) -> tuple[str, str]:
