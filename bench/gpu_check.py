@@ -1,48 +1,97 @@
-"""First thing to run on new hardware: the real model on the example clips at q = 0 and q = 0.7.
+"""The GPU check: one command, no network, a few minutes on one H100/H200-class GPU.
 
-    python bench/gpu_check.py [--model Qwen/Qwen3-VL-4B-Instruct] [--device auto|cuda|cpu]
-    python bench/gpu_check.py --model tiny-random --device cpu      # CPU smoke test
+    python bench/gpu_check.py                                  # random:Qwen/Qwen3-VL-4B-Instruct, bf16, GPU
+    python bench/gpu_check.py --model Qwen/Qwen3-VL-4B-Instruct  # a downloaded checkpoint instead
+    python bench/gpu_check.py --quick --device cpu             # the same code path on a tiny model (CI)
 
-Prints the model setup (device, dtype, attention), then one row per (clip, q): tokens kept, TTFT,
-total time, peak GPU memory and the answer; then the same requests submitted all at once, to exercise
-the batched ViT forward and batched decode. Exits 1 on any error or failed check, 0 otherwise.
-Caches are off so every request does its full work and the TTFTs compare.
+Prints one table and writes it as JSON (--out):
+  - TTFT split by stage (video decode, ViT, EVS, prefill) for q in {0, 0.5, 0.7, 0.9} on a generated
+    2-minute 720p clip at the device's default sampling, next to the ideal "prefill scales with the kept
+    tokens" (decode + ViT + EVS + the q = 0 prefill times the prompt-token ratio);
+  - one ViT forward over 8 videos against 8 separate forwards;
+  - 8 users at once at q = 0 and q = 0.7: mean TTFT, wall time, output tokens/s;
+  - peak GPU memory, the attention kernel of each tower, the driver and CUDA versions.
+Caches are off, so every request decodes, encodes and prefills for itself; answers run to a fixed length
+(EOS ignored). It imports no gradio or plotly: it runs on a bare GPU image with torch, numpy and the few
+wheels the README lists. Exits 1 when a request fails or a stat contradicts EVS, 0 otherwise.
 """
 
 import argparse
+import json
+import platform
+import statistics
 import sys
+import tempfile
 import time
-import traceback
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
-# Run as a script from anywhere: the repo root holds the `engine` and `evs` packages.
+# Run as a script from anywhere: the repo root holds the `engine`, `evs` and `assets` packages.
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
-import evs  # noqa: E402
-from engine import Answer, Engine, EngineConfig, GenerationParams  # noqa: E402
-from engine.models import ModelUnavailable  # noqa: E402
+import transformers  # noqa: E402
 
-CLIPS_DIR = REPO_ROOT / "assets" / "examples"
-PRUNING_RATES = (0.0, 0.7)
-QUESTION = "Describe what happens in this video in one or two sentences."
+import evs  # noqa: E402
+from assets.clips import write_clip  # noqa: E402
+from engine import Answer, Engine, EngineConfig, GenerationParams, SamplingParams  # noqa: E402
+from engine.hardware import probe_host  # noqa: E402
+from engine.prompt import prepare_prompt  # noqa: E402
+from engine.video import load_video  # noqa: E402
+
+PRUNING_RATES = (0.0, 0.5, 0.7, 0.9)
+BURST_RATES = (0.0, 0.7)
+USERS = 8
+QUESTION = "Describe what happens in this video."
 GIB = 1024**3
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python bench/gpu_check.py", description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="Qwen/Qwen3-VL-4B-Instruct")
+    parser.add_argument("--model", default="random:Qwen/Qwen3-VL-4B-Instruct",
+                        help="random:<checkpoint> (no download), a checkpoint, or a tiny model")
     parser.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
-    parser.add_argument("--clips", type=Path, default=CLIPS_DIR, help="folder of .mp4 clips")
-    parser.add_argument("--max-new-tokens", type=int, default=48)
-    parser.add_argument("--timeout-s", type=float, default=600.0, help="per request")
-    return parser.parse_args(argv)
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny model, 10-second 160x120 clips and a few tokens: the CI smoke run")
+    parser.add_argument("--new-tokens", type=int, default=None, help="tokens per answer (default 64, quick 4)")
+    parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench" / "results" / "gpu_check.json")
+    args = parser.parse_args(argv)
+    if args.quick and args.model == parser.get_default("model"):
+        args.model = "tiny-random"
+    if args.new_tokens is None:
+        args.new_tokens = 4 if args.quick else 64
+    return args
 
 
-def check_answer(answer: Answer) -> list[str]:
-    """What is wrong with one finished request, as sentences; empty when it looks right."""
+def workload(quick: bool, device: torch.device) -> dict:
+    """Clip geometry and sampling: a 2-minute 720p clip at the GPU's sampling, or a CPU-sized stand-in."""
+    if quick:
+        return dict(seconds=10.0, fps=8, size=(160, 120),
+                    sampling=SamplingParams(fps=2.0, max_frames=8, max_pixels_per_frame=112 * 112))
+    # 2 fps, up to 128 frames, 448x448-ish: ~12.5 k video tokens on Qwen3-VL (64 groups x 196 tokens), the
+    # regime EVS exists for. The same on a CPU would take minutes per request, so it gets a lighter one.
+    sampling = (SamplingParams(fps=2.0, max_frames=128, max_pixels_per_frame=448 * 448) if device.type == "cuda"
+                else SamplingParams(fps=2.0, max_frames=32, max_pixels_per_frame=224 * 224))
+    return dict(seconds=120.0, fps=24, size=(1280, 720), sampling=sampling)
+
+
+def make_clips(folder: Path, work: dict) -> list[Path]:
+    """USERS byte-distinct clips (content-hash dedup must not merge them); the first is the TTFT clip."""
+    kinds = ("moving_object", "pan", "scene_cut", "static")
+    # ultrafast on every core: the clip is input to the check, not a subject of it.
+    options = {"preset": "ultrafast", "crf": "23", "threads": "0"}
+    return [write_clip(folder / f"clip{i}.mp4", kinds[i % len(kinds)], seconds=work["seconds"] + i // len(kinds),
+                       fps=work["fps"], size=work["size"], options=options) for i in range(USERS)]
+
+
+def params(q: float, work: dict, new_tokens: int) -> GenerationParams:
+    return GenerationParams(pruning_rate=q, max_new_tokens=new_tokens, ignore_eos=True, sampling=work["sampling"])
+
+
+def evs_problems(answer: Answer) -> list[str]:
+    """What contradicts EVS in one finished request's stats, as sentences; empty when it looks right."""
     stats, problems = answer.stats, []
     T, h, w = stats["grid_thw"]
     expected_kept = evs.retained_token_count(h * w, T, stats["pruning_rate"])
@@ -55,92 +104,145 @@ def check_answer(answer: Answer) -> list[str]:
     return problems
 
 
-def _peak_memory(device: str) -> str:
-    return f"{torch.cuda.max_memory_allocated() / GIB:.2f} GiB" if device.startswith("cuda") else "n/a"
+def ttft_by_rate(engine: Engine, clip: Path, work: dict, new_tokens: int) -> list[dict]:
+    """One request per q, alone, with each TTFT stage and the ideal TTFT beside it."""
+    rows = []
+    for q in PRUNING_RATES:
+        stats = engine.submit(clip, QUESTION, params(q, work, new_tokens)).result().stats
+        rows.append({key: stats[key] for key in ("pruning_rate", "video_tokens_total", "video_tokens_kept",
+                                                  "prompt_tokens", "decode_video_s", "vit_s", "evs_s",
+                                                  "prefill_s", "ttft_s")})
+    full = rows[0]
+    for row in rows:
+        # Prefill is the only stage EVS shortens; ideally it shrinks in proportion to the prompt.
+        row["ideal_ttft_s"] = (row["decode_video_s"] + row["vit_s"] + row["evs_s"]
+                               + full["prefill_s"] * row["prompt_tokens"] / full["prompt_tokens"])
+        row["ttft_over_ideal"] = row["ttft_s"] / row["ideal_ttft_s"]
+    return rows
 
 
-def _print_row(clip: str, answer: Answer, peak_memory: str) -> None:
-    s = answer.stats
-    text = " ".join(answer.text.split())
-    print(f"{clip:<16} q={s['pruning_rate']:<4} tokens {s['video_tokens_kept']:>5}/{s['video_tokens_total']:<5} "
-          f"ttft {s['ttft_s']:6.2f} s  total {s['total_s']:6.2f} s  gen {s['generated_tokens']:>3}  "
-          f"vit batch {s['vit_batch_requests']}  decode batch {s['decode_batch_max']}  peak {peak_memory}")
-    print(f"    {text[:300]!r}")
+def vit_batching(engine: Engine, clip: Path, work: dict, repeats: int = 3) -> dict:
+    """Seconds of one ViT forward over USERS copies of the clip's frames and of USERS separate forwards
+    (medians over `repeats`, back to back so drift hits both alike)."""
+    loaded, family = engine.loaded, engine.family
+    video = load_video(clip, work["sampling"], max_seconds=3600, max_bytes=1 << 40, timeout_s=600)
+    prompt = prepare_prompt(loaded, family, video, QUESTION, [], "", work["sampling"].max_pixels_per_frame)
+    device = loaded.model.device
+    pixels = prompt.pixel_values.to(device)
+    grid = prompt.grid_thw_patches.to(device)
+
+    def forward(copies: int) -> float:
+        start = time.perf_counter()
+        family.encode(loaded.model, torch.cat([pixels] * copies), torch.stack([grid] * copies))
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return time.perf_counter() - start
+
+    together, separate = [], []
+    with torch.inference_mode():
+        forward(1)  # warm-up: kernel selection, allocator growth
+        for _ in range(repeats):
+            together.append(forward(USERS))
+            separate.append(sum(forward(1) for _ in range(USERS)))
+    return {"videos": USERS, "patches_per_video": int(pixels.shape[0]),
+            "one_forward_s": statistics.median(together), "separate_forwards_s": statistics.median(separate),
+            "ratio": statistics.median(together) / statistics.median(separate)}
 
 
-def run_checks(engine: Engine, clips: list[Path], args: argparse.Namespace) -> list[str]:
-    """Sequential then concurrent requests; returns every problem found."""
-    device = engine.model_info["device"]
-    problems: list[str] = []
-    params = [GenerationParams(pruning_rate=q, max_new_tokens=args.max_new_tokens) for q in PRUNING_RATES]
-
-    # A first request pays for CUDA context, kernel selection and allocator growth; keep it out of the table.
-    engine.submit(video=clips[0], question=QUESTION, params=params[0]).result(timeout_s=args.timeout_s)
-
-    print("\n== one request at a time ==")
-    for clip in clips:
-        for p in params:
-            if device.startswith("cuda"):
-                torch.cuda.reset_peak_memory_stats()
-            answer = engine.submit(video=clip, question=QUESTION, params=p).result(timeout_s=args.timeout_s)
-            _print_row(clip.stem, answer, _peak_memory(device))
-            problems += [f"{clip.name} q={p.pruning_rate}: {msg}" for msg in check_answer(answer)]
-
-    print(f"\n== {len(clips) * len(params)} requests at once ==")
-    if device.startswith("cuda"):
-        torch.cuda.reset_peak_memory_stats()
+def burst(engine: Engine, clips: list[Path], q: float, work: dict, new_tokens: int) -> tuple[dict, list[Answer]]:
+    """USERS requests submitted at the same instant: mean TTFT, wall time, output tokens per second."""
     start = time.perf_counter()
-    streams = [(clip, engine.submit(video=clip, question=QUESTION, params=p)) for clip in clips for p in params]
-    answers = [(clip, stream.result(timeout_s=args.timeout_s)) for clip, stream in streams]
+    with engine.paused():
+        streams = [engine.submit(clip, QUESTION, params(q, work, new_tokens)) for clip in clips]
+    answers = [stream.result() for stream in streams]
     wall_s = time.perf_counter() - start
-    for clip, answer in answers:
-        _print_row(clip.stem, answer, _peak_memory(device))
-        problems += [f"{clip.name} q={answer.stats['pruning_rate']} (batched): {msg}" for msg in check_answer(answer)]
-    print(f"wall time {wall_s:.2f} s for {len(answers)} requests")
-    return problems
+    generated = sum(a.stats["generated_tokens"] for a in answers)
+    return {"pruning_rate": q, "users": len(clips), "mean_ttft_s": statistics.mean(a.stats["ttft_s"] for a in answers),
+            "wall_s": wall_s, "output_tokens_per_s": generated / wall_s,
+            "vit_batch_requests_max": max(a.stats["vit_batch_requests"] for a in answers),
+            "decode_batch_max": max(a.stats["decode_batch_max"] for a in answers)}, answers
+
+
+def print_table(report: dict) -> None:
+    host, model = report["host"], report["model"]
+    print(f"\n## GPU check: {model['name']} on {report['device']}")
+    print(f"{host['summary']}; transformers {report['versions']['transformers']}; "
+          f"attention: vision {model['attn_vision']}, language model {model['attn_text']}; "
+          f"dtype {model['dtype']}; load {report['load_s']:.1f} s\n")
+    print("| q | video tokens kept/total | decode s | ViT s | EVS s | prefill s | TTFT s | ideal s | TTFT/ideal |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in report["ttft_by_rate"]:
+        print(f"| {r['pruning_rate']} | {r['video_tokens_kept']}/{r['video_tokens_total']} | {r['decode_video_s']:.3f} "
+              f"| {r['vit_s']:.3f} | {r['evs_s']:.4f} | {r['prefill_s']:.3f} | {r['ttft_s']:.3f} "
+              f"| {r['ideal_ttft_s']:.3f} | {r['ttft_over_ideal']:.2f} |")
+    vit = report["vit"]
+    print(f"\n| ViT over {vit['videos']} videos ({vit['patches_per_video']} patches each) | seconds |\n|---|---|")
+    print(f"| one forward | {vit['one_forward_s']:.3f} |\n| {vit['videos']} separate forwards | "
+          f"{vit['separate_forwards_s']:.3f} |\n| ratio | {vit['ratio']:.3f} |")
+    print(f"\n| {USERS} users at once | mean TTFT s | wall s | output tokens/s | ViT batch | decode batch |")
+    print("|---|---|---|---|---|---|")
+    for b in report["bursts"]:
+        print(f"| q = {b['pruning_rate']} | {b['mean_ttft_s']:.3f} | {b['wall_s']:.2f} | "
+              f"{b['output_tokens_per_s']:.1f} | {b['vit_batch_requests_max']} | {b['decode_batch_max']} |")
+    print(f"\npeak GPU memory: {report['peak_gpu_memory_gib']} GiB" if report["peak_gpu_memory_gib"] is not None
+          else "\npeak GPU memory: n/a (CPU)")
+
+
+def run(args: argparse.Namespace) -> tuple[dict, list[str]]:
+    host = probe_host()
+    config = EngineConfig(model=args.model, device=args.device, feature_cache_bytes=0, prefix_cache_bytes=0,
+                          decoded_video_cache_bytes=0, max_video_seconds=3600)
+    start = time.perf_counter()
+    engine = Engine(config)
+    load_s = time.perf_counter() - start
+    device = engine.loaded.device
+    work = workload(args.quick, device)
+    problems: list[str] = []
+    try:
+        with tempfile.TemporaryDirectory() as folder:
+            clips = make_clips(Path(folder), work)
+            engine.submit(clips[-1], QUESTION, params(0.5, work, 2)).result()  # first-request costs, untimed
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            rows = ttft_by_rate(engine, clips[0], work, args.new_tokens)
+            vit = vit_batching(engine, clips[0], work)
+            bursts = []
+            for q in BURST_RATES:
+                summary, answers = burst(engine, clips, q, work, args.new_tokens)
+                bursts.append(summary)
+                problems += [f"burst q={q}: {p}" for a in answers for p in evs_problems(a)]
+        peak = round(torch.cuda.max_memory_allocated(device) / GIB, 2) if device.type == "cuda" else None
+    finally:
+        engine.shutdown()
+    report = {
+        "machine": {"platform": platform.platform(), "python": platform.python_version(),
+                    "processor": platform.processor() or platform.machine()},
+        "device": str(device),
+        "host": {**asdict(host), "summary": host.summary()},
+        "versions": {"torch": torch.__version__, "cuda": torch.version.cuda, "transformers": transformers.__version__},
+        "model": engine.model_info,
+        "load_s": load_s,
+        "workload": {"clip_seconds": work["seconds"], "clip_fps": work["fps"], "clip_size": list(work["size"]),
+                     "sampling": asdict(work["sampling"]), "new_tokens": args.new_tokens},
+        "ttft_by_rate": rows,
+        "vit": vit,
+        "bursts": bursts,
+        "peak_gpu_memory_gib": peak,
+    }
+    return report, problems
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    clips = sorted(args.clips.glob("*.mp4"))
-    if not clips:
-        print(f"error: no .mp4 clips in {args.clips} (python -m assets.make_examples writes them)", file=sys.stderr)
-        return 1
-    if args.device == "cuda" and not torch.cuda.is_available():
-        print("error: --device cuda, but torch sees no CUDA device", file=sys.stderr)
-        return 1
-    print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, GPU "
-          f"{torch.cuda.get_device_name() if torch.cuda.is_available() else 'none'}")
     try:
-        import flash_attn
-
-        print(f"flash-attn {flash_attn.__version__}")
-    except ImportError:
-        print("flash-attn not installed: attention runs on sdpa")
-
-    # Caches off: every request decodes, encodes and prefills for itself.
-    config = EngineConfig(model=args.model, device=args.device, feature_cache_bytes=0, prefix_cache_bytes=0)
-    try:
-        start = time.perf_counter()
-        engine = Engine(config)
-    except ModelUnavailable as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    except Exception:
-        traceback.print_exc()
-        return 1
-    info = engine.model_info
-    print(f"loaded {info['name']} ({info['family']}) in {time.perf_counter() - start:.1f} s on {info['device']}, "
-          f"dtype {info['dtype']}, attention {info['attn']}" + (" [random weights]" if info["is_tiny"] else ""))
-    if info["device"].startswith("cuda"):
-        print(f"weights: {torch.cuda.memory_allocated() / GIB:.2f} GiB")
-    try:
-        problems = run_checks(engine, clips, args)
-    except Exception:
-        traceback.print_exc()
-        return 1
-    finally:
-        engine.shutdown()
+        report, problems = run(args)
+    except Exception as error:  # one line for whoever runs it on borrowed time; the log holds the rest
+        print(f"gpu_check: FAILED: {type(error).__name__}: {' '.join(str(error).split())}", file=sys.stderr)
+        raise
+    print_table(report)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2, default=str))
+    print(f"\nsaved {args.out}")
     for problem in problems:
         print(f"FAIL {problem}")
     print("gpu_check: " + ("FAILED" if problems else "all checks passed"))

@@ -1,0 +1,56 @@
+"""bench/gpu_check.py --quick --device cpu: the GPU check's code path, run in CI so it cannot rot.
+
+It must run on a bare GPU image without this project's UI requirements, so the run here has gradio and
+plotly shadowed by packages that refuse to import.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("gpu_check")
+    shadows = folder / "shadows"
+    for name in ("gradio", "plotly"):
+        (shadows / name).mkdir(parents=True)
+        (shadows / name / "__init__.py").write_text(f"raise ImportError('gpu_check must not import {name}')\n")
+    env = {**os.environ, "PYTHONPATH": str(shadows), "EVS_CACHE_DIR": str(folder / "models")}
+    out = folder / "gpu_check.json"
+    result = subprocess.run([sys.executable, "bench/gpu_check.py", "--quick", "--device", "cpu", "--out", str(out)],
+                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    return result, out
+
+
+def test_quick_run_passes_and_prints_one_table(quick_run):
+    result, _ = quick_run
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "gpu_check: all checks passed" in result.stdout
+    assert "| q | video tokens kept/total | decode s | ViT s | EVS s | prefill s | TTFT s | ideal s | TTFT/ideal |" in (
+        result.stdout)
+    assert "| 8 users at once |" in result.stdout
+
+
+def test_quick_run_saves_every_figure(quick_run):
+    _, out = quick_run
+    report = json.loads(out.read_text())
+    rates = [row["pruning_rate"] for row in report["ttft_by_rate"]]
+    assert rates == [0.0, 0.5, 0.7, 0.9]
+    kept = [row["video_tokens_kept"] for row in report["ttft_by_rate"]]
+    assert kept == sorted(kept, reverse=True) and kept[0] == report["ttft_by_rate"][0]["video_tokens_total"]
+    for row in report["ttft_by_rate"]:
+        assert row["ttft_s"] >= row["decode_video_s"] + row["vit_s"] + row["prefill_s"] > 0
+        assert row["ideal_ttft_s"] > 0
+    assert report["vit"]["videos"] == 8 and report["vit"]["one_forward_s"] > 0
+    assert [b["pruning_rate"] for b in report["bursts"]] == [0.0, 0.7]
+    assert all(b["users"] == 8 and b["vit_batch_requests_max"] >= 2 for b in report["bursts"])
+    assert {"driver_version", "torch_cuda", "summary"} <= set(report["host"])
+    assert {"attn_vision", "attn_text", "dtype"} <= set(report["model"])
+    assert report["versions"]["transformers"] and report["peak_gpu_memory_gib"] is None
