@@ -19,6 +19,7 @@ from transformers import (
     Qwen3VLForConditionalGeneration,
 )
 
+from engine import attention
 from engine.config import default_cache_dir
 from engine.hardware import choose_device, probe_host
 from engine.random_checkpoints import UnknownCheckpoint, build_random_model, checkpoint_spec, is_random, spec_config
@@ -51,7 +52,9 @@ class LoadedModel:
     processor: ProcessorMixin
     device: torch.device
     dtype: torch.dtype
-    attn_implementation: str  # "flash_attention_2" | "sdpa"
+    # The vision tower's kernel: "flash_attention_2" | attention.TORCH_VARLEN | "sdpa"; the language model
+    # runs the same, except sdpa beside TORCH_VARLEN (see _pick_attention).
+    attn_implementation: str
     is_tiny: bool
     random_weights: bool  # tiny models and random:<checkpoint>: the words mean nothing
 
@@ -71,17 +74,34 @@ def _flash_attn_importable() -> bool:
 
 
 def _pick_attention(device: torch.device, dtype: torch.dtype) -> str:
+    """The vision tower's attention kernel for a model in `dtype` on `device`, logged as "attention: ...".
+
+    - "flash_attention_2", both towers: CUDA, fp16/bf16, sm80 or newer, flash_attn importable.
+    - attention.TORCH_VARLEN on that same hardware without flash_attn: torch's built-in varlen
+      FlashAttention runs the vision tower (one call per layer over every frame group of every video),
+      and the language model runs sdpa (its padded masks and KV cache stay as they are; see
+      engine.attention). load_model builds with sdpa and then switches the vision tower.
+    - "sdpa", both towers, anywhere else: CPU, float32 (tiny models), GPUs older than sm80, or a torch
+      without varlen_attn. Both flash kernels need fp16/bf16 and sm80+, so the rule is shared.
+    """
     if device.type != "cuda":
         reason = f"device is {device.type}"
     elif dtype not in (torch.float16, torch.bfloat16):
         reason = f"flash attention needs fp16/bf16, dtype is {dtype}"
     elif torch.cuda.get_device_capability(device) < (8, 0):
-        reason = "FlashAttention-2 needs an Ampere (sm80) or newer GPU"
-    elif not _flash_attn_importable():
-        reason = "flash_attn is not installed"
-    else:
+        reason = "flash attention needs an Ampere (sm80) or newer GPU"
+    elif _flash_attn_importable():
         log.info("attention: flash_attention_2 (CUDA, %s, flash_attn importable)", dtype)
         return "flash_attention_2"
+    elif attention.torch_varlen_available():
+        log.info(
+            "attention: %s for the vision tower, sdpa for the language model (CUDA, %s, flash_attn is not installed)",
+            attention.TORCH_VARLEN,
+            dtype,
+        )
+        return attention.TORCH_VARLEN
+    else:
+        reason = "flash_attn is not installed and this torch has no varlen_attn"
     log.info("attention: sdpa (%s)", reason)
     return "sdpa"
 
@@ -158,7 +178,8 @@ def load_model(name: str, device: str = "auto", cache_dir: Path | None = None) -
     family = config.model_type
     model_class = _model_class(name, config)
 
-    attn = _pick_attention(torch_device, dtype)
+    vision_attn = _pick_attention(torch_device, dtype)
+    attn = attention.built_implementation(vision_attn)  # what the model is built with; see install below
     if is_random(name):
         model, processor = build_random_model(checkpoint_spec(name), model_class, torch_device, dtype, attn)
     else:
@@ -176,7 +197,8 @@ def load_model(name: str, device: str = "auto", cache_dir: Path | None = None) -
             raise ModelUnavailable(f"Model {name!r} is unavailable: {type(exc).__name__}: {exc}") from exc
     model = model.to(torch_device).eval()
     model.requires_grad_(False)
-    log.info("loaded %s (%s) on %s as %s with %s attention", name, family, torch_device, dtype, attn)
+    attention.install(model, vision_attn)  # TORCH_VARLEN: the vision tower only, after the sdpa build
+    log.info("loaded %s (%s) on %s as %s with %s attention", name, family, torch_device, dtype, vision_attn)
     return LoadedModel(
         name=name,
         family=family,
@@ -184,7 +206,7 @@ def load_model(name: str, device: str = "auto", cache_dir: Path | None = None) -
         processor=processor,
         device=torch_device,
         dtype=dtype,
-        attn_implementation=attn,
+        attn_implementation=vision_attn,
         is_tiny=is_tiny,
         random_weights=is_tiny or is_random(name),
     )
