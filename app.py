@@ -25,8 +25,8 @@ from fastapi.routing import APIRoute
 
 from engine import Engine, EngineConfig, GenerationParams
 from engine.hardware import DeviceUnavailable, choose_device, probe_host
-from engine.models import ModelUnavailable, UnsupportedModel, describe_model
-from engine.tiny import TINY_MODELS
+from engine.models import ModelUnavailable, UnsupportedModel, describe_model, is_tiny_model
+
 
 DEFAULT_MODEL = "Qwen/Qwen3-VL-4B-Instruct"
 FALLBACK_MODEL = "tiny-random"
@@ -95,7 +95,7 @@ def too_large_for_cpu(model: str) -> str | None:
     Counts parameters from the config alone (instant, nothing large is read); raises ModelUnavailable
     when not even the config can be had.
     """
-    if model in TINY_MODELS:
+    if is_tiny_model(model):
         return None
     parameters = describe_model(model)["parameters"]
     if parameters <= CPU_PARAMETER_LIMIT:

@@ -24,11 +24,62 @@ class SamplingParams:
     max_pixels_per_frame: int = 224 * 224
 
 
+@dataclass(frozen=True)
+class SamplingLimits:
+    """The largest sampling settings the UI offers on a device (slider maxima). The engine itself checks
+    only the floors; on a GPU its memory plan refuses a request whose video would not fit."""
+
+    max_fps: float
+    max_frames: int
+    max_pixels_per_frame: int
+
+
+def video_tokens(frames: int, max_pixels_per_frame: int, patch_size: int, merge_size: int, temporal_patch: int) -> int:
+    """Most LLM video tokens `frames` frames of at most `max_pixels_per_frame` pixels become.
+
+    One token covers (patch*merge)^2 pixels of `temporal_patch` frames: 32x32 x 2 frames on Qwen3-VL (patch 16,
+    merge 2), 28x28 x 2 frames on Qwen2.5-VL (patch 14). Sides are multiples of patch*merge, so h*w <= cap
+    means at most cap // (patch*merge)^2 tokens per group whatever the aspect ratio (exact for a square cap
+    such as 448x448). Frames are taken in whole temporal groups, as engine/video.py samples them.
+    """
+    groups = frames // temporal_patch
+    return groups * (max_pixels_per_frame // (patch_size * merge_size) ** 2)
+
+
+# The CPU keeps the class defaults (about 800 video tokens on Qwen3-VL: 16 groups x 7x7), which the tests
+# and tiny models are sized for. On a GPU the defaults must give EVS something to prune: a 1-2 minute clip
+# at 2 fps is 120-240 frames, capped at 128 = 64 temporal groups; 448x448 per frame is 14x14 = 196 tokens
+# per group on Qwen3-VL, so 64 x 196 = 12,544 video tokens (16x16 = 256 per group, 16,384 in all, on
+# Qwen2.5-VL). Qwen3-VL-4B's KV cache holds that in 1.7 GiB (147,456 bytes a token), and its ViT takes it
+# as 50,176 patches, inside the GPU's 65,536-patch forward budget, so one request is one forward.
+CPU_SAMPLING = SamplingParams()
+GPU_SAMPLING = SamplingParams(fps=2.0, max_frames=128, max_pixels_per_frame=448 * 448)
+# Slider maxima: the CPU keeps today's ranges; a GPU offers twice the frames and 896x896 frames (the
+# memory plan says when a combination is too large for the GPU's free memory).
+CPU_SAMPLING_LIMITS = SamplingLimits(max_fps=8.0, max_frames=128, max_pixels_per_frame=32 * 112 * 112)
+GPU_SAMPLING_LIMITS = SamplingLimits(max_fps=8.0, max_frames=256, max_pixels_per_frame=896 * 896)
+
+
+def default_sampling(device_type: str) -> SamplingParams:
+    """How frames are sampled when a request does not say: by the device the model runs on ("cuda",
+    "cpu", ...; anything but "cuda" gets the CPU defaults)."""
+    return GPU_SAMPLING if device_type == "cuda" else CPU_SAMPLING
+
+
+def sampling_limits(device_type: str) -> SamplingLimits:
+    """The UI's slider maxima on `device_type`, as default_sampling picks its defaults."""
+    return GPU_SAMPLING_LIMITS if device_type == "cuda" else CPU_SAMPLING_LIMITS
+
+
+DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
+
+
 @dataclass
 class EngineConfig:
     model: str = "tiny-random"
     device: str = "auto"  # auto | cuda | cpu
-    sampling: SamplingParams = field(default_factory=SamplingParams)
+    # None follows the device the model loads on (default_sampling): the engine's `default_sampling`.
+    sampling: SamplingParams | None = None
     max_video_seconds: float = 600.0
     max_file_bytes: int = 200 * 1024 * 1024
     decode_timeout_s: float = 60.0
@@ -41,10 +92,15 @@ class EngineConfig:
     prefix_cache_bytes: int = 1 << 30
     decoded_video_cache_bytes: int = 256 << 20  # sampled frames of recent uploads (follow-ups skip decoding)
     max_queue: int = 64  # requests waiting for admission before submit answers "busy"
-    max_running: int = 16  # requests decoding together
+    max_running: int = 16  # requests decoding together (the memory plan may lower it on a GPU)
+    # Device bytes the memory plan (engine/memory_plan.py) divides between requests. None: on a GPU the free
+    # memory measured after loading, on a CPU no plan (requests unbounded by memory). Set it to share a GPU
+    # with another process, or to try the plan's limits on a CPU.
+    memory_budget_bytes: int | None = None
     prefill_token_budget: int = 2048  # prompt tokens prefilled per iteration between decode steps (>= 1 prompt)
     cache_dir: Path = field(default_factory=default_cache_dir)
-    system_prompt: str = "You are a helpful assistant."
+    # None: the model's own when its folder says (tiny-trained: none at all), else DEFAULT_SYSTEM_PROMPT.
+    system_prompt: str | None = None
 
 
 @dataclass(frozen=True)

@@ -14,15 +14,25 @@ import torch
 
 import evs
 
-from .config import EngineConfig, GenerationParams
+from .config import (
+    DEFAULT_SYSTEM_PROMPT,
+    EngineConfig,
+    GenerationParams,
+    SamplingLimits,
+    SamplingParams,
+    default_sampling,
+    sampling_limits,
+    video_tokens,
+)
 from .errors import BusyError, InputError
 from .families import family_for
 from .lru import ByteLRU
+from .memory_plan import Plan, engine_plan
 from .models import load_model
 from .prompt import prepare_prompt
 from .request import Request
 from .sampling import TextDecoder
-from .scheduler import Scheduler
+from .scheduler import Scheduler, vit_token_budget
 from .stream import Event, Stream
 from .video import SampledVideo, file_sha256, load_video
 
@@ -87,7 +97,19 @@ class Engine:
         self._decoding: dict[tuple, Future] = {}  # decodes under way, by (digest, sampling)
         self._decoded_lock = threading.Lock()
         self._prepared = threading.Condition()
-        self._scheduler = Scheduler(self.loaded, self.family, self.config)
+        device_type = self.loaded.device.type
+        self._default_sampling = self.config.sampling or default_sampling(device_type)
+        self._sampling_limits = sampling_limits(device_type)
+        vision = self.loaded.model.config.vision_config
+        planned_video_tokens = video_tokens(
+            self._default_sampling.max_frames, self._default_sampling.max_pixels_per_frame,
+            vision.patch_size, vision.spatial_merge_size, vision.temporal_patch_size,
+        )
+        self._memory_plan = engine_plan(
+            self.loaded, self.config, planned_video_tokens, vit_token_budget(self.config, self.loaded.device)
+        )
+        log.info("%s", self._memory_plan.summary())
+        self._scheduler = Scheduler(self.loaded, self.family, self.config, max_running=self._memory_plan.max_running)
         self._scheduler.start()
 
     @property
@@ -104,7 +126,31 @@ class Engine:
             "attn_text": loaded.model.config.text_config._attn_implementation,
             "is_tiny": loaded.is_tiny,
             "random_weights": loaded.random_weights,
+            "about": loaded.about,
         }
+
+    @property
+    def default_sampling(self) -> SamplingParams:
+        """Sampling of a request that names none: EngineConfig.sampling, else the device's default."""
+        return self._default_sampling
+
+    @property
+    def sampling_limits(self) -> SamplingLimits:
+        """The sampling ranges a UI should offer on this engine's device."""
+        return self._sampling_limits
+
+    @property
+    def memory_plan(self) -> Plan:
+        """Video tokens per request and requests decoding together that the device's memory allows."""
+        return self._memory_plan
+
+    @property
+    def system_prompt(self) -> str:
+        """The system turn of every prompt: the config's, else the model's own, else the default."""
+        for prompt in (self.config.system_prompt, self.loaded.system_prompt):
+            if prompt is not None:
+                return prompt
+        return DEFAULT_SYSTEM_PROMPT
 
     @property
     def vision(self):
@@ -156,7 +202,7 @@ class Engine:
             question=question.strip(),
             history=history,
             params=params,
-            sampling=params.sampling or self.config.sampling,
+            sampling=params.sampling or self._default_sampling,
             admission=self._admission,
         )
         request.stats["pruning_rate"] = float(params.pruning_rate)
@@ -204,7 +250,7 @@ class Engine:
                 request.video,
                 request.question,
                 request.history,
-                config.system_prompt,
+                self.system_prompt,
                 sampling.max_pixels_per_frame,
             )
             T, h, w = request.prompt.grid_thw
@@ -214,6 +260,8 @@ class Engine:
                 grid_thw=[T, h, w],
                 video_tokens_total=T * h * w,
             )
+            # Refused here, before the ViT, the KV cache or any device memory is touched.
+            self._memory_plan.check_request(T * h * w, request.prompt.input_ids.numel(), request.params.max_new_tokens)
             request.decoder = TextDecoder(self.loaded.processor.tokenizer)
             request.generator = torch.Generator().manual_seed(request.params.seed)
             stream.push(Event("status", "waiting for the GPU"))

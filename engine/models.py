@@ -4,6 +4,7 @@ Tiny models are built into the cache folder first and then read through the very
 `from_pretrained` path as a real checkpoint.
 """
 
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +24,7 @@ from engine import attention
 from engine.config import default_cache_dir
 from engine.hardware import choose_device, probe_host
 from engine.random_checkpoints import UnknownCheckpoint, build_random_model, checkpoint_spec, is_random, spec_config
-from engine.tiny import TINY_MODELS, ensure_tiny_model
+from engine.tiny import MODEL_NOTES_FILE, TINY_MODELS, TRAINED_MODELS, ensure_tiny_model
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +57,11 @@ class LoadedModel:
     # runs the same, except sdpa beside TORCH_VARLEN (see _pick_attention).
     attn_implementation: str
     is_tiny: bool
-    random_weights: bool  # tiny models and random:<checkpoint>: the words mean nothing
+    random_weights: bool  # tiny-random models and random:<checkpoint>: the words mean nothing
+    # The checkpoint's own system prompt when it ships one (tiny-trained was trained without any: ""),
+    # else None and the engine's default; `about`: what the model knows, for the app's banner.
+    system_prompt: str | None = None
+    about: str | None = None
 
 
 def resolve_device(device: str) -> torch.device:
@@ -127,14 +132,29 @@ def _model_class(name: str, config) -> type[PreTrainedModel]:
 
 
 def _source(name: str, cache_dir: Path | None) -> str:
-    """Where from_pretrained reads `name`: the built tiny model's folder, else the name itself."""
+    """Where from_pretrained reads `name`: a shipped trained model's or the built tiny model's folder,
+    else the name itself."""
+    if name in TRAINED_MODELS:
+        return str(TRAINED_MODELS[name])
     return str(ensure_tiny_model(name, cache_dir or default_cache_dir())) if name in TINY_MODELS else name
+
+
+def is_tiny_model(name: str) -> bool:
+    return name in TINY_MODELS or name in TRAINED_MODELS
+
+
+def _model_notes(source: str) -> dict:
+    """{"system_prompt": ..., "about": ...} from a local model folder's notes file; {} when it has none."""
+    try:
+        return json.loads((Path(source) / MODEL_NOTES_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 def model_dtype(name: str, device: torch.device) -> torch.dtype:
     """bfloat16 on CUDA; float32 on CPU, and for tiny models everywhere, so their results are
     deterministic and comparable across code paths."""
-    return torch.bfloat16 if device.type == "cuda" and name not in TINY_MODELS else torch.float32
+    return torch.bfloat16 if device.type == "cuda" and not is_tiny_model(name) else torch.float32
 
 
 def describe_model(name: str, cache_dir: Path | None = None, device: torch.device | None = None) -> dict:
@@ -170,7 +190,7 @@ def load_model(name: str, device: str = "auto", cache_dir: Path | None = None) -
     cannot be used (checked first, before anything is read).
     """
     torch_device = resolve_device(device)
-    is_tiny = name in TINY_MODELS
+    is_tiny = is_tiny_model(name)
     source = _source(name, cache_dir)
     dtype = model_dtype(name, torch_device)
 
@@ -208,7 +228,8 @@ def load_model(name: str, device: str = "auto", cache_dir: Path | None = None) -
         dtype=dtype,
         attn_implementation=vision_attn,
         is_tiny=is_tiny,
-        random_weights=is_tiny or is_random(name),
+        random_weights=name in TINY_MODELS or is_random(name),
+        **_model_notes(source),
     )
 
 

@@ -49,12 +49,15 @@ def vit_token_budget(config, device: torch.device) -> int:
 
 
 class Scheduler(threading.Thread):
-    def __init__(self, loaded, family: Family, config):
+    """max_running: requests decoding together, config.max_running unless the memory plan allows fewer."""
+
+    def __init__(self, loaded, family: Family, config, max_running: int | None = None):
         super().__init__(name="evs-gpu-worker", daemon=True)
         self.loaded = loaded
         self.model = loaded.model
         self.family = family
         self.config = config
+        self.max_running = config.max_running if max_running is None else min(max_running, config.max_running)
         self.vision = VisionEncoder(
             self.model, family, loaded.name, config.feature_cache_bytes, vit_token_budget(config, loaded.device)
         )
@@ -94,7 +97,7 @@ class Scheduler(threading.Thread):
         self._collect(block=idle and not (self.waiting and self.admitting.is_set()))
         self._drop_cancelled()
         busy = len(self.running) + len(self.encoded)
-        free = self.config.max_running - busy if self.admitting.is_set() else 0
+        free = self.max_running - busy if self.admitting.is_set() else 0
         new = [self.waiting.popleft() for _ in range(min(free, len(self.waiting)))]
         if new:
             for request in new:

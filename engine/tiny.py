@@ -30,6 +30,12 @@ from transformers import (
 
 log = logging.getLogger(__name__)
 
+# Tiny models trained by a script in the repo (train/), shipped as weights: name -> folder.
+TRAINED_MODELS = {"tiny-trained": Path(__file__).resolve().parent.parent / "assets" / "models" / "tiny-trained"}
+# What a trained model's folder says about itself (engine.models reads it): its system prompt and a
+# sentence for the app's banner.
+MODEL_NOTES_FILE = "evs_model.json"
+
 TINY_MODELS = {
     "tiny-random": "qwen3_vl",
     "tiny-random-qwen2.5-vl": "qwen2_5_vl",
@@ -48,6 +54,12 @@ _QWEN3_SIZES = {
         text=dict(hidden_size=512, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4,
                   head_dim=64, intermediate_size=1536, mrope=[12, 10, 10]),
         vision=dict(depth=6, hidden_size=384, num_heads=6, intermediate_size=1536, deepstack_visual_indexes=[1, 3]),
+    ),
+    # Trained by `python -m train.tiny_trained` on assets/shapes.py clips; its weights ship in the repo.
+    "tiny-trained": dict(
+        text=dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                  head_dim=32, intermediate_size=384, mrope=[6, 5, 5]),
+        vision=dict(depth=3, hidden_size=96, num_heads=3, intermediate_size=384, deepstack_visual_indexes=[0, 1]),
     ),
 }
 
@@ -117,25 +129,28 @@ def special_token_ids(tokenizer) -> dict[str, int]:
     }
 
 
-def _text_config(tokenizer, mrope_section: list[int], **extra) -> dict:
+def _text_config(tokenizer, mrope_section: list[int], init_range: float = _INIT_RANGE, **extra) -> dict:
     sizes = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2)
     return dict(
         vocab_size=len(tokenizer),
         **{**sizes, **extra},
         max_position_embeddings=32768,
-        initializer_range=_INIT_RANGE,
+        initializer_range=init_range,
         pad_token_id=tokenizer.pad_token_id,
         rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0, "mrope_section": mrope_section},
     )
 
 
-def _qwen3_vl(tokenizer, name: str = "tiny-random"):
-    """Qwen3-VL layout: patch 16, merge 2, interleaved MRoPE, DeepStack from two early ViT layers."""
+def qwen3_vl_layout(tokenizer, name: str = "tiny-random", init_range: float = _INIT_RANGE):
+    """Qwen3-VL layout: patch 16, merge 2, interleaved MRoPE, DeepStack from two early ViT layers.
+
+    Returns (model class, config, processor) for the sizes of `name`; init_range is the weights' std.
+    """
     text = dict(_QWEN3_SIZES[name]["text"])
     # tiny: head_dim 16 -> 8 rotary frequencies split t/h/w = 4/2/2; the model interleaves them.
     mrope = text.pop("mrope")
     config = Qwen3VLConfig(
-        text_config=_text_config(tokenizer, mrope, **text),
+        text_config=_text_config(tokenizer, mrope, init_range, **text),
         vision_config=dict(
             **_QWEN3_SIZES[name]["vision"],
             patch_size=16,
@@ -143,7 +158,7 @@ def _qwen3_vl(tokenizer, name: str = "tiny-random"):
             spatial_merge_size=2,
             out_hidden_size=text["hidden_size"],
             num_position_embeddings=64,
-            initializer_range=_INIT_RANGE,
+            initializer_range=init_range,
         ),
         **special_token_ids(tokenizer),
     )
@@ -196,7 +211,7 @@ def _qwen2_5_vl(tokenizer, name: str = "tiny-random-qwen2.5-vl"):
     return Qwen2_5_VLForConditionalGeneration, config, processor
 
 
-_BUILDERS = {"qwen3_vl": _qwen3_vl, "qwen2_5_vl": _qwen2_5_vl}
+_BUILDERS = {"qwen3_vl": qwen3_vl_layout, "qwen2_5_vl": _qwen2_5_vl}
 
 
 def _silence_special_tokens(model, tokenizer) -> None:

@@ -26,6 +26,14 @@ class SubmitSpy:
     def model_info(self) -> dict:
         return self.engine.model_info
 
+    @property
+    def default_sampling(self):
+        return self.engine.default_sampling
+
+    @property
+    def sampling_limits(self):
+        return self.engine.sampling_limits
+
     def submit(self, *args, **kwargs) -> Stream:
         stream = self.engine.submit(*args, **kwargs)
         self.streams.append(stream)

@@ -12,8 +12,11 @@ Inputs, in order (all after the first three have defaults):
     question              str; required
     pruning_rate          float q in [0, 0.95], the fraction of video tokens EVS drops (default 0.7)
     fps                   float, frames sampled per second of video (default 2.0)
-    max_frames            int, cap on sampled frames (default 32)
-    max_pixels_per_frame  int, cap on height*width of each frame (default 50176 = 224*224)
+    max_frames            int, cap on sampled frames (default by device: 32 on a CPU, 128 on a GPU)
+    max_pixels_per_frame  int, cap on height*width of each frame (default by device: 50176 = 224*224 on a
+                          CPU, 200704 = 448*448 on a GPU); the three sampling defaults are the engine's
+                          `default_sampling`, and on a GPU a video over its memory plan is refused with
+                          a sentence that says to choose fewer frames or fewer pixels per frame
     max_new_tokens        int (default 128)
     temperature           float, 0 decodes greedily (default 0.0)
     compare               bool, also answer at q=0 (default False)

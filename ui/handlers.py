@@ -24,7 +24,6 @@ log = logging.getLogger(__name__)
 DEFAULT_PRUNING_RATE = 0.7
 DEFAULT_MAX_NEW_TOKENS = 128
 DEFAULT_TEMPERATURE = 0.0
-DEFAULT_SAMPLING = SamplingParams()
 NO_VIDEO = "Please upload a video first."
 EXPIRED_VIDEO = ("This video is no longer on the server (uploads are deleted after a while); "
                  "please upload it again.")
@@ -159,15 +158,22 @@ class Handlers:
         video: str | None,
         question: str,
         pruning_rate: float = DEFAULT_PRUNING_RATE,
-        fps: float = DEFAULT_SAMPLING.fps,
-        max_frames: int = DEFAULT_SAMPLING.max_frames,
-        max_pixels_per_frame: int = DEFAULT_SAMPLING.max_pixels_per_frame,
+        fps: float | None = None,
+        max_frames: int | None = None,
+        max_pixels_per_frame: int | None = None,
         max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
         temperature: float = DEFAULT_TEMPERATURE,
         compare: bool = False,
         history: list | None = None,
     ) -> AsyncIterator[tuple]:
-        """The `/ask` API endpoint: streams (answer, stats, figures, frames); see ui/__init__.py."""
+        """The `/ask` API endpoint: streams (answer, stats, figures, frames); see ui/__init__.py.
+
+        A sampling setting left out (None) takes the engine's default for its device, as the sliders do.
+        """
+        default = self.engine.default_sampling
+        fps = default.fps if fps is None else fps
+        max_frames = default.max_frames if max_frames is None else max_frames
+        max_pixels_per_frame = default.max_pixels_per_frame if max_pixels_per_frame is None else max_pixels_per_frame
         params = generation_params(pruning_rate, fps, max_frames, max_pixels_per_frame, max_new_tokens,
                                    temperature)
         params_list = _params_for(bool(compare), params)

@@ -1,6 +1,7 @@
 """The Gradio Blocks page and its wiring: inputs on the left, conversation and numbers on the right,
 the pruning picture underneath, and the `/ask` API endpoint on hidden components."""
 
+import math
 from html import escape
 from pathlib import Path
 
@@ -11,7 +12,6 @@ from ui.handlers import (
     CHAT_OUTPUTS,
     DEFAULT_MAX_NEW_TOKENS,
     DEFAULT_PRUNING_RATE,
-    DEFAULT_SAMPLING,
     DEFAULT_TEMPERATURE,
     Handlers,
 )
@@ -20,7 +20,7 @@ ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets"
 EXAMPLES_DIR = ASSETS_DIR / "examples"
 CSS_PATH = ASSETS_DIR / "style.css"
 QUEUE_MAX_SIZE = 64  # waiting events beyond this are refused at once instead of piling up
-PIXELS_STEP = 112 * 112  # the pixel slider moves in 112x112 blocks; 224x224 is 4 steps
+PIXELS_STEP = 112 * 112  # the pixel slider moves in 112x112 blocks; 224x224 is 4 steps, 448x448 16
 
 EXAMPLES = (  # (clip file, question, pruning rate)
     ("moving_object.mp4", "What moves in this video, and where does it go?", 0.7),
@@ -56,6 +56,13 @@ def default_banner(model_info: dict, banner: str | None = None) -> str | None:
     return text[0].upper() + text[1:]
 
 
+def pixels_info(pixels: int) -> str:
+    """The pixel slider's hint, worked out on its default value (224 x 224 = 50,176 on a CPU)."""
+    side = math.isqrt(pixels)
+    example = f"{side} × {side} = {pixels:,}" if side * side == pixels else f"the default is {pixels:,}"
+    return f"Height × width after resizing; {example}."
+
+
 def build_demo(engine, *, banner: str | None = None,
                delete_cache: tuple[int, int] | None = None) -> gr.Blocks:
     """The whole page for one engine; `banner` is an extra warning (see default_banner).
@@ -65,6 +72,8 @@ def build_demo(engine, *, banner: str | None = None,
     """
     handlers = Handlers(engine)
     banner = default_banner(engine.model_info, banner)
+    # Sampling sliders start at the engine's defaults for its device (a GPU samples far more than a CPU).
+    sampling, limits = engine.default_sampling, engine.sampling_limits
     with gr.Blocks(title="EVS Video Chat", delete_cache=delete_cache) as demo:
         gr.HTML(HEADER_HTML)
         if banner:
@@ -84,13 +93,14 @@ def build_demo(engine, *, banner: str | None = None,
                     ask = gr.Button("Ask", variant="primary", elem_id="evs-ask")
                     stop = gr.Button("Stop", variant="stop", elem_id="evs-stop")
                 with gr.Accordion("Advanced", open=False, elem_id="evs-advanced"):
-                    fps = gr.Slider(0.5, 8.0, value=DEFAULT_SAMPLING.fps, step=0.5, label="Frames sampled per second",
-                                    elem_id="evs-fps")
-                    max_frames = gr.Slider(2, 128, value=DEFAULT_SAMPLING.max_frames, step=2, precision=0,
-                                           label="Max frames")
-                    max_pixels = gr.Slider(PIXELS_STEP, 32 * PIXELS_STEP, value=DEFAULT_SAMPLING.max_pixels_per_frame,
-                                           step=PIXELS_STEP, precision=0, label="Max pixels per frame",
-                                           info="Height × width after resizing; 224 × 224 = 50,176.")
+                    fps = gr.Slider(0.5, max(limits.max_fps, sampling.fps), value=sampling.fps, step=0.5,
+                                    label="Frames sampled per second", elem_id="evs-fps")
+                    max_frames = gr.Slider(2, max(limits.max_frames, sampling.max_frames), value=sampling.max_frames,
+                                           step=2, precision=0, label="Max frames", elem_id="evs-max-frames")
+                    max_pixels = gr.Slider(PIXELS_STEP, max(limits.max_pixels_per_frame, sampling.max_pixels_per_frame),
+                                           value=sampling.max_pixels_per_frame, step=PIXELS_STEP, precision=0,
+                                           label="Max pixels per frame", elem_id="evs-max-pixels",
+                                           info=pixels_info(sampling.max_pixels_per_frame))
                     max_new_tokens = gr.Slider(1, 1024, value=DEFAULT_MAX_NEW_TOKENS, step=1, precision=0,
                                                label="Max new tokens", elem_id="evs-max-new-tokens")
                     temperature = gr.Slider(0.0, 2.0, value=DEFAULT_TEMPERATURE, step=0.05,
