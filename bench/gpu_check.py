@@ -65,16 +65,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def workload(quick: bool, device: torch.device) -> dict:
-    """Clip geometry and sampling: a 2-minute 720p clip at the GPU's sampling, or a CPU-sized stand-in."""
+def workload(quick: bool, engine: Engine) -> dict:
+    """Clip geometry and sampling: a 2-minute 720p clip at the engine's default sampling for its device
+    (on a GPU 2 fps, up to 128 frames, 448x448: ~12.5 k video tokens on Qwen3-VL, the regime EVS exists
+    for), or with --quick a CPU-sized stand-in."""
     if quick:
         return dict(seconds=10.0, fps=8, size=(160, 120),
                     sampling=SamplingParams(fps=2.0, max_frames=8, max_pixels_per_frame=112 * 112))
-    # 2 fps, up to 128 frames, 448x448-ish: ~12.5 k video tokens on Qwen3-VL (64 groups x 196 tokens), the
-    # regime EVS exists for. The same on a CPU would take minutes per request, so it gets a lighter one.
-    sampling = (SamplingParams(fps=2.0, max_frames=128, max_pixels_per_frame=448 * 448) if device.type == "cuda"
-                else SamplingParams(fps=2.0, max_frames=32, max_pixels_per_frame=224 * 224))
-    return dict(seconds=120.0, fps=24, size=(1280, 720), sampling=sampling)
+    return dict(seconds=120.0, fps=24, size=(1280, 720), sampling=engine.default_sampling)
 
 
 def make_clips(folder: Path, work: dict) -> list[Path]:
@@ -186,6 +184,10 @@ def print_table(report: dict) -> None:
               f"{b['output_tokens_per_s']:.1f} | {b['vit_batch_requests_max']} | {b['decode_batch_max']} |")
     print(f"\npeak GPU memory: {report['peak_gpu_memory_gib']} GiB" if report["peak_gpu_memory_gib"] is not None
           else "\npeak GPU memory: n/a (CPU)")
+    plan = report["memory_plan"]
+    if plan["free_bytes"] is not None:
+        print(f"memory plan: {plan['free_bytes'] / GIB:.1f} GiB free after loading, at most "
+              f"{plan['max_video_tokens']} video tokens per request, {plan['max_running']} decoding together")
 
 
 def run(args: argparse.Namespace) -> tuple[dict, list[str]]:
@@ -196,7 +198,7 @@ def run(args: argparse.Namespace) -> tuple[dict, list[str]]:
     engine = Engine(config)
     load_s = time.perf_counter() - start
     device = engine.loaded.device
-    work = workload(args.quick, device)
+    work = workload(args.quick, engine)
     problems: list[str] = []
     try:
         with tempfile.TemporaryDirectory() as folder:
@@ -221,6 +223,7 @@ def run(args: argparse.Namespace) -> tuple[dict, list[str]]:
         "host": {**asdict(host), "summary": host.summary()},
         "versions": {"torch": torch.__version__, "cuda": torch.version.cuda, "transformers": transformers.__version__},
         "model": engine.model_info,
+        "memory_plan": asdict(engine.memory_plan),
         "load_s": load_s,
         "workload": {"clip_seconds": work["seconds"], "clip_fps": work["fps"], "clip_size": list(work["size"]),
                      "sampling": asdict(work["sampling"]), "new_tokens": args.new_tokens},
