@@ -4,9 +4,9 @@
 #   CUDA 12.6     The Space GPU hosts run NVIDIA driver 575 (CUDA 12.9): CUDA 13 builds cannot start
 #                 there. So torch comes from PyTorch's own cu126 wheel index (PyPI's torch 2.14.1 is
 #                 the CUDA 13.0 build, right for CPU users and requirements.txt, wrong here), and the
-#                 base image is CUDA 12.6, whose NVIDIA_REQUIRE_CUDA lets it start on any 12.6+ driver.
-#                 The torch wheel bundles its CUDA runtime, so a `base` image is enough. Driver floor:
-#                 525.60 (CUDA 12 minor-version compatibility); 560 or newer runs everything natively.
+#                 base image is CUDA 12.6. The torch wheel bundles its CUDA runtime, so a `base` image is
+#                 enough. Driver floor: 525.60 (CUDA 12 minor-version compatibility; 560 or newer runs
+#                 CUDA 12.6 natively); NVIDIA_DISABLE_REQUIRE below lets the app's own check judge it.
 #   Python 3.12   Ubuntu 24.04's python3.
 #   torch 2.14.1 + torchvision 0.29.1, the same pins as requirements.txt.
 #   flash-attn    2.8.3, the prebuilt wheel of mjun0812/flash-attention-prebuild-wheels release v0.10.0
@@ -78,7 +78,11 @@ USER 1000:1000
 
 # The Hugging Face cache lives under $HOME so a persistent volume mounted there keeps the weights.
 ARG EVS_MODEL=Qwen/Qwen3-VL-4B-Instruct
-ENV HOME=/home/user \
+# The base image asks the NVIDIA container runtime to refuse drivers older than CUDA 12.6's (560);
+# torch's CUDA 12 runtime runs on 525+ (minor-version compatibility), and the app's start-up check names
+# the driver and what to do in one line when it cannot, so the runtime's own refusal is turned off.
+ENV NVIDIA_DISABLE_REQUIRE=1 \
+    HOME=/home/user \
     HF_HOME=/home/user/.cache/huggingface \
     PYTHONUNBUFFERED=1 \
     GRADIO_SERVER_NAME=0.0.0.0 \

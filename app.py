@@ -4,9 +4,9 @@ Every flag has an environment twin (the flag wins): EVS_MODEL, EVS_DEVICE, EVS_H
 EVS_PORT (or GRADIO_SERVER_PORT), EVS_MAX_FILE_MB, EVS_STRICT_MODEL=1, EVS_TEMP_MAX_AGE_S, EVS_TEMP_SWEEP_S.
 
 Start-up: check the host first (a GPU that torch cannot use, or --device cuda without one, ends the start
-with one line), load the model once (falling back to tiny-random when the checkpoint cannot be fetched, or
-when it is too large for the CPU that --device auto found, unless strict), answer one warm-up request on a
-built-in clip, log what runs where, then serve the UI and GET /healthz.
+with one line), load the model once (falling back to the offline tiny-trained when the checkpoint cannot be
+fetched, or when it is too large for the CPU that --device auto found, unless strict), answer one warm-up
+request on a built-in clip, log what runs where, then serve the UI and GET /healthz.
 """
 
 import argparse
@@ -23,14 +23,17 @@ from typing import NoReturn
 
 from fastapi.routing import APIRoute
 
-from engine import Engine, EngineConfig, GenerationParams
+from engine import Engine, EngineConfig, GenerationParams, InputError
+from engine.errors import one_line
 from engine.hardware import DeviceUnavailable, choose_device, probe_host
+from engine.memory_plan import InsufficientMemory
 from engine.models import ModelUnavailable, UnsupportedModel, describe_model, is_tiny_model
 
 
 DEFAULT_MODEL = "Qwen/Qwen3-VL-4B-Instruct"
-FALLBACK_MODEL = "tiny-random"
-WARMUP_CLIP = Path(__file__).resolve().parent / "assets" / "examples" / "moving_object.mp4"
+# The offline model: trained on synthetic clips of moving shapes (train/tiny_trained.py), shipped as weights.
+FALLBACK_MODEL = "tiny-trained"
+WARMUP_CLIP = Path(__file__).resolve().parent / "assets" / "examples" / "shape_moving.mp4"
 WARMUP_TIMEOUT_S = 600.0
 EXIT_MODEL_UNAVAILABLE = 3
 EXIT_DEVICE_UNAVAILABLE = 4
@@ -61,7 +64,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Flags with environment defaults; argparse converts (and checks) string defaults with `type`."""
     parser = argparse.ArgumentParser(prog="python app.py", description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=_env("EVS_MODEL", default=DEFAULT_MODEL),
-                        help="Hub id, local folder, tiny-random or tiny-random-qwen2.5-vl [EVS_MODEL]")
+                        help="Hub id, local folder, random:<Hub id>, tiny-trained, tiny-random or "
+                             "tiny-random-qwen2.5-vl [EVS_MODEL]")
     parser.add_argument("--device", default=_env("EVS_DEVICE", default="auto"), choices=["auto", "cuda", "cpu"],
                         help="[EVS_DEVICE]")
     parser.add_argument("--host", default=_env("EVS_HOST", "GRADIO_SERVER_NAME", default="127.0.0.1"),
@@ -71,8 +75,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-file-mb", type=float, default=_env("EVS_MAX_FILE_MB", default="200"),
                         help="largest upload accepted, in MB [EVS_MAX_FILE_MB]")
     parser.add_argument("--strict-model", action="store_true", default=_env_flag("EVS_STRICT_MODEL"),
-                        help="exit instead of falling back to tiny-random when the model cannot be fetched "
-                             "[EVS_STRICT_MODEL=1]")
+                        help="exit instead of falling back to tiny-trained when the model cannot be fetched "
+                             "or is too large for the CPU [EVS_STRICT_MODEL=1]")
     parser.add_argument("--temp-max-age-s", type=int, default=_env("EVS_TEMP_MAX_AGE_S", default=str(TEMP_MAX_AGE_S)),
                         help="uploads and generated images older than this are deleted [EVS_TEMP_MAX_AGE_S]")
     parser.add_argument("--temp-sweep-s", type=int, default=_env("EVS_TEMP_SWEEP_S", default=str(TEMP_SWEEP_S)),
@@ -83,10 +87,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.temp_max_age_s <= 0 or args.temp_sweep_s <= 0:
         parser.error("--temp-max-age-s and --temp-sweep-s must be above 0")
     return args
-
-
-def _one_line(error: BaseException) -> str:
-    return " ".join(str(error).split())
 
 
 def too_large_for_cpu(model: str) -> str | None:
@@ -105,8 +105,8 @@ def too_large_for_cpu(model: str) -> str | None:
 
 
 def build_engine(args: argparse.Namespace, device: str, max_file_bytes: int) -> tuple[Engine, str | None]:
-    """The engine for `args.model` on `device` ("cuda" | "cpu", already checked), or for tiny-random with a
-    banner saying why.
+    """The engine for `args.model` on `device` ("cuda" | "cpu", already checked), or for the offline
+    FALLBACK_MODEL with a banner saying why and what it knows.
 
     Exits with EXIT_MODEL_UNAVAILABLE (one message on stderr, no traceback) when the model is unavailable
     or too large for the CPU and strict, or when the checkpoint is not a supported family.
@@ -114,28 +114,33 @@ def build_engine(args: argparse.Namespace, device: str, max_file_bytes: int) -> 
     def engine_for(model: str) -> Engine:
         return Engine(EngineConfig(model=model, device=device, max_file_bytes=max_file_bytes))
 
-    def fall_back(banner: str) -> tuple[Engine, str]:
+    def fall_back(why: str) -> tuple[Engine, str]:
+        try:
+            engine = engine_for(FALLBACK_MODEL)
+        except (ModelUnavailable, UnsupportedModel, OSError) as error:  # e.g. weights checked out as LFS pointers
+            _fail(f"{why}, and the offline {FALLBACK_MODEL} could not be loaded either ({one_line(error)}).")
+        about = engine.model_info["about"] or "a tiny offline model"
+        banner = f"{why}, so this app runs {FALLBACK_MODEL}, {about}."
         log.warning("falling back to %s: %s", FALLBACK_MODEL, banner)
-        return engine_for(FALLBACK_MODEL), banner
+        return engine, banner
 
     try:
         reason = too_large_for_cpu(args.model) if device == "cpu" and args.device == "auto" else None
         if reason:
             if args.strict_model:
                 _fail(f"{reason}; EVS_STRICT_MODEL is set, so the app does not fall back to {FALLBACK_MODEL}.")
-            return fall_back(f"This app runs {FALLBACK_MODEL}, a tiny model with random weights, because {reason}: "
-                             "the pipeline and numbers are real, the words are not.")
+            return fall_back(reason[0].upper() + reason[1:])
         return engine_for(args.model), None
     except UnsupportedModel as error:
-        _fail(f"cannot serve model {args.model}: {_one_line(error)}")
+        _fail(f"cannot serve model {args.model}: {one_line(error)}")
+    except InsufficientMemory as error:
+        _fail(one_line(error), EXIT_DEVICE_UNAVAILABLE)
     except ModelUnavailable as error:
-        cause = _one_line(error.__cause__ or error)
+        cause = one_line(error.__cause__ or error)
         if args.strict_model:
             _fail(f"model {args.model} could not be loaded ({cause}); EVS_STRICT_MODEL is set, so the app "
                   f"does not fall back to {FALLBACK_MODEL}.")
-        return fall_back(f"Model {args.model} could not be loaded, so this app runs {FALLBACK_MODEL}, a tiny "
-                         f"model with random weights: the pipeline and numbers are real, the words are not. "
-                         f"Cause: {cause}")
+        return fall_back(f"Model {args.model} could not be loaded ({cause})")
 
 
 def _fail(message: str, code: int = EXIT_MODEL_UNAVAILABLE) -> NoReturn:
@@ -155,14 +160,21 @@ def check_host(requested: str) -> str:
 
 
 def warm_up(engine: Engine) -> dict:
-    """One request on the built-in clip so the first user's TTFT is not a cold start; returns its stats."""
+    """One request on the built-in clip so the first user's TTFT is not a cold start; returns its stats.
+
+    A warm-up that fails (the memory plan refuses even the built-in clip, a timeout) ends the start with
+    one line: a server that cannot answer it cannot answer users either.
+    """
     if not WARMUP_CLIP.exists():
         log.warning("warm-up skipped: %s is missing (python -m assets.make_examples writes it)", WARMUP_CLIP)
         return {}
     start = time.perf_counter()
-    stream = engine.submit(video=WARMUP_CLIP, question="What moves in this video?",
+    stream = engine.submit(video=WARMUP_CLIP, question="Which way does the shape move?",
                            params=GenerationParams(pruning_rate=0.7, max_new_tokens=8))
-    stats = stream.result(timeout_s=WARMUP_TIMEOUT_S).stats
+    try:
+        stats = stream.result(timeout_s=WARMUP_TIMEOUT_S).stats
+    except (InputError, TimeoutError) as error:
+        _fail(f"the warm-up request on {WARMUP_CLIP.name} failed: {one_line(error)}", EXIT_DEVICE_UNAVAILABLE)
     log.info("warm-up done in %.2f s (ttft %.2f s, video tokens %s -> %s)", time.perf_counter() - start,
              stats.get("ttft_s", float("nan")), stats.get("video_tokens_total"), stats.get("video_tokens_kept"))
     return stats
@@ -180,10 +192,10 @@ def log_runtime(engine: Engine) -> None:
         gib = 1024**3
         log.info("GPU %s: %.2f GiB allocated, %.2f GiB peak (after warm-up)", torch.cuda.get_device_name(),
                  torch.cuda.memory_allocated() / gib, torch.cuda.max_memory_allocated() / gib)
-        if info["attn"] != "flash_attention_2":
+        if info["attn_vision"] == "sdpa":
             absent = importlib.util.find_spec("flash_attn") is None
-            log.warning("flash-attn %s: attention runs on sdpa (slower vision encoder on long videos)",
-                        "is not installed" if absent else "is installed but not used")
+            log.warning("flash-attn %s and no varlen kernel is available: the vision tower runs sdpa, one call "
+                        "per frame group (slower on long videos)", "is not installed" if absent else "is not used")
     # ru_maxrss is in KiB on Linux.
     log.info("host memory: %.2f GiB peak resident", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2)
 

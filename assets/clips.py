@@ -1,9 +1,10 @@
 """Deterministic synthetic test clips, written as H.264 MP4 with PyAV.
 
-Used by the tests and by `python -m assets.make_examples`. Every texture has structure (gradients,
+Used by the tests and the benchmarks. Every texture has structure (gradients,
 stripes, shapes) so that a vision model's features differ from one region to the next.
 """
 
+import functools
 from collections.abc import Callable
 from fractions import Fraction
 from pathlib import Path
@@ -45,6 +46,14 @@ def write_clip(
     return path
 
 
+def _frozen(img: np.ndarray) -> np.ndarray:
+    img.setflags(write=False)
+    return img
+
+
+# The backgrounds are cached (read-only; frames that draw on one copy it): a 2-minute 720p clip is
+# thousands of frames, and building each background takes tens of milliseconds.
+@functools.lru_cache(maxsize=8)
 def _landscape(width: int, height: int) -> np.ndarray:
     """A warm scene: sky gradient, diagonal stripes on the ground, a sun and hills. (H, W, 3) uint8."""
     y, x = np.mgrid[0:height, 0:width].astype(np.float32)
@@ -58,9 +67,10 @@ def _landscape(width: int, height: int) -> np.ndarray:
     img[ground] = np.where(stripes[ground, None], [60.0, 140.0, 40.0], [120.0, 90.0, 40.0])
     sun = (x - 0.2 * width) ** 2 + (y - 0.25 * height) ** 2 < (0.1 * height) ** 2
     img[sun] = [250.0, 220.0, 60.0]
-    return img.clip(0, 255).astype(np.uint8)
+    return _frozen(img.clip(0, 255).astype(np.uint8))
 
 
+@functools.lru_cache(maxsize=8)
 def _city(width: int, height: int) -> np.ndarray:
     """A cold scene: dark checkerboard, vertical bars, rings. (H, W, 3) uint8, unlike `_landscape`."""
     y, x = np.mgrid[0:height, 0:width].astype(np.float32)
@@ -70,11 +80,11 @@ def _city(width: int, height: int) -> np.ndarray:
     img[bars] = [200.0, 200.0, 210.0]
     radius = np.hypot(x - 0.7 * width, y - 0.5 * height)
     img[((radius // 5) % 2 == 0) & (radius < 0.35 * height)] = [240.0, 60.0, 200.0]
-    return img.clip(0, 255).astype(np.uint8)
+    return _frozen(img.clip(0, 255).astype(np.uint8))
 
 
 def _moving_object(index: int, num_frames: int, width: int, height: int) -> np.ndarray:
-    frame = _landscape(width, height)
+    frame = _landscape(width, height).copy()
     side = max(2, height // 4)
     progress = index / max(num_frames - 1, 1)
     left = round(progress * (width - side))
@@ -83,10 +93,16 @@ def _moving_object(index: int, num_frames: int, width: int, height: int) -> np.n
     return frame
 
 
+@functools.lru_cache(maxsize=4)
+def _panorama(width: int, height: int) -> np.ndarray:
+    """A scene three frames wide: landscape, city, mirrored landscape."""
+    parts = [_landscape(width, height), _city(width, height), _landscape(width, height)[:, ::-1]]
+    return _frozen(np.concatenate(parts, axis=1))
+
+
 def _pan(index: int, num_frames: int, width: int, height: int) -> np.ndarray:
-    # The camera looks at a window of a scene three frames wide and slides over it.
-    panorama = [_landscape(width, height), _city(width, height), _landscape(width, height)[:, ::-1]]
-    scene = np.concatenate(panorama, axis=1)
+    # The camera looks at a window of the panorama and slides over it.
+    scene = _panorama(width, height)
     progress = index / max(num_frames - 1, 1)
     left = round(progress * (scene.shape[1] - width))
     return np.ascontiguousarray(scene[:, left : left + width])

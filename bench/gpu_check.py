@@ -23,6 +23,7 @@ import statistics
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 
@@ -76,12 +77,17 @@ def workload(quick: bool, engine: Engine) -> dict:
 
 
 def make_clips(folder: Path, work: dict) -> list[Path]:
-    """USERS byte-distinct clips (content-hash dedup must not merge them); the first is the TTFT clip."""
+    """USERS byte-distinct clips (content-hash dedup must not merge them); the first is the TTFT clip.
+    Written side by side with x264 ultrafast on every core: the clips are input to the check, not its subject."""
     kinds = ("moving_object", "pan", "scene_cut", "static")
-    # ultrafast on every core: the clip is input to the check, not a subject of it.
     options = {"preset": "ultrafast", "crf": "23", "threads": "0"}
-    return [write_clip(folder / f"clip{i}.mp4", kinds[i % len(kinds)], seconds=work["seconds"] + i // len(kinds),
-                       fps=work["fps"], size=work["size"], options=options) for i in range(USERS)]
+
+    def write(i: int) -> Path:
+        return write_clip(folder / f"clip{i}.mp4", kinds[i % len(kinds)], seconds=work["seconds"] + i // len(kinds),
+                          fps=work["fps"], size=work["size"], options=options)
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        return list(pool.map(write, range(USERS)))
 
 
 def params(q: float, work: dict, new_tokens: int) -> GenerationParams:
@@ -204,10 +210,13 @@ def run(args: argparse.Namespace) -> tuple[dict, list[str]]:
         with tempfile.TemporaryDirectory() as folder:
             clips = make_clips(Path(folder), work)
             engine.submit(clips[-1], QUESTION, params(0.5, work, 2)).result()  # first-request costs, untimed
+            # Outside the engine (one unbudgeted forward over 8 videos), so before the peak is reset: the
+            # peak then belongs to serving alone.
+            vit = vit_batching(engine, clips[0], work)
             if device.type == "cuda":
+                torch.cuda.empty_cache()
                 torch.cuda.reset_peak_memory_stats(device)
             rows = ttft_by_rate(engine, clips[0], work, args.new_tokens)
-            vit = vit_batching(engine, clips[0], work)
             bursts = []
             for q in BURST_RATES:
                 summary, answers = burst(engine, clips, q, work, args.new_tokens)

@@ -13,7 +13,8 @@ import sys
 
 from .config import EngineConfig, GenerationParams
 from .engine import Engine
-from .errors import InputError
+from .errors import InputError, one_line
+from .memory_plan import InsufficientMemory
 from .hardware import DeviceUnavailable
 from .models import ModelUnavailable, UnsupportedModel, describe_model, resolve_device
 
@@ -36,11 +37,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+# What keeps a model from loading or being served here: each says why in its message.
+CANNOT_SERVE = (ModelUnavailable, UnsupportedModel, DeviceUnavailable, InsufficientMemory)
+
+
 def describe(model: str, device: str) -> int:
     try:
         summary = describe_model(model, device=resolve_device(device))
-    except (ModelUnavailable, UnsupportedModel, DeviceUnavailable) as error:
-        print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
+    except CANNOT_SERVE as error:
+        print(f"error: {one_line(error)}", file=sys.stderr)
         return 2
     print(json.dumps(summary))
     return 0
@@ -53,7 +58,11 @@ def main(argv: list[str] | None = None) -> int:
     params = GenerationParams(
         pruning_rate=args.pruning_rate, max_new_tokens=args.max_new_tokens, temperature=args.temperature
     )
-    engine = Engine(EngineConfig(model=args.model, device=args.device))
+    try:
+        engine = Engine(EngineConfig(model=args.model, device=args.device))
+    except CANNOT_SERVE as error:
+        print(f"error: {one_line(error)}", file=sys.stderr)
+        return 2
     try:
         stream = engine.submit(video=args.video, question=args.question, params=params)
         for event in stream:

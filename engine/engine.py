@@ -109,6 +109,13 @@ class Engine:
             self.loaded, self.config, planned_video_tokens, vit_token_budget(self.config, self.loaded.device)
         )
         log.info("%s", self._memory_plan.summary())
+        # Not worth starting if even a small request (the CPU default, or a smaller configured default)
+        # would be refused.
+        small = SamplingParams()
+        self._memory_plan.check_serviceable(min(planned_video_tokens, video_tokens(
+            small.max_frames, small.max_pixels_per_frame,
+            vision.patch_size, vision.spatial_merge_size, vision.temporal_patch_size,
+        )))
         self._scheduler = Scheduler(self.loaded, self.family, self.config, max_running=self._memory_plan.max_running)
         self._scheduler.start()
 

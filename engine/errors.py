@@ -1,4 +1,9 @@
-"""Errors a user caused. Anything else raised by the engine is a bug."""
+"""Errors a user caused (anything else raised by the engine is a bug), and how any error reads in one line."""
+
+
+def one_line(error: BaseException | str) -> str:
+    """The message with its whitespace folded: one line for a log, a banner or an `error:` exit."""
+    return " ".join(str(error).split())
 
 
 class InputError(ValueError):

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import torch
 
+from engine.errors import one_line
+
 NVIDIA_PROC_VERSION = Path("/proc/driver/nvidia/version")
 NVIDIA_SMI_TIMEOUT_S = 10.0
 
@@ -100,7 +102,7 @@ def probe_host() -> HostReport:
         usable = torch.cuda.is_available()
     cuda_error = None
     if not usable and caught:
-        cuda_error = " ".join(str(caught[-1].message).split())
+        cuda_error = one_line(caught[-1].message)
     report = dict(driver_version=nvidia_driver_version(), torch_version=torch.__version__.split("+")[0],
                   torch_cuda=torch.version.cuda, cuda_usable=usable, cuda_error=cuda_error)
     if usable:
@@ -125,10 +127,13 @@ def unusable_gpu_message(report: HostReport) -> str:
     cuda_major = int(report.torch_cuda.split(".")[0])
     floor = MIN_DRIVER_FOR_CUDA_MAJOR.get(cuda_major)
     if floor is not None and _driver_major(report.driver_version) < floor:
+        # A CUDA 12 build is the way out only for a newer build on a CUDA 12 driver.
+        cuda12_driver = _driver_major(report.driver_version) >= MIN_DRIVER_FOR_CUDA_MAJOR[12]
+        instead = (f"install torch built for CUDA 12 (pip install torch=={report.torch_version} --index-url "
+                   f"{CUDA12_TORCH_INDEX}), or update the driver," if cuda_major > 12 and cuda12_driver
+                   else "update the driver,")
         return (f"{seen} but torch {report.torch_version} was built for CUDA {report.torch_cuda}, which needs "
-                f"driver {floor} or newer: install torch built for CUDA 12 (pip install "
-                f"torch=={report.torch_version} --index-url {CUDA12_TORCH_INDEX}), or update the driver, "
-                f"{cpu_instead}.")
+                f"driver {floor} or newer: {instead} {cpu_instead}.")
     cause = f" ({report.cuda_error})" if report.cuda_error else ""
     return (f"{seen} but torch {report.torch_version} (built for CUDA {report.torch_cuda}) cannot use it"
             f"{cause}: check that the container has GPU access (docker run --gpus all) and that "

@@ -150,6 +150,10 @@ class PlanSettings:
     kv_copies: int = 3
 
 
+class InsufficientMemory(RuntimeError):
+    """The GPU has too little free memory after loading to serve even a small request."""
+
+
 @dataclass(frozen=True)
 class Plan:
     """The limits one engine serves under.
@@ -170,6 +174,15 @@ class Plan:
     @property
     def bounded(self) -> bool:
         return self.max_video_tokens is not None
+
+    def check_serviceable(self, smallest_video_tokens: int) -> None:
+        """InsufficientMemory (one sentence) when not even a small request of `smallest_video_tokens` video
+        tokens fits; an engine that refuses every request is not worth starting."""
+        if self.bounded and self.max_video_tokens < smallest_video_tokens:
+            raise InsufficientMemory(
+                f"After loading the model the GPU has {self.free_bytes / GIB:.1f} GiB free, room for "
+                f"{max(0, self.max_video_tokens):,} video tokens per request, fewer than the "
+                f"{smallest_video_tokens:,} of a small clip: use a GPU with more memory or a smaller checkpoint.")
 
     def summary(self) -> str:
         """One line for the start-up log."""

@@ -144,11 +144,15 @@ def is_tiny_model(name: str) -> bool:
 
 
 def _model_notes(source: str) -> dict:
-    """{"system_prompt": ..., "about": ...} from a local model folder's notes file; {} when it has none."""
+    """{"system_prompt": ..., "about": ...} from a local model folder's notes file, the text fields it
+    holds and nothing else; {} when it has none or it is not a JSON object."""
     try:
-        return json.loads((Path(source) / MODEL_NOTES_FILE).read_text())
+        notes = json.loads((Path(source) / MODEL_NOTES_FILE).read_text())
     except (OSError, ValueError):
         return {}
+    if not isinstance(notes, dict):
+        return {}
+    return {key: notes[key] for key in ("system_prompt", "about") if isinstance(notes.get(key), str)}
 
 
 def model_dtype(name: str, device: torch.device) -> torch.dtype:

@@ -59,11 +59,15 @@ def checkpoint_spec(name: str) -> dict:
     if not path.is_file():
         path = Path(target)
     try:
-        return json.loads(path.read_text())
+        spec = json.loads(path.read_text())
     except (OSError, ValueError):
         raise UnknownCheckpoint(
             f"{name!r} is neither a stored checkpoint ({', '.join(stored_checkpoints())}) nor a readable "
             "spec file") from None
+    if not (isinstance(spec, dict) and isinstance(spec.get("config"), dict) and "model_type" in spec["config"]
+            and isinstance(spec.get("preprocessor"), dict)):
+        raise UnknownCheckpoint(f"{name!r}: a spec needs a \"config\" with a model_type and a \"preprocessor\"")
+    return spec
 
 
 def spec_config(spec: dict, tokenizer: PreTrainedTokenizerFast | None = None) -> PretrainedConfig:

@@ -2,7 +2,9 @@
 
 They let the whole pipeline (processor, ViT, EVS, prefill, decode) run with no network and on CPU:
 `load_model` reads the saved folder through the same `from_pretrained` path as a downloaded model.
-The words they produce are meaningless; shapes, positions and timings are real.
+The words they produce are meaningless; shapes, positions and timings are real. One more layout,
+tiny-trained, is the starting point of `python -m train.tiny_trained`; its trained weights ship in
+assets/models/ (TRAINED_MODELS) and answer questions about the synthetic clips of assets/shapes.py.
 """
 
 import fcntl
@@ -55,7 +57,8 @@ _QWEN3_SIZES = {
                   head_dim=64, intermediate_size=1536, mrope=[12, 10, 10]),
         vision=dict(depth=6, hidden_size=384, num_heads=6, intermediate_size=1536, deepstack_visual_indexes=[1, 3]),
     ),
-    # Trained by `python -m train.tiny_trained` on assets/shapes.py clips; its weights ship in the repo.
+    # The layout `python -m train.tiny_trained` trains on assets/shapes.py clips; those weights ship in the
+    # repo (TRAINED_MODELS) and are never built here.
     "tiny-trained": dict(
         text=dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
                   head_dim=32, intermediate_size=384, mrope=[6, 5, 5]),

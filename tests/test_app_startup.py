@@ -1,4 +1,4 @@
-"""`python app.py` with the Hub unreachable and nothing cached: fall back to tiny-random, or exit when strict."""
+"""`python app.py` with the Hub unreachable and nothing cached: fall back to tiny-trained, or exit when strict."""
 
 import json
 import os
@@ -71,7 +71,7 @@ def stop(proc: subprocess.Popen) -> None:
             proc.wait(timeout=10)
 
 
-def test_unreachable_model_falls_back_to_tiny_random_with_a_banner(tmp_path):
+def test_unreachable_model_falls_back_to_tiny_trained_with_a_banner(tmp_path):
     port = free_port()
     log_path = tmp_path / "app.log"
     with open(log_path, "w") as log:
@@ -89,9 +89,9 @@ def test_unreachable_model_falls_back_to_tiny_random_with_a_banner(tmp_path):
         finally:
             stop(proc)
     output = log_path.read_text()
-    assert health == {"status": "ok", "model": "tiny-random", "device": "cpu", "fallback": True}
+    assert health == {"status": "ok", "model": "tiny-trained", "device": "cpu", "fallback": True}
     assert status == 200 and "<html" in page.lower()
-    assert f"falling back to tiny-random: Model {MODEL} could not be loaded" in output
+    assert f"falling back to tiny-trained: Model {MODEL} could not be loaded" in output
     assert "warm-up done" in output
     assert "attention: vision tower sdpa, language model sdpa" in output
     # The banner reaches the page a user sees.
@@ -111,7 +111,7 @@ def test_strict_model_exits_with_one_clear_message(tmp_path):
     assert f"error: model {MODEL} could not be loaded (" in result.stderr
     assert "EVS_STRICT_MODEL" in result.stderr
     assert "Traceback" not in result.stderr + result.stdout
-    assert "tiny-random" not in result.stdout
+    assert "tiny-trained" not in result.stdout
 
 
 def test_flags_win_over_environment(monkeypatch):
@@ -197,7 +197,7 @@ def checkpoint_folder(tmp_path: Path, checkpoint: str) -> Path:
 
 
 def test_auto_on_a_cpu_serves_a_4b_checkpoint_only_when_asked(tmp_path):
-    """--device auto without a GPU starts on tiny-random with a banner instead of a 4B model in float32."""
+    """--device auto without a GPU starts on tiny-trained with a banner instead of a 4B model in float32."""
     folder = checkpoint_folder(tmp_path, MODEL)
     port = free_port()
     log_path = tmp_path / "app.log"
@@ -210,10 +210,11 @@ def test_auto_on_a_cpu_serves_a_4b_checkpoint_only_when_asked(tmp_path):
         finally:
             stop(proc)
     output = log_path.read_text()
-    assert health == {"status": "ok", "model": "tiny-random", "device": "cpu", "fallback": True}
-    reason = f"no usable GPU was found and {folder} has 4.4 B parameters, too many to serve on a CPU"
-    assert reason in output and reason in config
+    assert health == {"status": "ok", "model": "tiny-trained", "device": "cpu", "fallback": True}
+    reason = f"no usable gpu was found and {folder} has 4.4 b parameters, too many to serve on a cpu".lower()
+    assert reason in output.lower() and reason in config.lower()
     assert "pass --device cpu to run it there anyway" in config
+    assert "so this app runs tiny-trained, a tiny model trained on synthetic clips" in config
     assert "attention: vision tower sdpa, language model sdpa" in output
 
 

@@ -6,6 +6,7 @@ import pytest
 from playwright.sync_api import sync_playwright
 
 from app_harness import wait_until
+from assets.make_examples import example_questions
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -104,10 +105,11 @@ def test_clicking_an_example_fills_the_inputs(page):
     examples = page.locator("#evs-examples")
     if not examples.count():
         pytest.skip("the example clips in assets/examples are not there")
-    examples.locator('[data-testid="dataset-cell-1-1"]').click()
+    examples.locator('[data-testid="dataset-cell-1-1"]').click()  # the second example's question
+    _, question, rate = example_questions()[1]
     page.wait_for_selector("#evs-video video")
-    assert page.locator("#evs-question textarea").input_value() == "Which way does the camera move?"
-    assert float(page.locator("#evs-pruning-rate input[type=number]").input_value()) == pytest.approx(0.5)
+    assert page.locator("#evs-question textarea").input_value() == question
+    assert float(page.locator("#evs-pruning-rate input[type=number]").input_value()) == pytest.approx(rate)
 
 
 def test_asking_without_a_video_shows_an_error_toast(page):

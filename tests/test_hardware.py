@@ -31,9 +31,10 @@ ONE_GPU = HostReport(driver_version="575.57.08", torch_version="2.14.1", torch_c
 
 
 def fake_nvidia_smi(folder, stdout: str, code: int = 0):
-    """An `nvidia-smi` on PATH that prints `stdout` and exits with `code`."""
+    """An `nvidia-smi` on PATH that prints `stdout` (verbatim, from a file beside it) and exits with `code`."""
+    (folder / "nvidia-smi.out").write_text(stdout)
     script = folder / "nvidia-smi"
-    script.write_text(f"#!/bin/sh\nprintf '%s' '{stdout}'\nexit {code}\n")
+    script.write_text(f'#!/bin/sh\n/bin/cat "{folder / "nvidia-smi.out"}"\nexit {code}\n')
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
     return folder
 

@@ -17,7 +17,7 @@ from engine.config import (
     sampling_limits,
     video_tokens,
 )
-from engine.memory_plan import GIB, ModelDims, PlanSettings, plan_memory
+from engine.memory_plan import GIB, InsufficientMemory, ModelDims, PlanSettings, plan_memory
 from engine.models import processor_video_kwargs
 from engine.random_checkpoints import checkpoint_spec, spec_config, spec_processor
 from engine.tiny import build_tokenizer
@@ -292,3 +292,12 @@ def test_ask_called_without_sampling_uses_the_engines_device_defaults(clip):
     with pytest.raises(gr.Error, match="recorded"):
         asyncio.run(ask())
     assert engine.submitted[0].sampling == GPU_SAMPLING
+
+
+def test_an_engine_without_room_for_a_small_request_refuses_to_start(tiny_cache_dir):
+    """Less device memory than the caches' own bounds: one sentence at start, not a server that refuses all."""
+    config = EngineConfig(model="tiny-random", device="cpu", cache_dir=tiny_cache_dir, sampling=SAMPLING,
+                          memory_budget_bytes=1 * GIB)
+    with pytest.raises(InsufficientMemory, match=r"GPU has 1\.0 GiB free, room for 0 video tokens per request, "
+                                                 r"fewer than the 80 of a small clip"):
+        Engine(config)

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import gradio as gr
 
+from assets.make_examples import example_questions
+
 from ui import stats_panel
 from ui.handlers import (
     CHAT_OUTPUTS,
@@ -22,11 +24,7 @@ CSS_PATH = ASSETS_DIR / "style.css"
 QUEUE_MAX_SIZE = 64  # waiting events beyond this are refused at once instead of piling up
 PIXELS_STEP = 112 * 112  # the pixel slider moves in 112x112 blocks; 224x224 is 4 steps, 448x448 16
 
-EXAMPLES = (  # (clip file, question, pruning rate)
-    ("moving_object.mp4", "What moves in this video, and where does it go?", 0.7),
-    ("pan.mp4", "Which way does the camera move?", 0.5),
-    ("scene_cut.mp4", "When does the scene change, and what changes?", 0.8),
-)
+EXAMPLES = example_questions()  # (clip file, question, pruning rate)
 
 HEADER_HTML = """
 <div class="evs-header">
@@ -41,14 +39,16 @@ HEADER_HTML = """
 def default_banner(model_info: dict, banner: str | None = None) -> str | None:
     """The warning line above the page, or None when there is nothing to warn about.
 
-    `banner` (e.g. app.py's "model X could not be loaded, ...") takes the place of the tiny-model note;
-    a note that the app runs on CPU is added either way.
+    `banner` (e.g. app.py's "model X could not be loaded, ...") takes the place of the model's own note
+    (random words, or what a trained tiny model knows); a full-size model on the CPU is noted either way.
     """
     notes = [banner] if banner else []
     if not banner and model_info.get("random_weights"):
         notes.append(f"{model_info.get('name', 'tiny')} model: the words are random, "
                      "but the pipeline, EVS, timings and pictures are real.")
-    if str(model_info.get("device", "")).startswith("cpu"):
+    elif not banner and model_info.get("about"):
+        notes.append(f"{model_info.get('name')} is {model_info['about']}.")
+    if str(model_info.get("device", "")).startswith("cpu") and not model_info.get("is_tiny"):
         notes.append("Running on CPU, so answers are slow.")
     if not notes:
         return None

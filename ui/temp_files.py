@@ -19,28 +19,35 @@ log = logging.getLogger(__name__)
 
 
 def files_to_keep(demo: gr.Blocks) -> set[str]:
-    """Files Gradio keeps for the app's lifetime (the example clips' cached copies)."""
-    return {str(path) for block in demo.blocks.values() for path in getattr(block, "keep_in_cache", ())}
+    """Files Gradio keeps for the app's lifetime (the example clips' cached copies), as absolute paths."""
+    return {os.path.abspath(path) for block in demo.blocks.values() for path in getattr(block, "keep_in_cache", ())}
+
+
+def _is_old(path: str, older_than_s: float, now_s: float) -> bool:
+    return now_s - os.lstat(path).st_ctime > older_than_s
 
 
 def sweep(folder: Path, older_than_s: float, keep: set[str], now_s: float | None = None) -> int:
-    """Delete the files under `folder` last changed more than `older_than_s` seconds ago, except `keep`,
-    then the folders left empty; returns how many files went. ctime, as Gradio ages its files: it touches
-    a cached copy when it hands it out again."""
+    """Delete the files under `folder` last changed more than `older_than_s` seconds ago, except `keep`
+    (absolute paths), then the old folders left empty; returns how many files went. ctime, as Gradio ages
+    its files: it touches a cached copy when it hands it out again. A young empty folder stays: Gradio makes
+    the folder first and writes the file into it a moment later."""
     now_s = time.time() if now_s is None else now_s
     deleted = 0
-    for root, dirs, files in os.walk(folder, topdown=False):
+    for root, dirs, files in os.walk(os.path.abspath(folder), topdown=False):
         for name in files:
             path = os.path.join(root, name)
             try:
-                if path not in keep and now_s - os.lstat(path).st_ctime > older_than_s:
+                if path not in keep and _is_old(path, older_than_s, now_s):
                     os.remove(path)
                     deleted += 1
             except FileNotFoundError:
                 continue  # deleted meanwhile (by Gradio's own sweep, or a request that finished)
         for name in dirs:
+            path = os.path.join(root, name)
             try:
-                os.rmdir(os.path.join(root, name))  # only succeeds when empty
+                if _is_old(path, older_than_s, now_s):
+                    os.rmdir(path)  # only succeeds when empty
             except OSError:
                 pass
     return deleted
@@ -59,15 +66,18 @@ class TempFileSweeper:
         return self
 
     def stop(self) -> None:
+        """End the sweeping and delete every file the app made (the example clips stay), as Gradio does
+        with the files it tracks when the server stops."""
         self._stopped.set()
         self._thread.join(timeout=5)
+        sweep(self.folder, -1.0, self.keep())
 
     def _run(self) -> None:
         while not self._stopped.wait(self.every_s):
             try:
                 deleted = sweep(self.folder, self.older_than_s, self.keep())
-            except OSError as error:  # a full or read-only disk must not end the sweeping
-                log.warning("temp-file sweep of %s failed: %s", self.folder, error)
+            except Exception:  # a full disk or a Gradio internals change must not end the sweeping for good
+                log.exception("temp-file sweep of %s failed", self.folder)
                 continue
             if deleted:
                 log.info("deleted %d temporary files older than %d s", deleted, self.older_than_s)
