@@ -12,9 +12,9 @@ from assets.shapes import QUESTIONS, held_out_seeds, write_shape_clip
 EXAMPLES_DIR = Path(__file__).resolve().parent / "examples"
 # (file, held-out seed, question type, pruning rate)
 EXAMPLES = (
-    ("shape_moving.mp4", held_out_seeds(5000, 1)[0], "direction", 0.5),
-    ("shape_colour.mp4", held_out_seeds(5001, 1)[0], "colour", 0.7),
-    ("shape_kind.mp4", held_out_seeds(5002, 1)[0], "shape", 0.3),
+    ("shape_moving.mp4", held_out_seeds(5003, 1)[0], "direction", 0.5),
+    ("shape_colour.mp4", held_out_seeds(5004, 1)[0], "colour", 0.7),
+    ("shape_kind.mp4", held_out_seeds(5006, 1)[0], "shape", 0.3),
 )
 
 

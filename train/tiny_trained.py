@@ -1,6 +1,6 @@
 """Train `tiny-trained`, a 2 M-parameter Qwen3-VL that answers questions about assets/shapes.py clips.
 
-    python -m train.tiny_trained [--steps 1500] [--seed 0] [--out assets/models/tiny-trained]
+    python -m train.tiny_trained [--steps 2500] [--seed 1] [--out assets/models/tiny-trained]
 
 CPU only, seeded, one thread by default. Every step draws fresh clips from the training seeds, builds
 the prompt exactly as the engine does at inference (chat text without a system turn, the real HF
@@ -149,10 +149,10 @@ def train(args: argparse.Namespace) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m train.tiny_trained", description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=1500)
+    parser.add_argument("--steps", type=int, default=2500)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--eval-every", type=int, default=100)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
