@@ -38,6 +38,7 @@ import transformers  # noqa: E402
 import evs  # noqa: E402
 from assets.clips import write_clip  # noqa: E402
 from engine import Answer, Engine, EngineConfig, GenerationParams, SamplingParams  # noqa: E402
+from engine.errors import one_line  # noqa: E402
 from engine.hardware import probe_host  # noqa: E402
 from engine.prompt import prepare_prompt  # noqa: E402
 from engine.video import load_video  # noqa: E402
@@ -249,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         report, problems = run(args)
     except Exception as error:  # one line for whoever runs it on borrowed time; the log holds the rest
-        print(f"gpu_check: FAILED: {type(error).__name__}: {' '.join(str(error).split())}", file=sys.stderr)
+        print(f"gpu_check: FAILED: {type(error).__name__}: {one_line(error)}", file=sys.stderr)
         raise
     print_table(report)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -5,6 +5,7 @@ import time
 
 import pytest
 
+from app_harness import wait_until
 from engine import Engine, EngineConfig, GenerationParams
 from engine.config import SamplingParams
 
@@ -107,7 +108,10 @@ def test_caches_stay_within_their_byte_bounds(tiny_cache_dir, videos):
             engine.submit(video, "What happens?", params(0.5)).result(120)
             assert engine.vision.cache.bytes_used <= bounds["feature_cache_bytes"]
             assert engine.prefix_cache.lru.bytes_used <= bounds["prefix_cache_bytes"]
-        assert len(engine.vision.cache) == 1 and len(engine.prefix_cache.lru) == 1
+        # The worker stores a finished conversation just after its "done" event, which result() returns on:
+        # a later request is always admitted after that store, but a look from this thread may come first.
+        assert wait_until(lambda: len(engine.prefix_cache.lru) == 1, timeout_s=10)
+        assert len(engine.vision.cache) == 1
         again = engine.submit(videos[0], "What happens?", params(0.5)).result(120)
         assert not again.stats["vit_cache_hit"]  # evicted by the later videos
         last = engine.submit(videos[2], "What happens?", params(0.5)).result(120)
