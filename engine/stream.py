@@ -38,7 +38,7 @@ class Event:
     kind "status": `text` says what the engine is doing ("decoding video", "prefill", ...).
     kind "evs":    `evs` holds the pruning picture (once, before the first token).
     kind "text":   `text` is the next piece of the answer.
-    kind "done":   `stats` holds the final stats dict (DESIGN.md keys) and `token_ids` the generated
+    kind "done":   `stats` holds the final stats dict (docs/architecture.md keys) and `token_ids` the generated
                    token ids; the stream ends after it.
     """
 

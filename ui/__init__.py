@@ -26,7 +26,7 @@ Inputs, in order (all after the first three have defaults):
 Outputs, streamed as a tuple (answer, stats, figures, frames):
     answer   str: the answer so far at `pruning_rate`.
     stats    dict: {"status": "<what the engine is doing>"} while the request is under way; in the final
-             update the stats dict with the DESIGN.md keys (engine.stats.STATS_KEYS). With compare=True it
+             update the stats dict with the docs/architecture.md keys (engine.stats.STATS_KEYS). With compare=True it
              has one more key, "compare": {"pruning_rate": 0.0, "answer": str, "stats": {...same keys...}}.
     figures  dict of two plotly figures as JSON, {"tokens_per_group": ..., "dissimilarity": ...}
              (rebuild with plotly.io.from_json(json.dumps(...))); sent once, before the first token.

@@ -1,4 +1,4 @@
-"""Compact HTML for the numbers of one request (stats dict with the DESIGN.md keys) and for compare mode."""
+"""Compact HTML for the numbers of one request (stats dict with the docs/architecture.md keys) and for compare mode."""
 
 from html import escape
 
