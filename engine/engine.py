@@ -101,21 +101,19 @@ class Engine:
         self._default_sampling = self.config.sampling or default_sampling(device_type)
         self._sampling_limits = sampling_limits(device_type)
         vision = self.loaded.model.config.vision_config
-        planned_video_tokens = video_tokens(
-            self._default_sampling.max_frames, self._default_sampling.max_pixels_per_frame,
-            vision.patch_size, vision.spatial_merge_size, vision.temporal_patch_size,
-        )
+
+        def tokens_of(sampling: SamplingParams) -> int:
+            return video_tokens(sampling.max_frames, sampling.max_pixels_per_frame, vision.patch_size,
+                                vision.spatial_merge_size, vision.temporal_patch_size)
+
+        planned_video_tokens = tokens_of(self._default_sampling)
         self._memory_plan = engine_plan(
             self.loaded, self.config, planned_video_tokens, vit_token_budget(self.config, self.loaded.device)
         )
         log.info("%s", self._memory_plan.summary())
         # Not worth starting if even a small request (the CPU default, or a smaller configured default)
         # would be refused.
-        small = SamplingParams()
-        self._memory_plan.check_serviceable(min(planned_video_tokens, video_tokens(
-            small.max_frames, small.max_pixels_per_frame,
-            vision.patch_size, vision.spatial_merge_size, vision.temporal_patch_size,
-        )))
+        self._memory_plan.check_serviceable(min(planned_video_tokens, tokens_of(SamplingParams())))
         self._scheduler = Scheduler(self.loaded, self.family, self.config, max_running=self._memory_plan.max_running)
         self._scheduler.start()
 
