@@ -114,3 +114,6 @@ class GenerationParams:
     ignore_eos: bool = False  # benchmarks decode a fixed number of tokens
     seed: int = 0
     sampling: SamplingParams | None = None  # None: the engine's default
+    # The done event then carries each generated token's logits, (generated, V) float32: for equivalence
+    # tests and research, at V * 4 bytes per token.
+    return_logits: bool = False

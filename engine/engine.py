@@ -31,10 +31,11 @@ from .memory_plan import Plan, engine_plan
 from .models import load_model
 from .prompt import prepare_prompt
 from .request import Request
-from .sampling import TextDecoder
-from .scheduler import Scheduler, vit_token_budget
+from .runner import vit_token_budget
+from .sampling import Detokenizer
 from .stream import Event, Stream
 from .video import SampledVideo, file_sha256, load_video
+from .worker import Worker
 
 log = logging.getLogger(__name__)
 
@@ -114,8 +115,8 @@ class Engine:
         # Not worth starting if even a small request (the CPU default, or a smaller configured default)
         # would be refused.
         self._memory_plan.check_serviceable(min(planned_video_tokens, tokens_of(SamplingParams())))
-        self._scheduler = Scheduler(self.loaded, self.family, self.config, max_running=self._memory_plan.max_running)
-        self._scheduler.start()
+        self._worker = Worker(self.loaded, self.family, self.config, max_running=self._memory_plan.max_running)
+        self._worker.start()
 
     @property
     def model_info(self) -> dict:
@@ -160,15 +161,15 @@ class Engine:
     @property
     def vision(self):
         """The vision batcher (its feature cache and forward count), for tests and benchmarks."""
-        return self._scheduler.vision
+        return self._worker.runner.vision
 
     @property
     def prefix_cache(self):
-        return self._scheduler.prefix
+        return self._worker.runner.prefix
 
     @property
     def running_requests(self) -> int:
-        return len(self._scheduler.running)
+        return len(self._worker.scheduler.running)
 
     def submit(
         self,
@@ -210,7 +211,7 @@ class Engine:
             sampling=params.sampling or self._default_sampling,
             admission=self._admission,
         )
-        request.stats["pruning_rate"] = float(params.pruning_rate)
+        request.stats.pruning_rate = float(params.pruning_rate)
         with self._prepared:
             self._preparing += 1
         self._prepare_pool.submit(self._prepare, request)
@@ -221,13 +222,13 @@ class Engine:
         """Hold admission while the block submits a burst; on exit wait until every submitted request
         is prepared, then let the worker take them all in one iteration (one ViT forward). Benchmarks
         and tests use it to make "simultaneous" exact; running requests keep decoding meanwhile."""
-        self._scheduler.admitting.clear()
+        self._worker.admitting.clear()
         try:
             yield self
             with self._prepared:
                 self._prepared.wait_for(lambda: self._preparing == 0, timeout_s)
         finally:
-            self._scheduler.admitting.set()
+            self._worker.admitting.set()
 
     def _prepare(self, request: Request) -> None:
         """CPU work off the GPU thread: decode and sample the video, run the HF processor."""
@@ -242,7 +243,7 @@ class Engine:
         stream = request.stream
         if stream.cancelled:  # dropped before any work: end it like a cancel in the queue
             request.leave_queue()
-            stream.push(Event("done", stats=request.stats))
+            stream.push(Event("done", stats=request.stats.as_dict()))
             return
         try:
             stream.push(Event("status", "decoding video"))
@@ -259,18 +260,16 @@ class Engine:
                 sampling.max_pixels_per_frame,
             )
             T, h, w = request.prompt.grid_thw
-            request.stats.update(
-                decode_video_s=time.perf_counter() - start,
-                frames_sampled=len(request.video.frames),
-                grid_thw=[T, h, w],
-                video_tokens_total=T * h * w,
-            )
+            stats = request.stats
+            stats.decode_video_s = time.perf_counter() - start
+            stats.frames_sampled = len(request.video.frames)
+            stats.grid_thw, stats.video_tokens_total = [T, h, w], T * h * w
             # Refused here, before the ViT, the KV cache or any device memory is touched.
             self._memory_plan.check_request(T * h * w, request.prompt.input_ids.numel(), request.params.max_new_tokens)
-            request.decoder = TextDecoder(self.loaded.processor.tokenizer)
+            request.detokenizer = Detokenizer(self.loaded.processor.tokenizer)
             request.generator = torch.Generator().manual_seed(request.params.seed)
             stream.push(Event("status", "waiting for the GPU"))
-            self._scheduler.enqueue(request)
+            self._worker.enqueue(request)
         except Exception as error:
             if not isinstance(error, InputError):
                 log.exception("preparing request %d failed", request.id)
@@ -316,7 +315,7 @@ class Engine:
             max_seconds=config.max_video_seconds,
             max_bytes=config.max_file_bytes,
             timeout_s=config.decode_timeout_s,
-            temporal_patch=self.loaded.model.config.vision_config.temporal_patch_size,
+            temporal_patch=self.family.temporal_patch,
             content_hash=digest,
         )
 
@@ -325,8 +324,8 @@ class Engine:
         with self._submit_lock:
             self._closed = True
         self._prepare_pool.shutdown(wait=True)
-        self._scheduler.stop()
-        self._scheduler.join(timeout=30)
+        self._worker.stop()
+        self._worker.join(timeout=30)
 
     def __enter__(self) -> "Engine":
         return self

@@ -31,9 +31,16 @@ class VideoFeatures:
 
 
 class Family:
-    """Base: a Qwen-VL family. Subclasses fill in the differences."""
+    """Base: a Qwen-VL family. Subclasses fill in the differences.
+
+    temporal_patch: video frames per temporal group (the vision tower's temporal patch size), read once
+    from the model config here; the rest of the engine asks the family.
+    """
 
     name = ""
+
+    def __init__(self, temporal_patch: int):
+        self.temporal_patch = temporal_patch
 
     def video_placeholder(self) -> str:
         """Text that the HF processor expands into the video's tokens."""
@@ -139,7 +146,8 @@ class Qwen25VL(Family):
 
     name = "qwen2_5_vl"
 
-    def __init__(self, tokens_per_second: float):
+    def __init__(self, temporal_patch: int, tokens_per_second: float):
+        super().__init__(temporal_patch)
         self.tokens_per_second = tokens_per_second
 
     def video_placeholder(self) -> str:
@@ -165,8 +173,9 @@ class Qwen25VL(Family):
 
 def family_for(model) -> Family:
     model_type = model.config.model_type
+    vision = model.config.vision_config
     if model_type == "qwen3_vl":
-        return Qwen3VL()
+        return Qwen3VL(vision.temporal_patch_size)
     if model_type == "qwen2_5_vl":
-        return Qwen25VL(model.config.vision_config.tokens_per_second)
+        return Qwen25VL(vision.temporal_patch_size, vision.tokens_per_second)
     raise ValueError(f"model type {model_type!r} is not a supported Qwen-VL family")

@@ -5,18 +5,20 @@ import time
 from dataclasses import dataclass, field
 
 import torch
+from transformers.cache_utils import Cache
 
 from .config import GenerationParams, SamplingParams
 from .families import VideoFeatures
 from .prompt import PreparedPrompt
 from .pruning import PrunedPrompt
-from .sampling import TextDecoder
-from .stats import STATS_KEYS
+from .sampling import Detokenizer
+from .scheduler import Stage
+from .stats import Stats
 from .stream import Stream
 from .video import SampledVideo
 
 
-@dataclass
+@dataclass(eq=False)
 class Request:
     stream: Stream
     video_path: str
@@ -24,21 +26,24 @@ class Request:
     history: list[tuple[str, str]]
     params: GenerationParams
     sampling: SamplingParams
+    stage: Stage = Stage.QUEUED
     submitted_at: float = field(default_factory=time.perf_counter)
-    stats: dict = field(default_factory=lambda: dict.fromkeys(STATS_KEYS))
+    stats: Stats = field(default_factory=Stats)
     video: SampledVideo | None = None
     prompt: PreparedPrompt | None = None
     feature_key: tuple | None = None
     prefix_key: tuple | None = None
     features: VideoFeatures | None = None
     pruned: PrunedPrompt | None = None
-    decoder: TextDecoder | None = None
+    detokenizer: Detokenizer | None = None
     generator: torch.Generator | None = None
+    kv: Cache | None = None  # its own prompt KV between prefill and joining the decode batch
+    logits: list[torch.Tensor] = field(default_factory=list)  # (V,) float32 per token, when params.return_logits
     last_token: int = -1
     tokens_seen: int = 0  # tokens in this row's own sequence so far (its next 1-D position)
     next_position: int = 0  # MRoPE position of the next token
     first_token_at: float | None = None
-    admission: threading.Semaphore | None = None  # the queue slot held until the GPU worker takes it
+    admission: threading.Semaphore | None = None  # the queue slot held until the worker takes the request
 
     @property
     def id(self) -> int:
@@ -46,7 +51,7 @@ class Request:
 
     @property
     def generated(self) -> int:
-        return len(self.decoder.token_ids) if self.decoder else 0
+        return len(self.detokenizer.token_ids) if self.detokenizer else 0
 
     def leave_queue(self) -> None:
         """Give back the admission slot (once), when the worker takes the request or it ends early."""
@@ -56,10 +61,11 @@ class Request:
 
     def abort(self, error: BaseException) -> None:
         """End the request with error: give back its queue slot and tensors, fail its stream."""
-        self.leave_queue()
         self.release()
         self.stream.fail(error)
 
     def release(self) -> None:
-        """Drop the tensors this request holds so a finished request frees its memory."""
-        self.video = self.prompt = self.features = self.pruned = None
+        """The request has ended: give back its queue slot and drop its tensors to free their memory."""
+        self.leave_queue()
+        self.video = self.prompt = self.features = self.pruned = self.kv = None
+        self.stage = Stage.FINISHED

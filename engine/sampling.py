@@ -17,7 +17,7 @@ def next_token(logits: torch.Tensor, temperature: float, top_p: float, generator
     return int(torch.multinomial(probs.cpu(), 1, generator=generator))
 
 
-class TextDecoder:
+class Detokenizer:
     """Incremental detokenizer: returns only the new text each token adds.
 
     Decodes a short window (from the last emitted boundary) rather than the whole answer on every token.
@@ -31,13 +31,13 @@ class TextDecoder:
         self._window_start = 0  # the window's text up to _emitted_end was already returned
         self._emitted_end = 0
 
-    def _decode(self, start: int, end: int | None = None) -> str:
+    def _text(self, start: int, end: int | None = None) -> str:
         return self.tokenizer.decode(self.token_ids[start:end], skip_special_tokens=True)
 
     def add(self, token_id: int) -> str:
         self.token_ids.append(token_id)
-        done = self._decode(self._window_start, self._emitted_end)
-        text = self._decode(self._window_start)
+        done = self._text(self._window_start, self._emitted_end)
+        text = self._text(self._window_start)
         if len(text) <= len(done) or text.endswith("\ufffd"):
             return ""
         self._window_start, self._emitted_end = self._emitted_end, len(self.token_ids)
@@ -45,7 +45,7 @@ class TextDecoder:
 
     def flush(self) -> str:
         """What is still held back (an incomplete character at the very end)."""
-        done = self._decode(self._window_start, self._emitted_end)
-        text = self._decode(self._window_start)
+        done = self._text(self._window_start, self._emitted_end)
+        text = self._text(self._window_start)
         self._window_start = self._emitted_end = len(self.token_ids)
         return text[len(done) :]

@@ -1,322 +1,156 @@
-"""The worker thread that owns the model: admit -> encode -> EVS -> prefill -> one decode step for all.
+"""What runs in each iteration of the worker: bookkeeping over requests, no tensors (and no torch).
 
-Only this thread touches the model, so no locks guard it; callers talk to it through a queue and read
-results from each request's Stream.
+A request moves QUEUED -> ENCODING -> PREFILLING -> DECODING and from any stage to FINISHED
+(docs/architecture.md, "Request path"). Each iteration the worker asks for:
+1. `encode_chunk()`: the requests of the next vision forward, but only once every request encoded
+   earlier has been prefilled. So a burst is pipelined: the first chunk's users get their first
+   token after one vision forward and their own prefill, not after every video of the burst is encoded.
+2. `prefill_batch()`: prompts to prefill, within a token budget, so running rows wait a bounded time;
+3. then one decode step for everyone in `running`.
+
+Order within a burst: requests admitted in the same iteration are encoded shortest-remaining-work
+first (vision patches still to encode plus prompt tokens left after EVS, weighted by the towers' sizes),
+the order that minimises mean time to first token when work is known up front. Requests admitted
+later never overtake earlier ones, so a large video waits behind at most one burst of smaller ones.
 """
 
-import logging
-import queue
-import threading
-import time
+import enum
 from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Iterator
 
-import numpy as np
-import torch
-
-from .batch_kv import DecodeBatch, cache_tensors, new_cache
-from .families import Family
-from .lm import LMInput, embed_prompt, embed_tokens, lm_logits
-from .prefix_cache import PrefixCache, prefix_key
-from .pruning import prune_prompt
-from .request import Request
-from .sampling import next_token
-from .stream import Event, EvsPicture
-from .vision import VisionEncoder
-
-log = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    from .request import Request
 
 
-def internal_error() -> RuntimeError:
-    return RuntimeError("The engine hit an internal error; please try again.")
+class Stage(enum.Enum):
+    """Where a request is; any stage can end in FINISHED.
+
+    QUEUED: prepared (frames read, prompt built), waiting for a decode slot.
+    ENCODING: admitted, its vision forward not yet run.
+    PREFILLING: features and EVS done, its prompt not yet through the language model.
+    DECODING: a row of the decode batch.
+    FINISHED: its stream has ended (answered, cancelled or failed) and it holds no tensors.
+    """
+
+    QUEUED = "queued"
+    ENCODING = "encoding"
+    PREFILLING = "prefilling"
+    DECODING = "decoding"
+    FINISHED = "finished"
 
 
-def shutting_down() -> RuntimeError:
-    return RuntimeError("The engine is shutting down.")
+@dataclass(frozen=True)
+class WorkWeights:
+    """Relative cost of one vision patch and one prompt token (forward FLOPs grow with parameters x inputs)."""
+
+    per_patch: float = 1.0
+    per_token: float = 1.0
 
 
-def eos_token_ids(loaded) -> set[int]:
-    ids = loaded.model.generation_config.eos_token_id
-    ids = set(ids if isinstance(ids, list) else [ids] if ids is not None else [])
-    if loaded.processor.tokenizer.eos_token_id is not None:
-        ids.add(loaded.processor.tokenizer.eos_token_id)
-    return ids
+class Scheduler:
+    """Queues by stage, and the decisions of each iteration.
 
+    max_running: requests past the queue at once (encoding, prefilling or decoding).
+    vit_patch_budget: most patches (rows of pixel_values) in one vision forward; one video may exceed it alone.
+    prefill_token_budget: prompt tokens per iteration between two decode steps (at least one prompt).
+    has_features(request): True when the request's video features are cached (no vision work left).
+    """
 
-def vit_token_budget(config, device: torch.device) -> int:
-    if config.vit_token_budget is not None:
-        return config.vit_token_budget
-    return 65536 if device.type == "cuda" else 4096
+    def __init__(self, max_running: int, vit_patch_budget: int, prefill_token_budget: int,
+                 weights: WorkWeights, has_features: Callable[["Request"], bool]):
+        self.max_running = max_running
+        self.vit_patch_budget = vit_patch_budget
+        self.prefill_token_budget = prefill_token_budget
+        self.weights = weights
+        self.has_features = has_features
+        self.waiting: deque[Request] = deque()
+        self.encoding: list[Request] = []  # in the order they will be encoded
+        self.prefilling: deque[Request] = deque()
+        self.running: dict[int, Request] = {}  # by request id, in the decode batch
 
+    # --- what to run ---------------------------------------------------------------------------
+    def admit(self) -> list["Request"]:
+        """Move waiting requests into ENCODING while decode slots are free; returns them."""
+        busy = len(self.encoding) + len(self.prefilling) + len(self.running)
+        new = [self.waiting.popleft() for _ in range(min(self.max_running - busy, len(self.waiting)))]
+        new.sort(key=self.remaining_work)  # stable: arrival order among equals
+        for request in new:
+            request.stage = Stage.ENCODING
+        self.encoding.extend(new)
+        return new
 
-class Scheduler(threading.Thread):
-    """max_running: requests decoding together, config.max_running unless the memory plan allows fewer."""
+    def remaining_work(self, request: "Request") -> float:
+        patches = 0 if self.has_features(request) else len(request.prompt.pixel_values)
+        video = request.stats.video_tokens_total
+        prompt_tokens = len(request.prompt.input_ids) - video * request.params.pruning_rate
+        return patches * self.weights.per_patch + prompt_tokens * self.weights.per_token
 
-    def __init__(self, loaded, family: Family, config, max_running: int | None = None):
-        super().__init__(name="evs-gpu-worker", daemon=True)
-        self.loaded = loaded
-        self.model = loaded.model
-        self.family = family
-        self.config = config
-        self.max_running = config.max_running if max_running is None else min(max_running, config.max_running)
-        self.vision = VisionEncoder(
-            self.model, family, loaded.name, config.feature_cache_bytes, vit_token_budget(config, loaded.device)
-        )
-        self.prefix = PrefixCache(config.prefix_cache_bytes)
-        self.batch = DecodeBatch()
-        self.eos_ids = eos_token_ids(loaded)
-        self.temporal_patch = self.model.config.vision_config.temporal_patch_size
-        self.inbox: queue.Queue[Request | None] = queue.Queue()
-        self.waiting: deque[Request] = deque()  # prepared, not yet admitted
-        self.encoded: deque[Request] = deque()  # features and EVS done, prefill pending
-        self.running: dict[int, Request] = {}  # in the decode batch
-        self._stopping = threading.Event()
-        self.admitting = threading.Event()  # cleared by Engine.paused() to line up a burst
-        self.admitting.set()
+    def encode_chunk(self) -> list["Request"]:
+        """The requests of the next vision forward, in order, within the patch budget; [] while an
+        earlier chunk still waits for prefill. Every request on a video the chunk encodes rides along,
+        and so does any whose features are cached (they cost the forward nothing)."""
+        if self.prefilling or not self.encoding:
+            return []
+        chunk, keys, patches = [], set(), 0
+        for request in self.encoding:
+            if request.feature_key not in keys and not self.has_features(request):
+                size = len(request.prompt.pixel_values)
+                if keys and patches + size > self.vit_patch_budget:
+                    break
+                keys.add(request.feature_key)
+                patches += size
+            chunk.append(request)
+        riders = [r for r in self.encoding[len(chunk):] if r.feature_key in keys]
+        return chunk + riders
 
-    # --- called from other threads -------------------------------------------------------------
-    def enqueue(self, request: Request) -> None:
-        self.inbox.put(request)
+    def prefill_batch(self) -> list["Request"]:
+        """Prompts to prefill now, in order, until the token budget is spent (at least one)."""
+        batch, spent = [], 0
+        for request in self.prefilling:
+            tokens = len(request.pruned.input_ids)
+            if batch and spent + tokens > self.prefill_token_budget:
+                break
+            batch.append(request)
+            spent += tokens
+        return batch
 
-    def stop(self) -> None:
-        self._stopping.set()
-        self.inbox.put(None)
+    # --- moves -----------------------------------------------------------------------------------
+    def add(self, request: "Request") -> None:
+        request.stage = Stage.QUEUED
+        self.waiting.append(request)
 
-    # --- the loop ------------------------------------------------------------------------------
-    def run(self) -> None:
-        with torch.inference_mode():
-            while not self._stopping.is_set():
-                try:
-                    self._iteration()
-                except Exception:  # a bug or a device fault: fail the requests on the device, keep serving
-                    log.exception("engine iteration failed")
-                    self._fail_many([*self.running.values(), *self.encoded], internal_error)
-        self._fail_many([*self.running.values(), *self.encoded, *self.waiting, *self._drain_inbox()], shutting_down)
+    def encoded(self, request: "Request") -> None:
+        self.encoding.remove(request)
+        request.stage = Stage.PREFILLING
+        self.prefilling.append(request)
 
-    def _iteration(self) -> None:
-        idle = not self.running and not self.encoded
-        self._collect(block=idle and not (self.waiting and self.admitting.is_set()))
-        self._drop_cancelled()
-        busy = len(self.running) + len(self.encoded)
-        free = self.max_running - busy if self.admitting.is_set() else 0
-        new = [self.waiting.popleft() for _ in range(min(free, len(self.waiting)))]
-        if new:
-            for request in new:
-                request.leave_queue()
-            self._start(new)
-        self._prefill_within_budget()
-        if self.running:
-            self._decode_step()
+    def decoding(self, request: "Request") -> None:
+        self.prefilling.remove(request)
+        request.stage = Stage.DECODING
+        self.running[request.id] = request
 
-    def _collect(self, block: bool) -> None:
-        """Move arrived requests to `waiting`; when block, wait up to 0.1 s for the first one."""
-        if block:
-            try:
-                first = self.inbox.get(timeout=0.1)
-            except queue.Empty:
-                return
-            if first is not None:
-                self.waiting.append(first)
-        self.waiting.extend(self._drain_inbox())
+    def remove(self, request: "Request") -> None:
+        """Take request out of whichever queue holds it (it is ending)."""
+        stage = request.stage
+        if stage is Stage.QUEUED and request in self.waiting:
+            self.waiting.remove(request)
+        elif stage is Stage.ENCODING and request in self.encoding:
+            self.encoding.remove(request)
+        elif stage is Stage.PREFILLING and request in self.prefilling:
+            self.prefilling.remove(request)
+        elif stage is Stage.DECODING:
+            self.running.pop(request.id, None)
 
-    # --- new requests: vision, EVS, prefill ------------------------------------------------------
-    def _start(self, requests: list[Request]) -> None:
-        """Requests taken from the queue are in neither `waiting` nor `running` until their prefill
-        ends, so a failure here must fail them itself."""
-        try:
-            self.vision.encode(requests, on_batch=self._announce_vit)
-        except Exception:
-            log.exception("vision forward failed")
-            for request in requests:
-                self._fail(request, RuntimeError("Encoding the video failed on the server; please try again."))
-            return
-        for request in requests:
-            try:
-                self._evs(request)
-            except Exception:
-                log.exception("request %d failed", request.id)
-                self._fail(request, internal_error())
-            else:
-                self.encoded.append(request)
+    # --- views -----------------------------------------------------------------------------------
+    def past_queue(self) -> list["Request"]:
+        """Requests admitted and not ended: the ones a device fault takes down."""
+        return [*self.encoding, *self.prefilling, *self.running.values()]
 
-    def _prefill_within_budget(self) -> None:
-        """Prefill encoded requests until this iteration's token budget is spent (at least one), so a
-        burst of new prompts delays the running requests' next token by a bounded amount."""
-        budget, spent = self.config.prefill_token_budget, 0
-        while self.encoded and (spent == 0 or spent + self.encoded[0].pruned.input_ids.numel() <= budget):
-            request = self.encoded.popleft()
-            spent += request.pruned.input_ids.numel()
-            try:
-                self._prefill(request)
-            except Exception:
-                log.exception("request %d failed", request.id)
-                self._fail(request, internal_error())
+    def __iter__(self) -> Iterator["Request"]:
+        yield from self.waiting
+        yield from self.past_queue()
 
-    def _announce_vit(self, served: list[Request]) -> None:
-        for request in served:
-            others = len(served) - 1
-            frames = request.prompt.grid_thw[0] * self.temporal_patch
-            tail = f" (batched with {others} other request{'s' if others != 1 else ''})" if others else ""
-            request.stream.push(Event("status", f"encoding {frames} frames{tail}"))
-
-    def _evs(self, request: Request) -> None:
-        start = time.perf_counter()
-        request.pruned = pruned = prune_prompt(request.prompt, request.features, request.params.pruning_rate)
-        request.stats["evs_s"] = time.perf_counter() - start
-        T, h, w = request.prompt.grid_thw
-        request.stream.push(
-            Event(
-                "evs",
-                evs=EvsPicture(
-                    frames=request.video.frames[:: self.temporal_patch][:T],
-                    timestamps_s=request.prompt.timestamps_s,
-                    grid_thw=(T, h, w),
-                    kept_mask=pruned.retention.reshape(T, h, w).numpy(),
-                    dissimilarity=pruned.dissimilarity.numpy().astype(np.float16),
-                ),
-            )
-        )
-        request.stream.push(Event("status", "prefill"))
-
-    def _prefill(self, request: Request) -> None:
-        start = time.perf_counter()
-        pruned = request.pruned
-        request.prefix_key = prefix_key(
-            request.feature_key, request.params.pruning_rate, pruned.input_ids[: pruned.prefix_len]
-        )
-        cache, begin = self.prefix.lookup(request.prefix_key, pruned.input_ids, min_len=pruned.prefix_len)
-        hit = cache is not None
-        ids = pruned.input_ids[begin:]
-        positions = pruned.positions[:, None, begin:].to(self.model.device)
-        if hit:  # the video lies inside the reused part; the rest is text
-            batch = LMInput(embed_tokens(self.model, ids)[None], positions)
-        else:
-            cache = new_cache()
-            embeds = embed_prompt(self.model, ids, pruned.video_mask, pruned.features)
-            visual_mask = pruned.video_mask[None].to(self.model.device)
-            batch = LMInput(embeds[None], positions, None, visual_mask, pruned.features.deepstack)
-        logits = lm_logits(self.model, self.family, batch, cache)
-        request.stats.update(
-            prefix_cache_hit=hit, prefill_tokens=ids.numel(), prefill_s=time.perf_counter() - start, decode_batch_max=1
-        )
-        request.tokens_seen = pruned.input_ids.numel()
-        request.next_position = pruned.next_position
-        self._emit(request, next_token(logits[0], request.params.temperature, request.params.top_p, request.generator))
-        if request.stream.finished:
-            self._retire(request, cache_tensors(cache))
-        else:
-            if not hit:  # requests arriving meanwhile on the same video reuse at least this prompt
-                self.prefix.store(request.prefix_key, pruned.input_ids, cache_tensors(cache))
-            self.running[request.id] = request
-            self.batch.add(request.id, cache)
-
-    def _remember(self, request: Request, tensors: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        """Store a request's conversation KV (prompt + the answer tokens fed back so far; a cancelled one's
-        too, its partial answer is what a follow-up will quote) for a follow-up.
-        tensors: per layer (1, heads, tokens_seen, head_dim)."""
-        answer = torch.tensor(request.decoder.token_ids[: request.tokens_seen - request.pruned.input_ids.numel()])
-        token_ids = torch.cat([request.pruned.input_ids, answer.to(request.pruned.input_ids.dtype)])
-        self.prefix.store(request.prefix_key, token_ids, tensors)
-
-    # --- the shared decode step -----------------------------------------------------------------
-    def _decode_step(self) -> None:
-        rows = [self.running[key] for key in self.batch.keys]
-        device = self.model.device
-        tokens = torch.tensor([r.last_token for r in rows], device=device)
-        one_d = torch.tensor([r.tokens_seen for r in rows], device=device)
-        mrope = torch.tensor([r.next_position for r in rows], device=device)
-        positions = torch.stack([one_d, mrope, mrope, mrope])[:, :, None]  # (4, B, 1)
-        batch = LMInput(embed_tokens(self.model, tokens)[:, None], positions, self.batch.step_mask())
-        logits = lm_logits(self.model, self.family, batch, self.batch.cache)
-        greedy = logits.argmax(dim=-1).tolist()  # one host sync for every greedy row
-        for i, request in enumerate(rows):
-            request.tokens_seen += 1
-            request.next_position += 1
-            request.stats["decode_batch_max"] = max(request.stats["decode_batch_max"], len(rows))
-            params = request.params
-            sampled = params.temperature > 0
-            token = next_token(logits[i], params.temperature, params.top_p, request.generator) if sampled else greedy[i]
-            self._emit(request, token)
-        self._leave({r.id for r in rows if r.stream.finished})
-
-    def _emit(self, request: Request, token: int) -> None:
-        now = time.perf_counter()
-        if request.first_token_at is None:
-            request.first_token_at = now
-            request.stats["ttft_s"] = now - request.submitted_at
-        is_eos = token in self.eos_ids and not request.params.ignore_eos
-        if not is_eos:
-            piece = request.decoder.add(token)
-            if piece:
-                request.stream.push(Event("text", piece))
-        request.last_token = token
-        if is_eos or request.generated >= request.params.max_new_tokens:
-            self._finish(request)
-
-    # --- leaving ---------------------------------------------------------------------------------
-    def _finish(self, request: Request) -> None:
-        if request.decoder is not None and (tail := request.decoder.flush()):
-            request.stream.push(Event("text", tail))
-        now = time.perf_counter()
-        stats = request.stats
-        stats["generated_tokens"] = request.generated
-        stats["total_s"] = now - request.submitted_at
-        stats["decode_s"] = now - request.first_token_at if request.first_token_at else 0.0
-        if request.pruned is not None:
-            stats.update(
-                video_tokens_kept=int(request.pruned.retention.sum()),
-                tokens_kept_per_frame=request.pruned.tokens_kept_per_group,
-                prompt_tokens=int(request.pruned.input_ids.numel()),
-            )
-        token_ids = tuple(request.decoder.token_ids) if request.decoder else ()
-        request.stream.push(Event("done", stats=stats, token_ids=token_ids))
-
-    def _fail(self, request: Request, error: BaseException) -> None:
-        self.running.pop(request.id, None)
-        if request.id in self.batch.keys:
-            self.batch.remove({request.id})
-        request.abort(error)
-
-    def _fail_many(self, requests: list[Request], make_error) -> None:
-        """Fail requests (every running one among them) without touching the device again: after a fault
-        it may be out of memory, so the decode batch is dropped whole instead of rebuilt row by row."""
-        failed = {id(r) for r in requests}
-        self.batch = DecodeBatch()
-        self.running.clear()
-        self.encoded = deque(r for r in self.encoded if id(r) not in failed)
-        self.waiting = deque(r for r in self.waiting if id(r) not in failed)
-        for request in requests:
-            request.abort(make_error())
-
-    def _drain_inbox(self) -> list[Request]:
-        drained = []
-        while True:
-            try:
-                request = self.inbox.get_nowait()
-            except queue.Empty:
-                return drained
-            if request is not None:
-                drained.append(request)
-
-    def _leave(self, gone: set[int]) -> None:
-        """Finished or cancelled rows leave the decode batch; their conversation KV is kept for reuse."""
-        if not gone:
-            return
-        for key in gone:
-            self._retire(self.running.pop(key), self.batch.row_tensors(key))
-        self.batch.remove(gone)
-
-    def _retire(self, request: Request, tensors: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        self._remember(request, tensors)
-        request.release()
-
-    def _drop_cancelled(self) -> None:
-        for queue_ in (self.waiting, self.encoded):
-            for request in [r for r in queue_ if r.stream.cancelled]:
-                queue_.remove(request)
-                request.leave_queue()
-                self._finish(request)
-                request.release()
-        cancelled = [r for r in self.running.values() if r.stream.cancelled]
-        for request in cancelled:
-            self._finish(request)
-        self._leave({r.id for r in cancelled})
+    @property
+    def idle(self) -> bool:
+        return not (self.encoding or self.prefilling or self.running)

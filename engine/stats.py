@@ -1,24 +1,38 @@
-"""The per-request stats dict: its keys are a public contract (UI, tests, benchmarks)."""
+"""The per-request stats: their names are a public contract (UI, `/ask` JSON, tests, benchmarks).
 
-STATS_KEYS = (
-    "pruning_rate",  # q the request asked for
-    "frames_sampled",  # video frames taken from the file
-    "grid_thw",  # [T, h, w] in LLM tokens
-    "video_tokens_total",  # T*h*w before EVS
-    "video_tokens_kept",  # after EVS
-    "tokens_kept_per_frame",  # list, one count per temporal group
-    "prompt_tokens",  # tokens the language model saw for the prompt (after pruning)
-    "prefill_tokens",  # of those, the ones prefilled now (the rest came from the prefix KV cache)
-    "generated_tokens",
-    "ttft_s",  # submit -> first answer token
-    "total_s",  # submit -> done
-    "decode_video_s",  # file decode + frame sampling + HF processor
-    "vit_s",  # the vision forward this request took part in
-    "evs_s",
-    "prefill_s",
-    "decode_s",  # first token -> done
-    "vit_batch_requests",  # requests that shared the ViT forward
-    "vit_cache_hit",
-    "prefix_cache_hit",
-    "decode_batch_max",  # most requests in one decode step with this one
-)
+A dataclass with slots, so a mistyped name raises AttributeError instead of quietly adding a key; the
+done event carries `asdict()` of it, a plain dict with every key below.
+"""
+
+from dataclasses import asdict, dataclass, fields
+
+
+@dataclass(slots=True)
+class Stats:
+    pruning_rate: float | None = None  # q the request asked for
+    frames_sampled: int | None = None  # video frames taken from the file
+    sampled_fps: float | None = None  # frames sampled per second of video (below the asked fps on long videos)
+    grid_thw: list[int] | None = None  # [T, h, w] in LLM tokens
+    video_tokens_total: int | None = None  # T*h*w before EVS
+    video_tokens_kept: int | None = None  # after EVS
+    tokens_kept_per_frame: list[int] | None = None  # one count per temporal group
+    prompt_tokens: int | None = None  # tokens the language model saw for the prompt (after pruning)
+    prefill_tokens: int | None = None  # of those, the ones prefilled now (the rest came from the prefix KV cache)
+    generated_tokens: int | None = None
+    ttft_s: float | None = None  # submit -> first answer token
+    total_s: float | None = None  # submit -> done
+    decode_video_s: float | None = None  # reading the file + frame sampling + HF processor
+    vit_s: float | None = None  # the vision forward this request took part in
+    evs_s: float | None = None
+    prefill_s: float | None = None
+    decode_s: float | None = None  # first token -> done
+    vit_batch_requests: int | None = None  # requests that shared the ViT forward (0 on a feature cache hit)
+    vit_cache_hit: bool | None = None
+    prefix_cache_hit: bool | None = None
+    decode_batch_max: int | None = None  # most requests in one decode step with this one
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+STATS_KEYS = tuple(field.name for field in fields(Stats))

@@ -39,7 +39,8 @@ class Event:
     kind "evs":    `evs` holds the pruning picture (once, before the first token).
     kind "text":   `text` is the next piece of the answer.
     kind "done":   `stats` holds the final stats dict (docs/architecture.md keys) and `token_ids` the generated
-                   token ids; the stream ends after it.
+                   token ids (and `logits`, (generated, V) float32, when the request asked for them);
+                   the stream ends after it.
     """
 
     kind: Literal["status", "evs", "text", "done"]
@@ -47,14 +48,19 @@ class Event:
     evs: EvsPicture | None = None
     stats: dict | None = None
     token_ids: tuple[int, ...] = ()
+    logits: np.ndarray | None = None
 
 
 @dataclass
 class Answer:
+    """logits: (generated, V) float32, the distribution each answer token was chosen from, when the
+    request set GenerationParams.return_logits; else None."""
+
     text: str
     stats: dict
     token_ids: tuple[int, ...] = ()
     cancelled: bool = False
+    logits: np.ndarray | None = None
 
 
 _END = object()
@@ -73,6 +79,7 @@ class Stream:
     _text: list[str] = field(default_factory=list)
     _stats: dict | None = None
     _token_ids: tuple[int, ...] = ()
+    _logits: np.ndarray | None = None
     _error: BaseException | None = None
 
     # --- worker side -------------------------------------------------------------------------
@@ -84,6 +91,7 @@ class Stream:
         elif event.kind == "done":
             self._stats = event.stats
             self._token_ids = event.token_ids
+            self._logits = event.logits
         self._deliver(event)
         if event.kind == "done":
             self._close()
@@ -161,4 +169,4 @@ class Stream:
             raise TimeoutError(f"request {self.request_id} did not finish in {timeout_s} s")
         if self._error is not None:
             raise self._error
-        return Answer("".join(self._text), self._stats or {}, self._token_ids, self.cancelled)
+        return Answer("".join(self._text), self._stats or {}, self._token_ids, self.cancelled, self._logits)

@@ -66,7 +66,8 @@ class VisionEncoder:
             features = self.lookup(request.feature_key, request.prompt.grid_thw)
             if features is not None:
                 request.features = features
-                request.stats.update(vit_cache_hit=True, vit_s=0.0, vit_batch_requests=0)
+                stats = request.stats
+                stats.vit_cache_hit, stats.vit_s, stats.vit_batch_requests = True, 0.0, 0
             else:
                 misses.setdefault(request.feature_key, []).append(request)
         keys = list(misses)
@@ -94,4 +95,5 @@ class VisionEncoder:
             self.cache.put(key, CachedFeatures(features, owner.prompt.grid_thw), features.nbytes)
             for request in misses[key]:
                 request.features = features
-                request.stats.update(vit_cache_hit=False, vit_s=vit_s, vit_batch_requests=len(served))
+                stats = request.stats
+                stats.vit_cache_hit, stats.vit_s, stats.vit_batch_requests = False, vit_s, len(served)

@@ -30,18 +30,24 @@ def test_q0_equals_stock_generate(name, tiny_models, tiny_cache_dir, clip):
     loaded, family = tiny_models(name)
     inputs = processor_inputs(loaded, sampled(path), chat_text(family, SYSTEM, QUESTION, []), 224 * 224)
     with torch.inference_mode():
-        stock = loaded.model.generate(**inputs, max_new_tokens=16, do_sample=False)
-    stock_tokens = stock[0, inputs["input_ids"].shape[1] :].tolist()
+        stock = loaded.model.generate(
+            **inputs, max_new_tokens=16, do_sample=False, output_logits=True, return_dict_in_generate=True
+        )
+    stock_tokens = stock.sequences[0, inputs["input_ids"].shape[1] :].tolist()
 
     engine = Engine(EngineConfig(model=name, device="cpu", cache_dir=tiny_cache_dir, sampling=SAMPLING))
     try:
-        params = GenerationParams(pruning_rate=0.0, max_new_tokens=16)
+        params = GenerationParams(pruning_rate=0.0, max_new_tokens=16, return_logits=True)
         answer = engine.submit(video=path, question=QUESTION, params=params).result(timeout_s=300)
     finally:
         engine.shutdown()
-    eos = set(engine._scheduler.eos_ids)
+    eos = set(engine._worker.runner.eos_ids)
     stock_tokens = stock_tokens[: next((i for i, t in enumerate(stock_tokens) if t in eos), len(stock_tokens))]
     assert list(answer.token_ids) == stock_tokens
+    # Every step's distribution, not only its argmax: a small error in the engine's positions or KV would
+    # leave a random model's greedy tokens unchanged.
+    stock_logits = torch.cat(stock.logits).float()[: len(answer.logits)]
+    torch.testing.assert_close(torch.from_numpy(answer.logits), stock_logits, atol=1e-5, rtol=0)
     assert answer.stats["video_tokens_kept"] == answer.stats["video_tokens_total"]
 
 

@@ -31,7 +31,7 @@ def test_qwen3_full_positions_match_stock_rope_index(tiny_models, clip):
 def test_qwen25_hand_worked_long_clip_positions():
     """T=6 groups of 2x2 tokens, 1 s per group, 2 tokens per second: t offsets 0, 2, ..., 10.
     Original Qwen rule: text after the video starts at the video's max position + 1 = start + 10 + 1."""
-    family = Qwen25VL(tokens_per_second=2)
+    family = Qwen25VL(temporal_patch=2, tokens_per_second=2)
     is_video = torch.tensor([False] * 3 + [True] * 24 + [False] * 2)
     pos = family.full_positions(is_video, (6, 2, 2), second_per_group=1.0)
     assert pos[:, :3].tolist() == [[0, 1, 2]] * 3
@@ -43,13 +43,13 @@ def test_qwen25_hand_worked_long_clip_positions():
 
 
 def test_qwen25_truncates_after_multiplying():
-    family = Qwen25VL(tokens_per_second=2)
+    family = Qwen25VL(temporal_patch=2, tokens_per_second=2)
     # 0.7 s per group: 1.4, 2.8, 4.2 -> 1, 2, 4 (truncating 0.7 first would give 0, 0, 0)
     assert family.temporal_offsets(4, 0.7).tolist() == [0, 1, 2, 4]
 
 
 def test_qwen3_groups_each_restart_temporal_position():
-    family = Qwen3VL()
+    family = Qwen3VL(temporal_patch=2)
     # <t><vs> 2x2 pads <ve> for each of 2 groups, then 2 text tokens
     is_video = torch.tensor([False, False, *[True] * 4, False, False, False, *[True] * 4, False, False, False])
     pos = family.full_positions(is_video, (2, 2, 2), 0.0)

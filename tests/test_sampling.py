@@ -2,7 +2,7 @@
 
 import torch
 
-from engine.sampling import TextDecoder, next_token
+from engine.sampling import Detokenizer, next_token
 from engine.tiny import build_tokenizer
 
 
@@ -10,7 +10,7 @@ def test_streamed_pieces_add_up_to_the_full_text_across_split_characters():
     tokenizer = build_tokenizer()
     text = "Ein Würfel → rollt 🎲 nach links."
     ids = tokenizer.encode(text)  # byte-level: multi-byte characters span several tokens
-    decoder = TextDecoder(tokenizer)
+    decoder = Detokenizer(tokenizer)
     pieces = [decoder.add(i) for i in ids]
     assert "".join(pieces) + decoder.flush() == text
     assert all("\ufffd" not in piece for piece in pieces)
@@ -19,7 +19,7 @@ def test_streamed_pieces_add_up_to_the_full_text_across_split_characters():
 
 def test_flush_returns_an_incomplete_tail():
     tokenizer = build_tokenizer()
-    decoder = TextDecoder(tokenizer)
+    decoder = Detokenizer(tokenizer)
     ids = tokenizer.encode("ok 🎲")
     pieces = [decoder.add(i) for i in ids[:-1]]  # the last byte of the emoji never comes
     assert "".join(pieces) == "ok "

@@ -4,6 +4,7 @@ import shutil
 import time
 
 import pytest
+import torch
 
 from app_harness import wait_until
 from engine import Engine, EngineConfig, GenerationParams
@@ -20,7 +21,16 @@ def make_engine(tiny_cache_dir, **overrides) -> Engine:
 
 
 def params(q: float, tokens: int = 12) -> GenerationParams:
-    return GenerationParams(pruning_rate=q, max_new_tokens=tokens, ignore_eos=True)
+    return GenerationParams(pruning_rate=q, max_new_tokens=tokens, ignore_eos=True, return_logits=True)
+
+
+def assert_same_answer(got, want, what) -> None:
+    """Same tokens and, at every step, the same distribution: a random model's greedy tokens survive
+    small errors in a reused or batched KV entry that the logits show. float32 sums in another order
+    when the batch shape changes: measured up to 1.1e-5 after 12 steps, where one corrupted key vector
+    moves them by 1e-3 and more."""
+    assert got.token_ids == want.token_ids, what
+    torch.testing.assert_close(torch.from_numpy(got.logits), torch.from_numpy(want.logits), atol=2e-5, rtol=0, msg=what)
 
 
 @pytest.fixture(scope="module")
@@ -30,12 +40,12 @@ def videos(clip):
 
 @pytest.fixture(scope="module")
 def alone(tiny_cache_dir, videos):
-    """Greedy tokens of each workload item, run one at a time on a fresh engine each."""
-    tokens = {}
+    """The answer to each workload item, run one at a time on a fresh engine each."""
+    answers = {}
     for video, q in WORKLOAD:
         with make_engine(tiny_cache_dir) as engine:
-            tokens[(video, q)] = engine.submit(videos[video], "What happens?", params(q)).result(120).token_ids
-    return tokens
+            answers[(video, q)] = engine.submit(videos[video], "What happens?", params(q)).result(120)
+    return answers
 
 
 def test_batched_equals_alone(tiny_cache_dir, videos, alone):
@@ -45,7 +55,7 @@ def test_batched_equals_alone(tiny_cache_dir, videos, alone):
         answers = {item: stream.result(120) for item, stream in streams.items()}
         assert engine.vision.forwards == 1  # three distinct videos, one forward
     for item, answer in answers.items():
-        assert answer.token_ids == alone[item], item
+        assert_same_answer(answer, alone[item], item)
         assert answer.stats["vit_batch_requests"] == len(WORKLOAD)
         assert answer.stats["decode_batch_max"] == len(WORKLOAD)
     kept = {item: answers[item].stats["video_tokens_kept"] for item in WORKLOAD}
@@ -73,7 +83,7 @@ def test_follow_up_hits_both_caches_and_matches_cold(tiny_cache_dir, videos):
     assert not first.stats["vit_cache_hit"] and not first.stats["prefix_cache_hit"]
     assert follow.stats["vit_cache_hit"] and follow.stats["prefix_cache_hit"]
     assert not cold.stats["prefix_cache_hit"]
-    assert follow.token_ids == cold.token_ids
+    assert_same_answer(follow, cold, "follow-up against cold")
     assert follow.stats["prompt_tokens"] == cold.stats["prompt_tokens"]
 
 
@@ -133,10 +143,10 @@ def test_cancel_mid_stream_leaves_the_others_unchanged(tiny_cache_dir, videos, a
         while engine.running_requests and time.monotonic() < deadline:
             time.sleep(0.05)
         assert engine.running_requests == 0
-        assert len(engine._scheduler.batch) == 0 and engine._scheduler.batch.cache is None
+        assert len(engine._worker.runner.batch) == 0 and engine._worker.runner.batch.cache is None
     assert answer.cancelled and answer.stats["generated_tokens"] < 400
     for item, result in results.items():
-        assert result.token_ids == alone[item]
+        assert_same_answer(result, alone[item], item)
 
 
 def test_token_budget_splits_the_vit_forward(tiny_cache_dir, videos, alone):
@@ -146,7 +156,7 @@ def test_token_budget_splits_the_vit_forward(tiny_cache_dir, videos, alone):
         answers = {item: stream.result(120) for item, stream in streams.items()}
         assert engine.vision.forwards == len(KINDS)
     for item, answer in answers.items():
-        assert answer.token_ids == alone[item]
+        assert_same_answer(answer, alone[item], item)
         assert answer.stats["vit_batch_requests"] == 2  # the two requests on each video share its forward
 
 
@@ -176,6 +186,6 @@ def test_prefill_budget_staggers_joins_without_changing_tokens(tiny_cache_dir, v
             streams = {item: engine.submit(videos[item[0]], "What happens?", params(item[1])) for item in WORKLOAD[:3]}
         answers = {item: stream.result(120) for item, stream in streams.items()}
     for item, answer in answers.items():
-        assert answer.token_ids == alone[item]
+        assert_same_answer(answer, alone[item], item)
         assert answer.stats["vit_batch_requests"] == 3
     assert all(answer.stats["decode_batch_max"] == 3 for answer in answers.values())
