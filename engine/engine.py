@@ -246,7 +246,7 @@ class Engine:
             stream.push(Event("done", stats=request.stats.as_dict()))
             return
         try:
-            stream.push(Event("status", "decoding video"))
+            stream.push(Event("status", "reading video"))
             start = time.perf_counter()
             config, sampling = self.config, request.sampling
             request.video = self._sampled_video(request.video_path, sampling)

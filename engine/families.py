@@ -107,6 +107,11 @@ class Family:
         """Extra arguments for the language model's forward (DeepStack injection)."""
         return {}
 
+    def processor_size(self, num_frames: int, max_pixels_per_frame: int, factor: int) -> dict:
+        """The HF video processor's `size` (pixels) that caps each of num_frames frames at
+        max_pixels_per_frame; factor is patch * merge, the side of one LLM token in pixels."""
+        return {"shortest_edge": factor * factor, "longest_edge": max_pixels_per_frame}
+
 
 class Qwen3VL(Family):
     """Qwen3-VL: each temporal group is `<t.t seconds><|vision_start|>` + pads + `<|vision_end|>`;
@@ -133,6 +138,14 @@ class Qwen3VL(Family):
         return [
             VideoFeatures(embeds, [level[i] for level in levels]) for i, embeds in enumerate(out.pooler_output)
         ]
+
+    def processor_size(self, num_frames, max_pixels_per_frame, factor):
+        # Qwen3-VL's `size` counts pixels over all frames, so the cap is scaled by the frame count: the
+        # smaller of the raw and temporally rounded counts (the processor's own rounding, Python's round),
+        # which keeps every frame at or under the cap whichever branch of its resize fires.
+        temporal = self.temporal_patch
+        frames_counted = max(1, min(num_frames, round(num_frames / temporal) * temporal))
+        return {"shortest_edge": factor * factor * temporal, "longest_edge": frames_counted * max_pixels_per_frame}
 
     def language_kwargs(self, visual_mask, deepstack):
         if visual_mask is None or not bool(visual_mask.any()):

@@ -22,6 +22,7 @@ from transformers import (
 
 from engine import attention
 from engine.config import default_cache_dir
+from engine.families import family_for
 from engine.hardware import choose_device, probe_host
 from engine.random_checkpoints import UnknownCheckpoint, build_random_model, checkpoint_spec, is_random, spec_config
 from engine.tiny import MODEL_NOTES_FILE, TINY_MODELS, TRAINED_MODELS, ensure_tiny_model
@@ -240,21 +241,12 @@ def load_model(name: str, device: str = "auto", cache_dir: Path | None = None) -
 def processor_video_kwargs(loaded: LoadedModel, num_frames: int, max_pixels_per_frame: int) -> dict:
     """Processor call kwargs that cap each frame at `max_pixels_per_frame` (height*width) and never upscale.
 
-    Sides are rounded to multiples of patch*merge (32 for Qwen3-VL, 28 for Qwen2.5-VL) by the processor.
-    Qwen2.5's video `size` is per frame; Qwen3-VL's `size` counts pixels over all frames, so its cap is
-    scaled by the frame count (the smaller of the raw and temporally rounded counts, which keeps every
-    frame at or under the cap whichever branch of its resize fires). The floor is one merged token per frame.
+    Sides are rounded to multiples of patch*merge (32 for Qwen3-VL, 28 for Qwen2.5-VL) by the processor;
+    what `size` means differs by family (Family.processor_size). The floor is one merged token per frame.
     """
     video_processor = loaded.processor.video_processor
     factor = video_processor.patch_size * video_processor.merge_size
-    temporal = video_processor.temporal_patch_size
-    if loaded.family == "qwen3_vl":
-        # Mirrors the processor's own rounding of the frame count (Python's round, half to even).
-        rounded_frames = round(num_frames / temporal) * temporal
-        frames_counted = max(1, min(num_frames, rounded_frames))
-        size = {"shortest_edge": factor * factor * temporal, "longest_edge": frames_counted * max_pixels_per_frame}
-    else:
-        size = {"shortest_edge": factor * factor, "longest_edge": max_pixels_per_frame}
+    size = family_for(loaded.model).processor_size(num_frames, max_pixels_per_frame, factor)
     if size["longest_edge"] < size["shortest_edge"]:
         raise ValueError(f"max_pixels_per_frame={max_pixels_per_frame} is below one token ({factor}x{factor})")
     # cap_pixels_per_frame=False: the cap above is ours; the processor must not shrink frames further.

@@ -35,7 +35,7 @@ class EvsPicture:
 class Event:
     """One thing that happened to a request.
 
-    kind "status": `text` says what the engine is doing ("decoding video", "prefill", ...).
+    kind "status": `text` says what the engine is doing ("reading video", "prefill", ...).
     kind "evs":    `evs` holds the pruning picture (once, before the first token).
     kind "text":   `text` is the next piece of the answer.
     kind "done":   `stats` holds the final stats dict (docs/architecture.md keys) and `token_ids` the generated

@@ -76,8 +76,10 @@ def test_gpu_defaults_give_a_90_second_clip_about_ten_thousand_video_tokens():
 def test_the_checkpoints_own_processor_agrees_with_the_token_arithmetic(checkpoint, family, per_group):
     """video_tokens is an upper bound the plan relies on: the real processor never gives a group more."""
     processor = spec_processor(checkpoint_spec(checkpoint), family, build_tokenizer())
-    loaded = types.SimpleNamespace(processor=processor, family=family)
-    merge = config_of(checkpoint).vision_config.spatial_merge_size
+    config = config_of(checkpoint)
+    assert config.model_type == family
+    loaded = types.SimpleNamespace(processor=processor, model=types.SimpleNamespace(config=config))
+    merge = config.vision_config.spatial_merge_size
     for height, width in [(448, 448), (720, 1280), (1080, 1920)]:
         frames = np.zeros((4, height, width, 3), np.uint8)
         metadata = VideoMetadata(total_num_frames=4, fps=2.0, frames_indices=[0, 1, 2, 3], duration=2.0,
