@@ -1,12 +1,14 @@
 """EVS Video Chat: `python app.py [--model ID|tiny-random] [--device auto|cuda|cpu] [--host H] [--port P]`.
 
 Every flag has an environment twin (the flag wins): EVS_MODEL, EVS_DEVICE, EVS_HOST (or GRADIO_SERVER_NAME),
-EVS_PORT (or GRADIO_SERVER_PORT), EVS_MAX_FILE_MB, EVS_STRICT_MODEL=1, EVS_TEMP_MAX_AGE_S, EVS_TEMP_SWEEP_S.
+EVS_PORT (or GRADIO_SERVER_PORT), EVS_MAX_FILE_MB, EVS_STRICT_MODEL=1, EVS_TEMP_MAX_AGE_S, EVS_TEMP_SWEEP_S,
+EVS_FETCH_VIDEO_URLS=1.
 
 Start-up: check the host first (a GPU that torch cannot use, or --device cuda without one, ends the start
 with one line), load the model once (falling back to the offline tiny-trained when the checkpoint cannot be
 fetched, or when it is too large for the CPU that --device auto found, unless strict), answer one warm-up
-request on a built-in clip, log what runs where, then serve the UI and GET /healthz.
+request on a built-in clip, log what runs where, then serve the UI, GET /healthz, the OpenAI-compatible
+/v1/chat/completions and /v1/models, and the MCP server at /gradio_api/mcp/.
 """
 
 import argparse
@@ -81,6 +83,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="uploads and generated images older than this are deleted [EVS_TEMP_MAX_AGE_S]")
     parser.add_argument("--temp-sweep-s", type=int, default=_env("EVS_TEMP_SWEEP_S", default=str(TEMP_SWEEP_S)),
                         help="how often old temporary files are looked for [EVS_TEMP_SWEEP_S]")
+    parser.add_argument("--fetch-video-urls", action="store_true", default=_env_flag("EVS_FETCH_VIDEO_URLS"),
+                        help="let /v1/chat/completions fetch http(s) video URLs from public addresses, bounded "
+                             "by --max-file-mb; off, they are refused (a public server should not fetch "
+                             "URLs for strangers) [EVS_FETCH_VIDEO_URLS=1]")
     args = parser.parse_args(argv)
     if args.max_file_mb <= 0:
         parser.error("--max-file-mb must be above 0")
@@ -227,12 +233,14 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("GRADIO_TEMP_DIR", str(Path(tempfile.gettempdir()) / "evs-video-chat"))
         import ui  # imported once the model is up: a strict start-up failure exits without loading Gradio
 
-        demo = ui.build_demo(engine, banner=banner, delete_cache=(args.temp_sweep_s, args.temp_max_age_s))
+        demo = ui.build_demo(engine, banner=banner, delete_cache=(args.temp_sweep_s, args.temp_max_age_s),
+                             max_file_bytes=max_file_bytes, fetch_video_urls=args.fetch_video_urls)
         sweeper = ui.start_sweeper(demo, args.temp_sweep_s, args.temp_max_age_s)
         launch_kwargs = ui.launch_kwargs(max_file_bytes)
         app_kwargs = dict(launch_kwargs.pop("app_kwargs", None) or {})
-        # FastAPI(routes=...) puts /healthz ahead of every route Gradio adds.
-        app_kwargs["routes"] = [*app_kwargs.get("routes", []), health_route(engine, banner is not None)]
+        # FastAPI(routes=...) puts these ahead of every route Gradio adds.
+        app_kwargs["routes"] = [*app_kwargs.get("routes", []), health_route(engine, banner is not None),
+                                *ui.openai_routes(engine, max_file_bytes, fetch_video_urls=args.fetch_video_urls)]
         # Docker stop and Space restarts send SIGTERM: end like Ctrl-C so Gradio closes its server cleanly.
         signal.signal(signal.SIGTERM, signal.default_int_handler)
         try:

@@ -2,6 +2,7 @@
 
     python bench/accuracy.py [--model tiny-trained] [--seed 0] [--per-type 100] [--rates 0,0.5,0.7,0.9]
                              [--plot assets/accuracy.svg] [--json]
+    (`python -m bench.accuracy ...` from the repository root is the same.)
 
 Each held-out clip (assets/shapes.py, never trained on) is written as an H.264 MP4 and asked every
 question type through the Engine, greedy, at each rate; an answer counts when it is exactly the expected

@@ -3,6 +3,7 @@
     python bench/gpu_check.py                                  # random:Qwen/Qwen3-VL-4B-Instruct, bf16, GPU
     python bench/gpu_check.py --model Qwen/Qwen3-VL-4B-Instruct  # a downloaded checkpoint instead
     python bench/gpu_check.py --quick --device cpu             # the same code path on a tiny model (CI)
+(`python -m bench.gpu_check ...` from the repository root is the same.)
 
 Prints one table and writes it as JSON (--out):
   - TTFT split by stage (video decode, ViT, EVS, prefill) for q in {0, 0.5, 0.7, 0.9} on a generated
@@ -18,7 +19,6 @@ wheels the README lists. Exits 1 when a request fails or a stat contradicts EVS,
 
 import argparse
 import json
-import platform
 import statistics
 import sys
 import tempfile
@@ -29,24 +29,25 @@ from pathlib import Path
 
 import torch
 
-# Run as a script from anywhere: the repo root holds the `engine`, `evs` and `assets` packages.
+# Run as a script from anywhere: the repo root holds the `engine`, `evs`, `assets` and `bench` packages.
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
-import transformers  # noqa: E402
-
 import evs  # noqa: E402
 from assets.clips import write_clip  # noqa: E402
+from bench.bursts import engine_burst  # noqa: E402
+from bench.environment import machine, versions  # noqa: E402
+from bench.summary import burst_summary  # noqa: E402
+from bench.ttft_by_rate import ttft_by_rate  # noqa: E402
+from bench.vit_timing import prepared_prompts, vit_forward_s  # noqa: E402
+from bench.workload import QUESTION  # noqa: E402
 from engine import Answer, Engine, EngineConfig, GenerationParams, SamplingParams  # noqa: E402
 from engine.errors import one_line  # noqa: E402
 from engine.hardware import probe_host  # noqa: E402
-from engine.prompt import prepare_prompt  # noqa: E402
-from engine.video import load_video  # noqa: E402
 
 PRUNING_RATES = (0.0, 0.5, 0.7, 0.9)
 BURST_RATES = (0.0, 0.7)
 USERS = 8
-QUESTION = "Describe what happens in this video."
 GIB = 1024**3
 
 
@@ -109,63 +110,28 @@ def evs_problems(answer: Answer) -> list[str]:
     return problems
 
 
-def ttft_by_rate(engine: Engine, clip: Path, work: dict, new_tokens: int) -> list[dict]:
-    """One request per q, alone, with each TTFT stage and the ideal TTFT beside it."""
-    rows = []
-    for q in PRUNING_RATES:
-        stats = engine.submit(clip, QUESTION, params(q, work, new_tokens)).result().stats
-        rows.append({key: stats[key] for key in ("pruning_rate", "video_tokens_total", "video_tokens_kept",
-                                                  "prompt_tokens", "decode_video_s", "vit_s", "evs_s",
-                                                  "prefill_s", "ttft_s")})
-    full = rows[0]
-    for row in rows:
-        # Prefill is the only stage EVS shortens; ideally it shrinks in proportion to the prompt.
-        row["ideal_ttft_s"] = (row["decode_video_s"] + row["vit_s"] + row["evs_s"]
-                               + full["prefill_s"] * row["prompt_tokens"] / full["prompt_tokens"])
-        row["ttft_over_ideal"] = row["ttft_s"] / row["ideal_ttft_s"]
-    return rows
-
-
 def vit_batching(engine: Engine, clip: Path, work: dict, repeats: int = 3) -> dict:
     """Seconds of one ViT forward over USERS copies of the clip's frames and of USERS separate forwards
     (medians over `repeats`, back to back so drift hits both alike)."""
-    loaded, family = engine.loaded, engine.family
-    video = load_video(clip, work["sampling"], max_seconds=3600, max_bytes=1 << 40, timeout_s=600)
-    prompt = prepare_prompt(loaded, family, video, QUESTION, [], "", work["sampling"].max_pixels_per_frame)
-    device = loaded.model.device
-    pixels = prompt.pixel_values.to(device)
-    grid = prompt.grid_thw_patches.to(device)
-
-    def forward(copies: int) -> float:
-        start = time.perf_counter()
-        family.encode(loaded.model, torch.cat([pixels] * copies), torch.stack([grid] * copies))
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        return time.perf_counter() - start
-
+    prompt = prepared_prompts(engine, [clip], work["sampling"], QUESTION)[0]
+    vit_forward_s(engine, [prompt])  # warm-up: kernel selection, allocator growth
     together, separate = [], []
-    with torch.inference_mode():
-        forward(1)  # warm-up: kernel selection, allocator growth
-        for _ in range(repeats):
-            together.append(forward(USERS))
-            separate.append(sum(forward(1) for _ in range(USERS)))
-    return {"videos": USERS, "patches_per_video": int(pixels.shape[0]),
+    for _ in range(repeats):
+        together.append(vit_forward_s(engine, [prompt] * USERS))
+        separate.append(sum(vit_forward_s(engine, [prompt]) for _ in range(USERS)))
+    return {"videos": USERS, "patches_per_video": int(prompt.pixel_values.shape[0]),
             "one_forward_s": statistics.median(together), "separate_forwards_s": statistics.median(separate),
             "ratio": statistics.median(together) / statistics.median(separate)}
 
 
 def burst(engine: Engine, clips: list[Path], q: float, work: dict, new_tokens: int) -> tuple[dict, list[Answer]]:
     """USERS requests submitted at the same instant: mean TTFT, wall time, output tokens per second."""
-    start = time.perf_counter()
-    with engine.paused():
-        streams = [engine.submit(clip, QUESTION, params(q, work, new_tokens)) for clip in clips]
-    answers = [stream.result() for stream in streams]
-    wall_s = time.perf_counter() - start
-    generated = sum(a.stats["generated_tokens"] for a in answers)
-    return {"pruning_rate": q, "users": len(clips), "mean_ttft_s": statistics.mean(a.stats["ttft_s"] for a in answers),
-            "wall_s": wall_s, "output_tokens_per_s": generated / wall_s,
-            "vit_batch_requests_max": max(a.stats["vit_batch_requests"] for a in answers),
-            "decode_batch_max": max(a.stats["decode_batch_max"] for a in answers)}, answers
+    run = engine_burst(engine, clips, params(q, work, new_tokens))
+    figures = burst_summary(run)
+    return {"pruning_rate": q, "users": len(clips), "mean_ttft_s": figures["mean_ttft_s"], "wall_s": run.wall_s,
+            "output_tokens_per_s": figures["output_tokens_per_s"],
+            "vit_batch_requests_max": max(a.stats["vit_batch_requests"] for a in run.answers),
+            "decode_batch_max": max(a.stats["decode_batch_max"] for a in run.answers)}, run.answers
 
 
 def print_table(report: dict) -> None:
@@ -217,7 +183,8 @@ def run(args: argparse.Namespace) -> tuple[dict, list[str]]:
             if device.type == "cuda":
                 torch.cuda.empty_cache()
                 torch.cuda.reset_peak_memory_stats(device)
-            rows = ttft_by_rate(engine, clips[0], work, args.new_tokens)
+            rows = ttft_by_rate(engine, clips[0], PRUNING_RATES, QUESTION,
+                                lambda q: params(q, work, args.new_tokens))
             bursts = []
             for q in BURST_RATES:
                 summary, answers = burst(engine, clips, q, work, args.new_tokens)
@@ -227,11 +194,10 @@ def run(args: argparse.Namespace) -> tuple[dict, list[str]]:
     finally:
         engine.shutdown()
     report = {
-        "machine": {"platform": platform.platform(), "python": platform.python_version(),
-                    "processor": platform.processor() or platform.machine()},
+        "machine": machine(),
         "device": str(device),
         "host": {**asdict(host), "summary": host.summary()},
-        "versions": {"torch": torch.__version__, "cuda": torch.version.cuda, "transformers": transformers.__version__},
+        "versions": versions(),
         "model": engine.model_info,
         "memory_plan": asdict(engine.memory_plan),
         "load_s": load_s,

@@ -98,6 +98,7 @@ class Engine:
         self._decoding: dict[tuple, Future] = {}  # decodes under way, by (digest, sampling)
         self._decoded_lock = threading.Lock()
         self._prepared = threading.Condition()
+        self._pauses = 0  # paused() blocks open; admission is held while above 0
         device_type = self.loaded.device.type
         self._default_sampling = self.config.sampling or default_sampling(device_type)
         self._sampling_limits = sampling_limits(device_type)
@@ -221,14 +222,20 @@ class Engine:
     def paused(self, timeout_s: float = 120.0):
         """Hold admission while the block submits a burst; on exit wait until every submitted request
         is prepared, then let the worker take them all in one iteration (one ViT forward). Benchmarks
-        and tests use it to make "simultaneous" exact; running requests keep decoding meanwhile."""
-        self._worker.admitting.clear()
+        and tests use it to make "simultaneous" exact; running requests keep decoding meanwhile.
+        Pauses may overlap (two sweeps at once): admission resumes when the last one ends."""
+        with self._prepared:
+            self._pauses += 1
+            self._worker.admitting.clear()
         try:
             yield self
             with self._prepared:
                 self._prepared.wait_for(lambda: self._preparing == 0, timeout_s)
         finally:
-            self._worker.admitting.set()
+            with self._prepared:
+                self._pauses -= 1
+                if self._pauses == 0:
+                    self._worker.admitting.set()
 
     def _prepare(self, request: Request) -> None:
         """CPU work off the GPU thread: decode and sample the video, run the HF processor."""

@@ -34,6 +34,9 @@ class SubmitSpy:
     def sampling_limits(self):
         return self.engine.sampling_limits
 
+    def paused(self, *args, **kwargs):
+        return self.engine.paused(*args, **kwargs)
+
     def submit(self, *args, **kwargs) -> Stream:
         stream = self.engine.submit(*args, **kwargs)
         self.streams.append(stream)
@@ -54,15 +57,18 @@ def free_port() -> int:
 
 
 @contextmanager
-def launched_app(cache_dir: Path):
-    """A demo on a free port around a tiny-model engine on CPU; closed and shut down afterwards."""
+def launched_app(cache_dir: Path, **engine_settings):
+    """A demo on a free port around a tiny-model engine on CPU, with the OpenAI routes and the MCP server as
+    app.py serves them; closed and shut down afterwards. engine_settings: EngineConfig fields (max_queue)."""
     engine = Engine(EngineConfig(model="tiny-random", device="cpu", cache_dir=cache_dir,
-                                 max_video_seconds=MAX_VIDEO_S))
+                                 max_video_seconds=MAX_VIDEO_S, **engine_settings))
     spy = SubmitSpy(engine)
-    demo = ui.build_demo(spy)
+    demo = ui.build_demo(spy, max_file_bytes=MAX_FILE_BYTES)
     try:
+        routes = ui.openai_routes(spy, MAX_FILE_BYTES)
         _, url, _ = demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=free_port(),
-                                quiet=True, **ui.launch_kwargs(MAX_FILE_BYTES))
+                                quiet=True, app_kwargs={"routes": routes}, **ui.launch_kwargs(MAX_FILE_BYTES))
+        assert demo.mcp_server, demo.mcp_error  # Gradio only prints why its MCP server did not start
         yield RunningApp(url=url, client=Client(url, verbose=False), spy=spy)
     finally:
         demo.close()

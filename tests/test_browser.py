@@ -13,6 +13,7 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts"
 TIMEOUT_MS = 90_000
+PHONE = dict(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True)  # an iPhone 12-15's width
 
 pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium (apt-get install chromium)")
 
@@ -67,6 +68,23 @@ def status_text(page) -> str:
     return page.locator("#evs-status").inner_text()
 
 
+def sweep_and_wait(page, rates: int = 5) -> None:
+    """Press Sweep and wait until every rate's card shows its numbers, the plot and the table."""
+    page.click("#evs-sweep-button")
+    page.wait_for_function(
+        "n => { const cards = [...document.querySelectorAll('#evs-sweep-answers .evs-sweep-numbers')];"
+        " return cards.length === n && cards.every(card => card.innerText.includes('TTFT')); }",
+        arg=rates, timeout=TIMEOUT_MS)
+    page.wait_for_selector("#evs-sweep-plot .js-plotly-plot .bars")
+    page.wait_for_function("document.querySelector('#evs-sweep-table').innerText.includes('0.9')", timeout=TIMEOUT_MS)
+
+
+def horizontal_extent(page, selector: str) -> tuple[float, float]:
+    box = page.locator(selector).first.bounding_box()
+    assert box is not None and box["width"] > 0, selector
+    return box["x"], box["x"] + box["width"]
+
+
 def test_upload_ask_and_see_answer_numbers_and_pictures(page, clip):
     assert "the words are random" in page.locator("#evs-banner").inner_text()
 
@@ -94,11 +112,59 @@ def test_upload_ask_and_see_answer_numbers_and_pictures(page, clip):
     assert "q = 0 · all tokens" in page.locator("#evs-compare-full").inner_text()
     assert "TTFT" in page.locator("#evs-compare-pruned").inner_text()
 
+    # the sweep: five answers side by side (one row of cards), the plot and the per-rate table
+    sweep_and_wait(page)
+    tops = {round(box["y"]) for box in (card.bounding_box() for card in page.locator(".evs-sweep-card").all())}
+    assert len(tops) == 1
+    table = page.locator("#evs-sweep-table").inner_text()
+    assert all(q in table for q in ("0.3", "0.5", "0.7", "0.9"))
+
     ARTIFACTS.mkdir(exist_ok=True)
     shot = ARTIFACTS / "screenshot.png"
     page.screenshot(path=str(shot), full_page=True)
     data = shot.read_bytes()
     assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 20_000
+
+
+def test_a_phone_gets_one_column_and_never_scrolls_sideways(browser, app, clip):
+    context = browser.new_context(**PHONE)
+    phone = context.new_page()
+    phone.set_default_timeout(TIMEOUT_MS)
+    try:
+        phone.goto(app.url)
+        phone.wait_for_selector("#evs-ask")
+        width = PHONE["viewport"]["width"]
+
+        def page_width() -> int:
+            return phone.evaluate("document.documentElement.scrollWidth")
+
+        assert page_width() <= width  # 1286 before the phone layout
+        upload(phone, clip("moving_object", seconds=3.0))
+        phone.click("#evs-advanced button")
+        set_slider(phone, "evs-max-new-tokens", 8)
+        ask(phone, "What moves in this clip?")
+        phone.wait_for_function("document.querySelector('#evs-status').innerText.includes('done')",
+                                timeout=TIMEOUT_MS)
+        phone.wait_for_selector("#evs-bars .js-plotly-plot .bars")
+        sweep_and_wait(phone)
+
+        assert page_width() <= width
+        for selector in ("#evs-ask", '#evs-chat [data-testid="bot"]', "#evs-stats", "#evs-bars", "#evs-heatmap",
+                         "#evs-gallery", "#evs-sweep-answers", "#evs-sweep-plot", "#evs-sweep-table"):
+            left, right = horizontal_extent(phone, selector)
+            assert 0 <= left and right <= width, (selector, left, right)
+        # the columns stack: the conversation is below the inputs, not beside them
+        assert horizontal_extent(phone, "#evs-chat")[0] == horizontal_extent(phone, "#evs-video")[0]
+        assert phone.locator("#evs-chat").bounding_box()["y"] > phone.locator("#evs-ask").bounding_box()["y"]
+
+        phone.locator("#evs-gallery").scroll_into_view_if_needed()  # its frames load lazily
+        phone.wait_for_function("[...document.querySelectorAll('#evs-gallery img')].every(img => img.complete)")
+        ARTIFACTS.mkdir(exist_ok=True)
+        shot = ARTIFACTS / "screenshot-phone.png"
+        phone.screenshot(path=str(shot), full_page=True)
+        assert shot.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    finally:
+        context.close()
 
 
 def test_clicking_an_example_fills_the_inputs(page):

@@ -36,7 +36,7 @@ def make_picture(height_px: int = 12, width_px: int = 18) -> EvsPicture:
 
 def sample_stats(**overrides) -> dict:
     stats = dict(
-        pruning_rate=0.7, frames_sampled=6, grid_thw=[3, 2, 3], video_tokens_total=18,
+        pruning_rate=0.7, frames_sampled=6, sampled_fps=2.0, grid_thw=[3, 2, 3], video_tokens_total=18,
         video_tokens_kept=8, tokens_kept_per_frame=[6, 2, 0], prompt_tokens=40, prefill_tokens=40, generated_tokens=11,
         ttft_s=0.5, total_s=1.5, decode_video_s=0.004, vit_s=0.12, evs_s=0.0021, prefill_s=0.2,
         decode_s=1.0, vit_batch_requests=2, vit_cache_hit=True, prefix_cache_hit=False, decode_batch_max=3,
@@ -150,7 +150,7 @@ def test_stats_cards_show_the_headline_numbers():
     for fragment in ["18 → 8", "56% pruned at q=0.70", "Prompt tokens", ">40<", "11 tokens",
                      "10.0 tokens/s decode", "500 ms", "ViT × 2 · decode × 3", "features hit · prefix miss",
                      "ViT cached · EVS 2.1 ms",
-                     "grid 3 × 2 × 3", "prefilled 40 of 40 prompt tokens"]:
+                     "6 frames at 2 fps · grid 3 × 2 × 3", "prefilled 40 of 40 prompt tokens"]:
         assert fragment in html, fragment
 
 

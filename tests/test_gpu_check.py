@@ -1,4 +1,6 @@
-"""bench/gpu_check.py --quick --device cpu: the GPU check's code path, run in CI so it cannot rot.
+"""python -m bench.gpu_check --quick --device cpu: the GPU check's code path, run in CI so it cannot rot.
+
+(`python bench/gpu_check.py`, the README's form, starts the same code: tests/test_bench.py checks it starts.)
 
 It must run on a bare GPU image without this project's UI requirements, so the run here has gradio and
 plotly shadowed by packages that refuse to import.
@@ -24,7 +26,7 @@ def quick_run(tmp_path_factory):
         (shadows / name / "__init__.py").write_text(f"raise ImportError('gpu_check must not import {name}')\n")
     env = {**os.environ, "PYTHONPATH": str(shadows), "EVS_CACHE_DIR": str(folder / "models")}
     out = folder / "gpu_check.json"
-    result = subprocess.run([sys.executable, "bench/gpu_check.py", "--quick", "--device", "cpu", "--out", str(out)],
+    result = subprocess.run([sys.executable, "-m", "bench.gpu_check", "--quick", "--device", "cpu", "--out", str(out)],
                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     return result, out
 

@@ -67,3 +67,16 @@ def test_the_shorter_video_of_a_burst_goes_first(tiny_cache_dir, clip, pushes):
     long_start, short_start = (first_index(pushes, s.request_id, "status", "encoding") for s in streams)
     assert short_start < long_start
     assert answers[1].stats["ttft_s"] < answers[0].stats["ttft_s"]
+
+
+def test_overlapping_pauses_hold_admission_until_the_last_ends(tiny_cache_dir, clip):
+    """Two bursts at once (two users sweeping) must not end each other's hold early."""
+    engine = Engine(EngineConfig(model="tiny-random", device="cpu", cache_dir=tiny_cache_dir, sampling=SAMPLING))
+    with engine:
+        outer = engine.paused()
+        outer.__enter__()
+        with engine.paused():
+            pass
+        assert not engine._worker.admitting.is_set()
+        outer.__exit__(None, None, None)
+        assert engine._worker.admitting.is_set()

@@ -5,7 +5,6 @@ Held-out clips of assets/shapes.py go through the Engine as H.264 MP4s, greedy, 
 `python -m train.tiny_trained` and never in CI.
 """
 
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -14,21 +13,11 @@ import torch
 import engine.scheduler
 from assets.make_examples import EXAMPLES, EXAMPLES_DIR
 from assets.shapes import QUESTIONS, held_out_seeds, shape_clip, write_shape_clip
+from bench import accuracy as accuracy_bench
 from engine import Engine, EngineConfig, GenerationParams
 
-ROOT = Path(__file__).resolve().parent.parent
 PER_TYPE = 40
 FIRST_SEED = 0  # bench/accuracy.py's default held-out range
-
-
-def load_bench(name: str):
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "bench" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-accuracy_bench = load_bench("accuracy")
 
 
 @pytest.fixture(scope="module")

@@ -1,9 +1,13 @@
-"""The Gradio user interface of EVS Video Chat.
+"""The Gradio user interface of EVS Video Chat, and the other faces of the same server.
 
     demo = ui.build_demo(engine, banner=None, delete_cache=(every_s, older_than_s))  # queue configured
     sweeper = ui.start_sweeper(demo, every_s, older_than_s)   # also the images Gradio does not track
-    demo.launch(**ui.launch_kwargs(max_file_bytes))
+    routes = ui.openai_routes(engine, max_file_bytes, fetch_video_urls=False)   # /v1/chat/completions, /v1/models
+    demo.launch(app_kwargs={"routes": routes}, **ui.launch_kwargs(max_file_bytes))   # MCP server on
     sweeper.stop()
+
+Gradio's MCP server (streamable HTTP at /gradio_api/mcp/) lists one tool, `answer_video_question`
+(ui/mcp_tool.py, also the API endpoint of that name); `/ask` and `/sweep` are API endpoints only.
 
 API endpoint `/ask` (gradio_client: `client.submit(..., api_name="/ask")`)
 ------------------------------------------------------------------------
@@ -35,9 +39,21 @@ Outputs, streamed as a tuple (answer, stats, figures, frames):
 An intermediate update carries {"__type__": "update"} for an output that did not change; the final
 result always carries all four. User errors (no video, empty question, unreadable / too long / too
 large video, bad settings, server busy) come back as errors whose message is one sentence.
+
+API endpoint `/sweep` (gradio_client: `client.predict(video, question, api_name="/sweep")`)
+--------------------------------------------------------------------------------------------
+The question answered at several pruning rates as one burst (one decode of the video, one ViT forward,
+the answers decoding together). Inputs: video, question, then with defaults rates ("0, 0.3, 0.5, 0.7, 0.9",
+or a list of numbers; at most 8), fps, max_frames, max_pixels_per_frame (None: the device's defaults),
+max_new_tokens (128), temperature (0.0). Streams (table, figure, answers_html); the final result holds:
+    table         {"headers": [...], "data": [[q, answer, video tokens kept, video tokens total, prompt
+                  tokens, TTFT (s), prefill (s), ViT (s), requests in the ViT forward, total (s)], ...]}
+    figure        the plot of kept tokens and TTFT against q ({"type": "plotly", "plot": "<json>"})
+    answers_html  the answers side by side, as shown on the page
 """
 
 from ui.layout import build_demo, default_banner, launch_kwargs
+from ui.openai_api import openai_routes
 from ui.temp_files import start_sweeper
 
-__all__ = ["build_demo", "default_banner", "launch_kwargs", "start_sweeper"]
+__all__ = ["build_demo", "default_banner", "launch_kwargs", "openai_routes", "start_sweeper"]

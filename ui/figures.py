@@ -136,3 +136,50 @@ def _base_layout() -> dict:
         paper_bgcolor="rgba(0,0,0,0)",
         legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="right", x=1.0),
     )
+
+
+TTFT_COLOR = "#334155"  # slate: time, on the second axis
+
+
+def sweep_figure(rows: list[dict]) -> go.Figure:
+    """Kept video tokens (bars, left axis), TTFT and prefill time (lines, right axis) against the rate q.
+
+    In a sweep the requests queue for prefill behind each other (shortest first), so TTFT also holds the
+    wait for the others; the prefill line is each rate's own cost.
+
+    rows: one stats dict per rate (the engine's keys), in any order; plotted by increasing q. The x axis
+    is categorical so that each rate gets its own bar however close the rates are.
+    """
+    rows = sorted(rows, key=lambda stats: stats["pruning_rate"])
+    labels = [f"{stats['pruning_rate']:g}" for stats in rows]
+    kept = np.array([stats["video_tokens_kept"] for stats in rows], dtype=np.int32)
+    ttft_s = np.array([stats["ttft_s"] for stats in rows], dtype=np.float32)
+    prefill_s = np.array([stats["prefill_s"] for stats in rows], dtype=np.float32)
+    total = max((stats["video_tokens_total"] for stats in rows), default=0)
+    fig = go.Figure(
+        [
+            go.Bar(x=labels, y=kept, name="video tokens kept", marker_color=KEPT_COLOR,
+                   hovertemplate="q=%{x}: %{y} tokens kept<extra></extra>"),
+            go.Scatter(x=labels, y=ttft_s, name="TTFT", yaxis="y2", mode="lines+markers",
+                       line=dict(color=TTFT_COLOR, width=2), marker=dict(size=8),
+                       hovertemplate="q=%{x}: TTFT %{y:.3f} s<extra></extra>"),
+            go.Scatter(x=labels, y=prefill_s, name="prefill", yaxis="y2", mode="lines+markers",
+                       line=dict(color=PRUNED_COLOR, width=2, dash="dot"), marker=dict(size=6),
+                       hovertemplate="q=%{x}: prefill %{y:.3f} s<extra></extra>"),
+        ]
+    )
+    layout = _base_layout()
+    # Under the plot: beside the title it would cover it on a phone.
+    layout["legend"] = dict(orientation="h", yanchor="top", y=-0.28, xanchor="left", x=0.0)
+    layout["margin"] = dict(layout["margin"], b=96)
+    fig.update_layout(
+        title=dict(text=f"Kept tokens (of {total:,}), TTFT and prefill against q", x=0.0, xanchor="left",
+                   font=dict(size=14)),
+        xaxis=dict(title="pruning rate q", type="category", automargin=True),
+        yaxis=dict(title="video tokens kept", rangemode="tozero", gridcolor=_GRID_COLOR, automargin=True),
+        yaxis2=dict(title="seconds", overlaying="y", side="right", rangemode="tozero", showgrid=False,
+                    automargin=True),
+        plot_bgcolor="rgba(0,0,0,0)",
+        **layout,
+    )
+    return fig

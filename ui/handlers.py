@@ -60,6 +60,18 @@ class RunView:
             self.status = f"done in {stats_panel.format_seconds(event.stats.get('total_s'))}"
 
 
+def not_an_mcp_tool(fn):
+    """Keep a public API endpoint out of Gradio's MCP tool list.
+
+    Gradio 6 lists every public endpoint as a tool except functions that its gr.mcp decorators marked as
+    another kind (`_mcp_type`); "hidden" is no kind it knows, so the endpoint is neither a tool, a
+    resource nor a prompt. The only other way, api_visibility="undocumented", also hides the endpoint's
+    parameters from gradio_client, which then refuses keyword arguments.
+    """
+    fn._mcp_type = "hidden"
+    return fn
+
+
 def generation_params(pruning_rate, fps, max_frames, max_pixels_per_frame, max_new_tokens,
                       temperature) -> GenerationParams:
     """Settings from UI / API values; the engine checks ranges and answers with its own sentence."""
@@ -71,6 +83,21 @@ def generation_params(pruning_rate, fps, max_frames, max_pixels_per_frame, max_n
     except (TypeError, ValueError):
         raise gr.Error("The pruning rate, fps, frame, pixel and token limits and temperature must be numbers.",
                        print_exception=False) from None
+
+
+def api_params(engine, pruning_rate, fps, max_frames, max_pixels_per_frame, max_new_tokens,
+               temperature) -> GenerationParams:
+    """generation_params for API callers, where a sampling setting left out (None) takes the engine's
+    default for its device, as the sliders do."""
+    default = engine.default_sampling
+    return generation_params(
+        pruning_rate,
+        default.fps if fps is None else fps,
+        default.max_frames if max_frames is None else max_frames,
+        default.max_pixels_per_frame if max_pixels_per_frame is None else max_pixels_per_frame,
+        max_new_tokens,
+        temperature,
+    )
 
 
 def history_pairs(history) -> list[tuple[str, str]]:
@@ -94,9 +121,11 @@ def user_error(error: BaseException) -> gr.Error:
 
 
 async def follow(engine, video: str | None, question: str, params_list: Sequence[GenerationParams],
-                 history: list[tuple[str, str]]) -> AsyncIterator[tuple[int, Event]]:
+                 history: list[tuple[str, str]], *, burst: bool = False) -> AsyncIterator[tuple[int, Event]]:
     """Submit one request per params and yield (request index, event) as events arrive, merged.
 
+    burst: submit them inside `engine.paused()`, so the worker takes them all in one iteration: the
+    video is decoded once, encoded by one ViT forward, and the prompts decode together.
     Raises gr.Error for a user's mistake. Whatever ends the iteration (finish, error, cancel, close),
     unfinished engine requests are cancelled on the way out.
     """
@@ -107,9 +136,16 @@ async def follow(engine, video: str | None, question: str, params_list: Sequence
     streams: list[Stream] = []
     pumps: list[asyncio.Task] = []
     arrivals: asyncio.Queue = asyncio.Queue()
+    submitting: asyncio.Future | None = None
     try:
-        for params in params_list:
-            streams.append(engine.submit(video=video, question=question, params=params, history=history))
+        if burst:
+            submitting = asyncio.ensure_future(
+                asyncio.to_thread(_submit_burst, engine, streams, video, question, params_list, history))
+            # shield: a cancelled handler must not abandon the thread's later submissions (see finally)
+            await asyncio.shield(submitting)
+        else:
+            for params in params_list:
+                streams.append(engine.submit(video=video, question=question, params=params, history=history))
         pumps = [asyncio.create_task(_pump(i, stream, arrivals)) for i, stream in enumerate(streams)]
         open_streams = len(streams)
         while open_streams:
@@ -123,11 +159,27 @@ async def follow(engine, video: str | None, question: str, params_list: Sequence
     except InputError as error:  # from submit
         raise user_error(error) from None
     finally:
-        for stream in streams:
-            if not stream.finished:
-                stream.cancel()
+        _cancel_unfinished(streams)
+        if submitting is not None and not submitting.done():
+            submitting.add_done_callback(lambda _: _cancel_unfinished(streams))
         for pump in pumps:
             pump.cancel()
+
+
+def _submit_burst(engine, streams: list[Stream], video: str, question: str,
+                  params_list: Sequence[GenerationParams], history: list[tuple[str, str]]) -> None:
+    """Submit every request while admission is held, appending to `streams` as it goes (a failure
+    halfway still leaves the caller what to cancel); returns once all are prepared. Blocks: run it in
+    a thread."""
+    with engine.paused():
+        for params in params_list:
+            streams.append(engine.submit(video=video, question=question, params=params, history=history))
+
+
+def _cancel_unfinished(streams: list[Stream]) -> None:
+    for stream in streams:
+        if not stream.finished:
+            stream.cancel()
 
 
 async def _pump(index: int, stream: Stream, arrivals: asyncio.Queue) -> None:
@@ -153,6 +205,7 @@ class Handlers:
     def __init__(self, engine):
         self.engine = engine
 
+    @not_an_mcp_tool
     async def ask(
         self,
         video: str | None,
@@ -170,12 +223,8 @@ class Handlers:
 
         A sampling setting left out (None) takes the engine's default for its device, as the sliders do.
         """
-        default = self.engine.default_sampling
-        fps = default.fps if fps is None else fps
-        max_frames = default.max_frames if max_frames is None else max_frames
-        max_pixels_per_frame = default.max_pixels_per_frame if max_pixels_per_frame is None else max_pixels_per_frame
-        params = generation_params(pruning_rate, fps, max_frames, max_pixels_per_frame, max_new_tokens,
-                                   temperature)
+        params = api_params(self.engine, pruning_rate, fps, max_frames, max_pixels_per_frame, max_new_tokens,
+                            temperature)
         params_list = _params_for(bool(compare), params)
         runs = [RunView(p.pruning_rate) for p in params_list]
         chosen = runs[-1]

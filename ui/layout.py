@@ -1,5 +1,6 @@
 """The Gradio Blocks page and its wiring: inputs on the left, conversation and numbers on the right,
-the pruning picture underneath, and the `/ask` API endpoint on hidden components."""
+the pruning picture and the q sweep underneath; the `/ask` API endpoint and the MCP tool on hidden
+components, `/sweep` on the sweep's own."""
 
 import math
 from html import escape
@@ -17,10 +18,21 @@ from ui.handlers import (
     DEFAULT_TEMPERATURE,
     Handlers,
 )
+from ui.mcp_tool import TOOL_MAX_NEW_TOKENS, VideoQuestionTool
+from ui.sweep import (
+    DEFAULT_RATES_TEXT,
+    PLACEHOLDER_HTML as SWEEP_PLACEHOLDER_HTML,
+    TABLE_HEADERS,
+    Sweep,
+    question_to_sweep,
+)
+from ui.video_inputs import DEFAULT_MAX_FILE_BYTES, video_policy
 
 ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets"
 EXAMPLES_DIR = ASSETS_DIR / "examples"
 CSS_PATH = ASSETS_DIR / "style.css"
+# The page's own rules beside the app's stylesheet: the sweep, and the phone layout.
+PAGE_CSS_PATH = Path(__file__).resolve().parent / "page.css"
 QUEUE_MAX_SIZE = 64  # waiting events beyond this are refused at once instead of piling up
 PIXELS_STEP = 112 * 112  # the pixel slider moves in 112x112 blocks; 224x224 is 4 steps, 448x448 16
 
@@ -63,14 +75,18 @@ def pixels_info(pixels: int) -> str:
     return f"Height × width after resizing; {example}."
 
 
-def build_demo(engine, *, banner: str | None = None,
-               delete_cache: tuple[int, int] | None = None) -> gr.Blocks:
+def build_demo(engine, *, banner: str | None = None, delete_cache: tuple[int, int] | None = None,
+               max_file_bytes: int = DEFAULT_MAX_FILE_BYTES, fetch_video_urls: bool = False) -> gr.Blocks:
     """The whole page for one engine; `banner` is an extra warning (see default_banner).
 
     delete_cache: (every_s, older_than_s): uploads and generated images older than `older_than_s` seconds
     are deleted every `every_s` seconds (None keeps them until the server stops).
+    max_file_bytes, fetch_video_urls: what the MCP tool accepts as its video (ui/video_inputs.py), as for
+    openai_routes.
     """
     handlers = Handlers(engine)
+    q_sweep = Sweep(engine)
+    tool = VideoQuestionTool(engine, video_policy(max_file_bytes, fetch_video_urls))
     banner = default_banner(engine.model_info, banner)
     # Sampling sliders start at the engine's defaults for its device (a GPU samples far more than a CPU).
     sampling, limits = engine.default_sampling, engine.sampling_limits
@@ -89,9 +105,10 @@ def build_demo(engine, *, banner: str | None = None,
                                          info="Fraction of video tokens EVS drops; 0 keeps them all.",
                                          elem_id="evs-pruning-rate")
                 compare = gr.Checkbox(label="Compare with q = 0 side by side", elem_id="evs-compare")
-                with gr.Row():
-                    ask = gr.Button("Ask", variant="primary", elem_id="evs-ask")
-                    stop = gr.Button("Stop", variant="stop", elem_id="evs-stop")
+                with gr.Row(elem_id="evs-actions"):
+                    ask = gr.Button("Ask", variant="primary", elem_id="evs-ask", min_width=80)
+                    sweep = gr.Button("Sweep", variant="secondary", elem_id="evs-sweep-button", min_width=80)
+                    stop = gr.Button("Stop", variant="stop", elem_id="evs-stop", min_width=80)
                 with gr.Accordion("Advanced", open=False, elem_id="evs-advanced"):
                     fps = gr.Slider(0.5, max(limits.max_fps, sampling.fps), value=sampling.fps, step=0.5,
                                     label="Frames sampled per second", elem_id="evs-fps")
@@ -105,6 +122,9 @@ def build_demo(engine, *, banner: str | None = None,
                                                label="Max new tokens", elem_id="evs-max-new-tokens")
                     temperature = gr.Slider(0.0, 2.0, value=DEFAULT_TEMPERATURE, step=0.05,
                                             label="Temperature", info="0 answers greedily.")
+                    sweep_rates = gr.Textbox(DEFAULT_RATES_TEXT, label="Sweep rates",
+                                             info="The values of q that Sweep answers at, separated by commas.",
+                                             elem_id="evs-sweep-rates")
                 examples = [[str(EXAMPLES_DIR / name), text, q] for name, text, q in EXAMPLES
                             if (EXAMPLES_DIR / name).is_file()]
                 if examples:
@@ -133,6 +153,14 @@ def build_demo(engine, *, banner: str | None = None,
         with gr.Accordion("Raw stats (JSON)", open=False):
             stats_json = gr.JSON(elem_id="evs-stats-json")
 
+        gr.Markdown("### q sweep: the same question at several pruning rates", elem_classes="evs-section")
+        sweep_cards = gr.HTML(SWEEP_PLACEHOLDER_HTML, elem_id="evs-sweep-answers")
+        with gr.Row(equal_height=False):
+            sweep_plot = gr.Plot(label="Kept tokens, TTFT and prefill time against q", show_label=False,
+                                 elem_id="evs-sweep-plot")
+            sweep_table = gr.Dataframe(headers=TABLE_HEADERS, label="Per-rate stats", interactive=False,
+                                       elem_id="evs-sweep-table")
+
         turns = gr.State([])  # earlier [question, answer] pairs about the current video
         # `/ask` lives on hidden components: API clients get plain values, the page stays a chat.
         history = gr.JSON([], visible=False)
@@ -141,6 +169,13 @@ def build_demo(engine, *, banner: str | None = None,
         api_figures = gr.JSON(label="figures", visible=False)
         api_frames = gr.Gallery(label="frames", visible=False)
         api_trigger = gr.Button(visible=False)
+        # The MCP tool's endpoint, also on hidden components.
+        tool_video = gr.Textbox(label="video", visible=False)
+        tool_question = gr.Textbox(label="question", visible=False)
+        tool_rate = gr.Number(DEFAULT_PRUNING_RATE, label="pruning_rate", visible=False)
+        tool_tokens = gr.Number(TOOL_MAX_NEW_TOKENS, label="max_new_tokens", precision=0, visible=False)
+        tool_answer = gr.Textbox(label="answer", visible=False)
+        tool_trigger = gr.Button(visible=False)
 
         shown = dict(chat=chat, question=question, status=status, stats_html=stats_html, stats_json=stats_json,
                      bars=bars, heatmap=heatmap, gallery=gallery, compare_full=compare_full,
@@ -153,11 +188,24 @@ def build_demo(engine, *, banner: str | None = None,
                     concurrency_limit=None, show_progress="hidden")
             for trigger in (ask.click, question.submit)
         ]
+        # /ask and /sweep are public API endpoints but not MCP tools (handlers.not_an_mcp_tool): agents
+        # see the one tool below.
         api_trigger.click(handlers.ask, inputs=[*settings, history],
-                                     outputs=[api_answer, api_stats, api_figures, api_frames], api_name="ask",
-                                     concurrency_limit=None, show_progress="hidden")
-        stop.click(None, cancels=asked)
+                          outputs=[api_answer, api_stats, api_figures, api_frames], api_name="ask",
+                          concurrency_limit=None, show_progress="hidden")
+        swept = sweep.click(
+            question_to_sweep, inputs=[question, turns], outputs=question, api_visibility="private", queue=False,
+        ).then(q_sweep.sweep, inputs=[video, question, sweep_rates, fps, max_frames, max_pixels, max_new_tokens,
+                                      temperature],
+               outputs=[sweep_table, sweep_plot, sweep_cards], api_name="sweep", concurrency_limit=None,
+               show_progress="hidden")
+        tool_trigger.click(tool.answer_video_question, inputs=[tool_video, tool_question, tool_rate, tool_tokens],
+                           outputs=tool_answer, api_name="answer_video_question",
+                           concurrency_limit=None, show_progress="hidden")
+        stop.click(None, cancels=[*asked, swept])
         video.change(handlers.new_video, outputs=chat_outputs, api_visibility="private", queue=False)
+        video.change(lambda: (None, None, SWEEP_PLACEHOLDER_HTML), outputs=[sweep_table, sweep_plot, sweep_cards],
+                     api_visibility="private", queue=False)
         compare.change(lambda on: gr.Row(visible=on), inputs=compare, outputs=compare_row,
                        api_visibility="private", queue=False)
 
@@ -166,10 +214,12 @@ def build_demo(engine, *, banner: str | None = None,
 
 
 def launch_kwargs(max_file_bytes: int) -> dict:
-    """Keyword arguments for `demo.launch(...)`: upload size limit, stylesheet, the example clips' folder."""
+    """Keyword arguments for `demo.launch(...)`: upload size limit, stylesheets, the example clips' folder,
+    and Gradio's MCP server (streamable HTTP at /gradio_api/mcp/)."""
     return dict(
+        mcp_server=True,
         max_file_size=max_file_bytes,
-        css_paths=[CSS_PATH],
+        css_paths=[CSS_PATH, PAGE_CSS_PATH],
         theme=gr.themes.Soft(primary_hue="teal", secondary_hue="rose", neutral_hue="slate"),
         allowed_paths=[str(EXAMPLES_DIR)],
     )

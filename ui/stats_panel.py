@@ -30,6 +30,12 @@ def decode_tokens_per_s(stats: dict) -> float | None:
     return after_first / stats["decode_s"]
 
 
+def _frames(stats: dict) -> str:
+    """"32 frames at 0.05 fps": the rate says how sparsely a long video was sampled."""
+    rate = stats.get("sampled_fps")
+    return f"{stats['frames_sampled']} frames" + ("" if rate is None else f" at {rate:.3g} fps")
+
+
 def stats_html(stats: dict | None) -> str:
     """A grid of small cards; the placeholder when `stats` is None (nothing answered yet)."""
     if stats is None:
@@ -40,7 +46,7 @@ def stats_html(stats: dict | None) -> str:
         ("Video tokens", f"{stats['video_tokens_total']:,} → {stats['video_tokens_kept']:,}",
          f"{pruned_percent(stats):.0f}% pruned at q={stats['pruning_rate']:.2f}"),
         ("Prompt tokens", f"{stats['prompt_tokens']:,}",
-         f"{stats['frames_sampled']} frames · grid {' × '.join(str(n) for n in stats['grid_thw'])}"),
+         f"{_frames(stats)} · grid {' × '.join(str(n) for n in stats['grid_thw'])}"),
         ("Generated", f"{stats['generated_tokens']:,} tokens",
          "—" if speed is None else f"{speed:.1f} tokens/s decode"),
         ("Time to first token", format_seconds(stats["ttft_s"]), f"total {format_seconds(stats['total_s'])}"),

@@ -1,0 +1,213 @@
+"""Video decoding: the engine's `load_video` on a long-GOP 1080p H.264 file, the slowest common upload.
+
+    python -m bench.decoding [--quick] [--keep DIR]
+
+The file is made here with PyAV (libx264, preset fast, a keyframe every 8 s at 30 fps, no scene-cut
+keyframes): a grainy panorama panned across the frame (about 1.2 Mbit/s at 1080p), so every frame
+costs a real decode. Full mode: 2 minutes of 1920x1080, 32 frames sampled at most 224x224 (the CPU
+defaults), as issue 11 measured it; making the file takes about 5 minutes on two cores (`--keep DIR`
+makes it once). Quick mode: 20 s of 960x540 with the same GOP, made and decoded in under 30 s on two
+cores. `load_video` is timed `repeats` times, each in a fresh child process as the engine runs it, the
+median kept (the first, untimed run warms the page cache); beside it, once each in this process: the
+engine's decode with the frames it decoded, every frame decoded from the start (what seeking and
+skipping save), and decord 0.6 (the engine's decoder before issue 11) reading the same frames.
+"""
+
+import argparse
+import os
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from fractions import Fraction
+from pathlib import Path
+
+import av
+import numpy as np
+
+if __package__ in (None, ""):  # `python bench/decoding.py`: make the repository importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from assets.clips import _panorama  # noqa: E402
+from engine.config import SamplingParams  # noqa: E402
+from engine.video import load_video  # noqa: E402
+from engine.video_pyav import decode_everything, decode_file  # noqa: E402
+
+try:
+    from .markdown import cell, table
+except ImportError:
+    from bench.markdown import cell, table
+
+SAMPLING = SamplingParams(fps=2.0, max_frames=32, max_pixels_per_frame=224 * 224)
+FULL = {"seconds": 120, "fps": 30, "size": (1920, 1080), "gop_s": 8, "repeats": 3}
+QUICK = {"seconds": 20, "fps": 30, "size": (960, 540), "gop_s": 8, "repeats": 2}
+
+
+def write_long_gop_clip(path: Path, *, seconds: int, fps: int, size: tuple[int, int], gop_s: float) -> Path:
+    """An H.264 MP4 of `seconds` at `fps`, size (width, height), one keyframe every `gop_s` seconds.
+
+    Frames are fed as yuv420p cut from a panorama converted once: converting each 1080p frame from RGB
+    would double the time to make the file.
+    """
+    width, height = size
+    rng = np.random.default_rng(0)
+    # Grain fixed to the scene (it pans with it): motion search finds it, so the bitrate stays realistic.
+    grain = rng.integers(-20, 21, (height, 3 * width, 1), dtype=np.int16)
+    scene_rgb = (_panorama(width, height).astype(np.int16) + grain).clip(0, 255).astype(np.uint8)
+    yuv = av.VideoFrame.from_ndarray(scene_rgb, format="rgb24").reformat(format="yuv420p")
+    luma, chroma_u, chroma_v = (_plane(yuv, i) for i in range(3))
+    count = round(seconds * fps)
+    gop = str(round(gop_s * fps))
+    with av.open(str(path), mode="w", format="mp4") as container:
+        stream = container.add_stream("libx264", rate=Fraction(fps))
+        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        stream.options = {"preset": "fast", "crf": "23", "g": gop, "keyint_min": gop, "sc_threshold": "0"}
+        for index in range(count):
+            left = 2 * round(index / max(count - 1, 1) * (luma.shape[1] - width) / 2)  # even: chroma is halved
+            planes = (luma[:, left:left + width], chroma_u[:, left // 2:(left + width) // 2],
+                      chroma_v[:, left // 2:(left + width) // 2])
+            frame_yuv = np.concatenate([plane.ravel() for plane in planes]).reshape(height * 3 // 2, width)
+            for packet in stream.encode(av.VideoFrame.from_ndarray(frame_yuv, format="yuv420p")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return path
+
+
+def _plane(frame: av.VideoFrame, index: int) -> np.ndarray:
+    """Plane `index` of a yuv420p frame as a (rows, width) uint8 array without the line padding."""
+    plane = frame.planes[index]
+    rows = np.frombuffer(plane, np.uint8).reshape(plane.height, plane.line_size)
+    return rows[:, : plane.width]
+
+
+def time_load_video(path: Path, sampling: SamplingParams, repeats: int) -> tuple[list[float], list[float], object]:
+    """(wall seconds, decoder-process CPU seconds, one per timed run; the last SampledVideo) of the
+    engine's `load_video` on `path`, each run in its own child process as served. CPU seconds are the
+    steadier figure on a machine other jobs share."""
+    def once():
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        start = time.perf_counter()
+        video = load_video(path, sampling, max_seconds=3 * 3600, max_bytes=1 << 40, timeout_s=600)
+        wall = time.perf_counter() - start
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), video
+
+    once()  # page cache, interpreter start-up files
+    walls, cpus, video = [], [], None
+    for _ in range(repeats):
+        wall, cpu, video = once()
+        walls.append(wall)
+        cpus.append(cpu)
+    return walls, cpus, video
+
+
+def time_references(path: Path, sampling: SamplingParams) -> dict:
+    """In this process, once each: the engine's decode (its work counted), the same frames decoded one
+    after another from the first with nothing skipped, and decord 0.6 (the engine's decoder before)
+    reading them by index. None where decord is not installed."""
+    header, frames = decode_file(str(path), sampling, 3 * 3600, 2, 1 << 40)
+    if header["status"] != "ok":
+        raise RuntimeError(f"the engine could not decode {path}: {header}")
+    _, height, width, _ = frames.shape
+    planned_s = _seconds(lambda: decode_file(str(path), sampling, 3 * 3600, 2, 1 << 40))
+    in_order = {}
+
+    def everything():
+        in_order["work"] = decode_everything(str(path), header["frame_indices"], (height, width))[1]
+
+    in_order_s = _seconds(everything)
+    try:
+        from decord import VideoReader
+    except ImportError:
+        decord_s = None
+    else:
+        decord_s = _seconds(lambda: VideoReader(str(path), width=width, height=height)
+                            .get_batch(header["frame_indices"]).asnumpy())
+    return {"planned_s": planned_s[0], "planned_cpu_s": planned_s[1], "frames_decoded": header["frames_decoded"],
+            "seeks": header["seeks"], "decoded_size": header["decoded_size"], "in_order_s": in_order_s[0],
+            "in_order_cpu_s": in_order_s[1], "in_order_frames_decoded": in_order["work"]["frames_decoded"],
+            "decord_s": decord_s and decord_s[0], "decord_cpu_s": decord_s and decord_s[1]}
+
+
+def _seconds(work) -> tuple[float, float]:
+    """(wall, CPU) seconds of work() in this process; CPU counts every thread (the decoder's included)."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    work()
+    return time.perf_counter() - wall, time.process_time() - cpu
+
+
+def decoding_scenario(quick: bool, keep: Path | None = None) -> dict:
+    """Make the long-GOP file, decode 32 sampled frames with the engine; file facts and seconds.
+
+    keep: a folder where the file is made (and reused when already there) instead of a temporary one
+    (the full file takes minutes to make on two cores).
+    """
+    spec = QUICK if quick else FULL
+    width, height = spec["size"]
+    name = f"long_gop_{spec['seconds']}s_{width}x{height}_{spec['fps']}fps_g{spec['gop_s']}s.mp4"
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = Path(keep) if keep else Path(scratch)
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / name
+        make_s = 0.0
+        if not path.is_file():
+            start = time.perf_counter()
+            partial = path.with_suffix(".part.mp4")
+            write_long_gop_clip(partial, seconds=spec["seconds"], fps=spec["fps"], size=spec["size"],
+                                gop_s=spec["gop_s"])
+            partial.rename(path)
+            make_s = time.perf_counter() - start
+        walls, cpus, video = time_load_video(path, SAMPLING, spec["repeats"])
+        references = time_references(path, SAMPLING)
+        size_bytes = path.stat().st_size
+    return {
+        "mode": "quick" if quick else "full",
+        "file": f"H.264 {width}x{height} {spec['fps']} fps, {spec['seconds']} s, keyframe every {spec['gop_s']} s",
+        "file_mb": round(size_bytes / 1e6, 1),
+        "bitrate_mbit_s": round(size_bytes * 8 / spec["seconds"] / 1e6, 2),
+        "make_file_s": round(make_s, 1),
+        "frames_sampled": int(video.frames.shape[0]),
+        "frame_size": f"{video.frames.shape[2]}x{video.frames.shape[1]}",
+        "sampled_fps": round(video.sampled_fps, 4),
+        "decode_s": round(statistics.median(walls), 3),
+        "decode_runs_s": [round(run, 3) for run in walls],
+        "decode_cpu_s": round(statistics.median(cpus), 3),
+        "total_frames": video.total_frames,
+        **{key: (round(value, 3) if isinstance(value, float) else value) for key, value in references.items()},
+        "cpu_cores": os.cpu_count(),
+    }
+
+
+def markdown(result: dict) -> str:
+    facts = table(["measure", "value"], [
+        ["file", f"{result['file']}, {result['file_mb']} MB ({result['bitrate_mbit_s']} Mbit/s)"],
+        ["sampled", f"{result['frames_sampled']} frames at {result['frame_size']} ({result['sampled_fps']} fps)"],
+        ["CPU cores", result["cpu_cores"]],
+    ])
+    total = result["total_frames"]
+    rows = [
+        ["engine `load_video` (child process, median)", cell(result["decode_s"]), cell(result["decode_cpu_s"]),
+         f"{result['frames_decoded']} of {total}, {result['seeks']} seeks",
+         f"runs {', '.join(cell(run) for run in result['decode_runs_s'])}"],
+        ["engine decode, in process", cell(result["planned_s"]), cell(result["planned_cpu_s"]),
+         f"{result['frames_decoded']} of {total}", ""],
+        ["every frame from the start, nothing skipped", cell(result["in_order_s"]), cell(result["in_order_cpu_s"]),
+         f"{result['in_order_frames_decoded']} of {total}", "PyAV, same threads"],
+        ["decord 0.6 by index (the decoder before)", cell(result["decord_s"]), cell(result["decord_cpu_s"]), "—",
+         "not installed" if result["decord_s"] is None else ""],
+    ]
+    return facts + "\n\n" + table(["32-frame decode", "wall s", "CPU s", "frames decoded", "notes"], rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="20 s of 960x540 instead of 2 min of 1080p")
+    parser.add_argument("--keep", type=Path, help="make (or reuse) the file in this folder")
+    args = parser.parse_args()
+    print(markdown(decoding_scenario(args.quick, args.keep)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,65 @@
+"""Runs every scenario of `python -m bench` and assembles the report (a JSON-ready dict; times in seconds)."""
+
+import tempfile
+import time
+from dataclasses import asdict
+from datetime import datetime, timezone
+from pathlib import Path
+
+from engine import Engine, EngineConfig
+
+from . import environment, peer
+from .bursts import burst_round, engine_burst, median_run, median_runs
+from .concurrency import concurrency_rows
+from .decoding_hook import decoding_results
+from .follow_up import follow_up_rows
+from .targets import target_rows
+from .ttft_by_rate import ttft_by_rate
+from .users import peer_record, users_rows
+from .vit_batching import vit_batching
+from .workload import QUESTION, Workload, make_clips, params
+
+NO_CACHES = dict(feature_cache_bytes=0, prefix_cache_bytes=0, decoded_video_cache_bytes=0)
+
+
+def log(message: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def run(work: Workload, device: str, mode: str, command: str) -> dict:
+    """Every scenario on `work`: caches off (each request decodes, encodes and prefills for itself) except
+    for the follow-up, which measures them. mode: "full" or "quick"; command: the command line, recorded."""
+    started = datetime.now(timezone.utc)
+    start = time.perf_counter()
+    report: dict = {"command": command, "mode": mode, "started_at": started.isoformat(timespec="seconds")}
+    with tempfile.TemporaryDirectory() as folder:
+        clips = make_clips(Path(folder), work.clip_count)
+        with Engine(EngineConfig(model=work.model, device=device, sampling=work.sampling, **NO_CACHES)) as engine:
+            report["environment"] = environment.describe(engine)
+            engine_burst(engine, clips[:2], params(0.5, 2))  # first-request costs, untimed
+            log("TTFT vs q")
+            report["ttft_by_rate"] = ttft_by_rate(engine, clips[0], work.rates, QUESTION,
+                                                  lambda q: params(q, work.new_tokens), work.repeats)
+            peer.answer(engine, clips[-1], work.sampling, 2)  # the peer's first-request costs, untimed
+            rounds, peer_runs = [], []
+            for round_ in range(1, work.repeats + 1):  # rounds, so drift hits the engine and the peer alike
+                log(f"round {round_}/{work.repeats}: bursts of {list(work.burst_sizes)} users at "
+                    f"q = {list(work.burst_rates)}, then the peer: {max(work.users)} users one at a time")
+                rounds.append(burst_round(engine, clips, work.burst_sizes, work.burst_rates, work.new_tokens))
+                peer_runs.append(peer.serve_one_by_one(engine, clips[:max(work.users)], work.sampling,
+                                                       work.new_tokens))
+            grid, served = median_runs(rounds), median_run(peer_runs)
+            log("ViT batching")
+            report["vit_batching"] = vit_batching(engine, clips[:work.vit_videos], work.sampling, work.vit_repeats)
+        report["users"] = users_rows(grid, served, work.users, work.burst_rates)
+        report["peer"] = peer_record(served, work.new_tokens)
+        report["concurrency"] = concurrency_rows(grid, work.concurrency, work.burst_rates)
+        log("follow-up vs cold")
+        with Engine(EngineConfig(model=work.model, device=device, sampling=work.sampling)) as engine:
+            report["follow_up"] = follow_up_rows(engine, clips, work.burst_rates, work.new_tokens)
+    log("video decoding")
+    report["decoding"] = decoding_results(mode == "quick")
+    report["targets"] = target_rows(report["users"], report["concurrency"])
+    report["workload"] = {**asdict(work), "clips": "224x224, 8 fps, 4-4.75 s, distinct per user"}
+    report["duration_s"] = time.perf_counter() - start
+    return report

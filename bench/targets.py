@@ -1,0 +1,32 @@
+"""The issue's targets beside the ratios measured in one run (8 users, q = 0, 32 new tokens)."""
+
+from .markdown import cell, table
+
+# (name, scenario row key, the most it may be) for the largest burst at q = 0.
+BURST_TARGETS = (
+    ("burst mean TTFT / pipelined ideal", "ttft_over_ideal", 1.15),
+    ("engine / peer mean TTFT", "ttft_engine_over_peer", 0.65),
+    ("engine / peer wall time", "wall_engine_over_peer", 0.72),
+)
+# EVS must never lower throughput: req/s at q > 0 over req/s at q = 0, at least this, at every concurrency.
+THROUGHPUT_FLOOR = 1.0
+
+
+def target_rows(users_rows: list[dict], concurrency_rows: list[dict]) -> list[dict]:
+    largest = max(row["users"] for row in users_rows)
+    at_q0 = next(row for row in users_rows if row["users"] == largest and row["pruning_rate"] == 0)
+    rows = [{"measure": f"{name} ({largest} users, q = 0)", "target": f"<= {limit}", "measured": at_q0[key],
+             "met": at_q0[key] <= limit} for name, key, limit in BURST_TARGETS]
+    pruned = [row for row in concurrency_rows if row["pruning_rate"] > 0]
+    lowest = min(pruned, key=lambda row: row["requests_per_s_over_q0"])
+    rows.append({"measure": f"req/s q > 0 / q = 0, lowest over concurrency (c = {lowest['concurrency']}, "
+                            f"q = {lowest['pruning_rate']})",
+                 "target": f">= {THROUGHPUT_FLOOR}", "measured": lowest["requests_per_s_over_q0"],
+                 "met": lowest["requests_per_s_over_q0"] >= THROUGHPUT_FLOOR})
+    return rows
+
+
+def markdown(rows: list[dict]) -> str:
+    return table(["measure", "target", "measured", "met"],
+                 [[row["measure"], row["target"], cell(row["measured"], 2), "yes" if row["met"] else "**no**"]
+                  for row in rows])

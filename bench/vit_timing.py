@@ -1,0 +1,42 @@
+"""Timing the vision tower outside the engine, on the prompts the engine would build (shared by
+`python -m bench` and bench/gpu_check.py)."""
+
+import time
+from pathlib import Path
+
+import torch
+
+from engine import Engine, SamplingParams
+from engine.prompt import PreparedPrompt, prepare_prompt
+from engine.video import load_video
+
+
+def prepared_prompts(engine: Engine, clips: list[Path], sampling: SamplingParams,
+                     question: str) -> list[PreparedPrompt]:
+    """Each clip's frames sampled and run through the HF processor as the engine does, no size limits."""
+    loaded = engine.loaded
+    temporal_patch = loaded.model.config.vision_config.temporal_patch_size
+    prompts = []
+    for clip in clips:
+        video = load_video(clip, sampling, max_seconds=1e9, max_bytes=1 << 60, timeout_s=600,
+                           temporal_patch=temporal_patch)
+        prompts.append(prepare_prompt(loaded, engine.family, video, question, [], engine.system_prompt,
+                                      sampling.max_pixels_per_frame))
+    return prompts
+
+
+def vit_forward_s(engine: Engine, prompts: list[PreparedPrompt]) -> float:
+    """Seconds of one vision-tower forward over every prompt's patches together (a prompt listed twice
+    counts twice), waiting for the GPU to finish."""
+    loaded = engine.loaded
+    device = loaded.model.device
+    pixels = torch.cat([prompt.pixel_values for prompt in prompts]).to(device)
+    grids = torch.stack([prompt.grid_thw_patches for prompt in prompts]).to(device)
+    with torch.inference_mode():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)  # the copies above are not part of the forward
+        start = time.perf_counter()
+        engine.family.encode(loaded.model, pixels, grids)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return time.perf_counter() - start

@@ -1,0 +1,62 @@
+"""The one tool the app offers over MCP (Gradio's MCP server, at /gradio_api/mcp/).
+
+Gradio turns every public endpoint into an MCP tool and reads the tool's description and arguments from
+the function's docstring (one line per argument); `/ask` and `/sweep` are kept out of the list
+(handlers.not_an_mcp_tool), so agents see this one tool.
+
+One output, a JSON string: Gradio's MCP server turns a tool's several outputs into one Python repr.
+
+The video arrives as text, not as a Gradio file: Gradio would download any URL given for a file input
+itself, and could not reach this server's own upload links from a server on a private address. Here the
+same rules as the OpenAI endpoint's `video_url` apply (ui/video_inputs.py): a data: URL, an upload of this
+server named by its link or path, and other URLs only when the operator allows fetching.
+"""
+
+import json
+
+
+from engine.errors import InputError
+from ui.handlers import DEFAULT_PRUNING_RATE, RunView, api_params, follow, user_error
+from ui.video_inputs import VideoPolicy, local_video
+
+TOOL_MAX_NEW_TOKENS = 256
+
+
+class VideoQuestionTool:
+    """The MCP tool of one demo; Gradio names the tool after the method."""
+
+    def __init__(self, engine, policy: VideoPolicy):
+        self.engine = engine
+        self.policy = policy
+
+    async def answer_video_question(
+        self,
+        video: str,
+        question: str,
+        pruning_rate: float = DEFAULT_PRUNING_RATE,
+        max_new_tokens: int = TOOL_MAX_NEW_TOKENS,
+    ) -> str:
+        """Answer a question about a video with a vision-language model that first drops the video tokens
+        that barely change between frames (Efficient Video Sampling, EVS).
+
+        Args:
+            video: The video (mp4, webm, mov, ...): the URL this server gave for an upload (POST /gradio_api/upload, then /gradio_api/file=<path>), the uploaded path itself, or a data:video/mp4;base64,... URL. Other web URLs are fetched only if the server's operator allows it.
+            question: The question about the video, in plain text.
+            pruning_rate: EVS pruning rate q, at least 0 and below 1: the fraction of video tokens dropped before the language model reads them; 0 keeps every token, higher answers sooner and may miss detail (default 0.7).
+            max_new_tokens: The most tokens the answer may have (default 256).
+
+        Returns:
+            A JSON object: "answer", the model's answer (greedy decoding), and "stats", the request's numbers (video_tokens_total and video_tokens_kept, prompt_tokens, generated_tokens, ttft_s: time to first token, and the time of each stage).
+        """
+        params = api_params(self.engine, pruning_rate, None, None, None, max_new_tokens, 0.0)
+        try:
+            local = await local_video(video, self.policy)
+        except InputError as error:
+            raise user_error(error) from None
+        try:
+            run = RunView(params.pruning_rate)
+            async for _, event in follow(self.engine, str(local.path), question, [params], []):
+                run.apply(event)
+            return json.dumps({"answer": run.answer, "stats": run.stats or {}})
+        finally:
+            local.release()

@@ -1,0 +1,386 @@
+"""OpenAI-compatible routes on the app's own server: `POST /v1/chat/completions` and `GET /v1/models`.
+
+The same engine as the page answers: a conversation about one video (a `video_url` content part in the
+first user message, text parts, earlier user/assistant turns as the engine's history, so a follow-up hits
+the feature and KV caches), streamed as server-sent `chat.completion.chunk` events or answered whole.
+Extra body fields choose EVS per request: `pruning_rate`, `fps`, `max_frames`, `max_pixels_per_frame`.
+`usage` holds the token counts and `evs`, the engine's stats dict.
+
+Errors use OpenAI's error body, {"error": {"message", "type", "param", "code"}}, with one sentence:
+400 for what the caller got wrong (the engine's InputError: no video, a bad rate, an unreadable, too long
+or too large file), 404 for another model, 413 for a body over the size limit, 422 for a body that is not a
+chat request, 429 when the engine's queue is full, 500 only for the server's own faults.
+"""
+
+import asyncio
+import dataclasses
+import json
+import logging
+import secrets
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import gradio as gr
+from fastapi import Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.routing import APIRoute
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from engine.errors import BusyError, InputError
+from engine.stream import Event, Stream
+from ui.handlers import DEFAULT_PRUNING_RATE, SERVER_FAULT, api_params
+from ui.video_inputs import DEFAULT_MAX_FILE_BYTES, LocalVideo, VideoPolicy, local_video, video_policy
+
+log = logging.getLogger(__name__)
+
+# Unlike the page, an API caller does not watch the answer grow: allow a long one. A cut answer says
+# finish_reason "length".
+DEFAULT_MAX_TOKENS = 512
+DEFAULT_TEMPERATURE = 1.0  # OpenAI's default
+DISCONNECT_POLL_S = 0.5
+BUSY_RETRY_AFTER_S = 5
+# Room for the JSON around a data: URL of the largest upload (base64 is 4/3 of the bytes).
+BODY_OVERHEAD_BYTES = 1 << 20
+
+NO_VIDEO = "Please include the video as a video_url content part of the first user message."
+BAD_ORDER = "The messages must alternate user and assistant turns, starting and ending with a user message."
+
+
+class ApiError(Exception):
+    """An answer in OpenAI's error format: one sentence and the HTTP status."""
+
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", code: str | None = None,
+                 param: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.kind, self.code, self.param = status, message, kind, code, param
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        headers = {"Retry-After": str(BUSY_RETRY_AFTER_S)} if self.status == 429 else None
+        return JSONResponse(self.body(), status_code=self.status, headers=headers)
+
+
+def engine_error(error: BaseException) -> ApiError:
+    """The HTTP face of an engine error: 429 busy, 400 the caller's mistake, else 500 (logged)."""
+    if isinstance(error, BusyError):
+        return ApiError(429, str(error), "rate_limit_error", "server_busy")
+    if isinstance(error, InputError):
+        return ApiError(400, str(error))
+    log.error("chat completion failed", exc_info=error)
+    return ApiError(500, SERVER_FAULT, "server_error")
+
+
+class ChatRequest(BaseModel):
+    """The fields of an OpenAI chat request this server reads; other fields are ignored unless they ask
+    for something it cannot do (see `unsupported`)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    n: int | None = None
+    pruning_rate: float | None = None
+    fps: float | None = None
+    max_frames: int | None = None
+    max_pixels_per_frame: int | None = None
+
+
+def unsupported(chat: ChatRequest) -> str | None:
+    """A sentence for a requested feature whose answer this server would get wrong, else None."""
+    extra = chat.model_extra or {}
+    if chat.n not in (None, 1):
+        return "Only n = 1 is supported."
+    if extra.get("tools") or extra.get("functions"):
+        return "Tools and functions are not supported by this server."
+    if extra.get("stop"):
+        return "Stop sequences are not supported by this server."
+    if extra.get("logprobs"):
+        return "Log probabilities are not supported by this server."
+    response_format = extra.get("response_format")
+    if isinstance(response_format, dict) and response_format.get("type", "text") != "text":
+        return "Only text responses are supported (response_format type text)."
+    return None
+
+
+@dataclasses.dataclass
+class Conversation:
+    video_url: str
+    question: str
+    history: list[tuple[str, str]]
+
+
+def _parts(message: dict) -> list[dict]:
+    content = message.get("content")
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    if content is None:
+        return []
+    if not isinstance(content, list) or not all(isinstance(part, dict) for part in content):
+        raise ApiError(400, "A message's content must be text or a list of content parts.")
+    return content
+
+
+def _text_and_videos(message: dict) -> tuple[str, list[str]]:
+    texts, videos = [], []
+    for part in _parts(message):
+        kind = part.get("type")
+        if kind == "text":
+            if not isinstance(part.get("text"), str):
+                raise ApiError(400, 'A text part must hold {"text": "..."}.')
+            texts.append(part["text"])
+        elif kind == "video_url":
+            video = part.get("video_url")
+            url = video.get("url") if isinstance(video, dict) else video
+            if not isinstance(url, str):
+                raise ApiError(400, 'A video_url part must hold {"url": "..."}.')
+            videos.append(url)
+        else:
+            raise ApiError(400, f"Content parts of type {kind!r} are not supported; send the video as a "
+                                "video_url part and the question as text.")
+    return "\n".join(texts), videos
+
+
+def conversation(messages: list[dict]) -> Conversation:
+    """The video, the last question and the earlier (question, answer) turns of a chat.
+
+    System and developer messages are skipped: the engine answers with its own system prompt (a model's
+    prefix cache is keyed on it).
+    """
+    turns = [m for m in messages if m.get("role") not in ("system", "developer")]
+    for message in turns:
+        if message.get("role") not in ("user", "assistant"):
+            raise ApiError(400, f"Messages with role {message.get('role')!r} are not supported.")
+    roles = [m["role"] for m in turns]
+    if not roles or len(roles) % 2 == 0 or any(role != ("user", "assistant")[i % 2] for i, role in enumerate(roles)):
+        raise ApiError(400, BAD_ORDER)
+    texts, videos_by_turn = zip(*(_text_and_videos(m) for m in turns))
+    videos = [url for urls in videos_by_turn for url in urls]
+    if not videos:
+        raise ApiError(400, NO_VIDEO)
+    if len(videos) > 1:
+        raise ApiError(400, f"A conversation is about one video; these messages carry {len(videos)}.")
+    if not videos_by_turn[0]:
+        # The engine's prompt opens the first user turn with the video; elsewhere it would not match.
+        raise ApiError(400, "The video_url part must be in the first user message.")
+    history = [(texts[i], texts[i + 1]) for i in range(0, len(texts) - 1, 2)]
+    return Conversation(videos[0], texts[-1], history)
+
+
+def _jsonable(value):
+    """Stats as plain JSON types (numpy scalars become numbers)."""
+    return json.loads(json.dumps(value, default=lambda v: v.item() if hasattr(v, "item") else str(v)))
+
+
+def usage(stats: dict) -> dict:
+    prompt, completion = stats.get("prompt_tokens") or 0, stats.get("generated_tokens") or 0
+    cached = prompt - (stats.get("prefill_tokens") or prompt)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": max(cached, 0)}, "evs": _jsonable(stats)}
+
+
+class ChatCompletions:
+    """The two routes for one engine."""
+
+    def __init__(self, engine, policy: VideoPolicy):
+        self.engine = engine
+        self.policy = policy
+        self.model = engine.model_info["name"]
+
+    def routes(self) -> list[APIRoute]:
+        return [
+            APIRoute("/v1/models", self.models, methods=["GET"]),
+            APIRoute("/v1/chat/completions", self.completions, methods=["POST"]),
+        ]
+
+    async def models(self) -> dict:
+        return {"object": "list",
+                "data": [{"id": self.model, "object": "model", "created": 0, "owned_by": "evs-video-chat"}]}
+
+    async def completions(self, request: Request):
+        video: LocalVideo | None = None
+        try:
+            chat = await self._chat_request(request)
+            chosen = conversation(chat.messages)
+            params = self._params(chat)
+            video = await local_video(chosen.video_url, self.policy)
+            stream = self.engine.submit(video=str(video.path), question=chosen.question, params=params,
+                                        history=chosen.history)
+        except Exception as error:
+            if video:
+                video.release()
+            return (error if isinstance(error, ApiError) else engine_error(error)).response()
+        reply = Reply(self.model, stream, params.max_new_tokens)
+        if not chat.stream:
+            try:
+                return JSONResponse(await reply.whole(request))
+            except Exception as error:
+                return engine_error(error).response()
+            finally:
+                video.release()
+        include_usage = bool((chat.stream_options or {}).get("include_usage"))
+        try:
+            # Wait for the first sign that the video was read: a bad one still gets its 4xx status.
+            opening = await reply.opening()
+        except Exception as error:
+            video.release()
+            return engine_error(error).response()
+        return StreamingResponse(reply.chunks(opening, include_usage, video), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    async def _chat_request(self, request: Request) -> ChatRequest:
+        limit = self.policy.max_bytes * 4 // 3 + BODY_OVERHEAD_BYTES
+        declared = request.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > limit:
+            raise ApiError(413, f"The request is larger than the limit of {limit / (1 << 20):.3g} MB.")
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise ApiError(413, f"The request is larger than the limit of {limit / (1 << 20):.3g} MB.")
+        try:
+            payload = json.loads(body)
+        except (ValueError, UnicodeDecodeError):
+            raise ApiError(400, "The request body must be JSON.") from None
+        if not isinstance(payload, dict):
+            raise ApiError(400, "The request body must be a JSON object.")
+        try:
+            chat = ChatRequest.model_validate(payload)
+        except ValidationError as error:
+            first = error.errors()[0]
+            where = ".".join(str(part) for part in first["loc"]) or "body"
+            raise ApiError(422, f"{where}: {first['msg']}.", param=where) from None
+        if chat.model != self.model:
+            raise ApiError(404, f"The model {chat.model!r} does not exist; this server serves {self.model!r}.",
+                           code="model_not_found", param="model")
+        if reason := unsupported(chat):
+            raise ApiError(400, reason)
+        return chat
+
+    def _params(self, chat: ChatRequest):
+        max_tokens = next((n for n in (chat.max_completion_tokens, chat.max_tokens) if n is not None),
+                          DEFAULT_MAX_TOKENS)
+        try:
+            params = api_params(
+                self.engine,
+                DEFAULT_PRUNING_RATE if chat.pruning_rate is None else chat.pruning_rate,
+                chat.fps, chat.max_frames, chat.max_pixels_per_frame, max_tokens,
+                DEFAULT_TEMPERATURE if chat.temperature is None else chat.temperature,
+            )
+        except gr.Error as error:
+            raise ApiError(400, error.message) from None
+        # Without a seed, sampling differs from call to call, as OpenAI clients expect.
+        seed = secrets.randbits(31) if chat.seed is None else chat.seed
+        return dataclasses.replace(params, top_p=1.0 if chat.top_p is None else chat.top_p, seed=seed)
+
+
+class Reply:
+    """One engine stream read as an OpenAI answer."""
+
+    def __init__(self, model: str, stream: Stream, max_new_tokens: int):
+        self.model, self.stream, self.max_new_tokens = model, stream, max_new_tokens
+        self.id = f"chatcmpl-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self.events = stream.aevents()
+
+    def finish_reason(self, stats: dict) -> str:
+        return "length" if (stats.get("generated_tokens") or 0) >= self.max_new_tokens else "stop"
+
+    async def whole(self, request: Request) -> dict:
+        """The plain response; a client that hangs up cancels the engine request."""
+        watcher = asyncio.create_task(_cancel_on_disconnect(request, self.stream))
+        text, stats = [], {}
+        try:
+            async for event in self.events:
+                if event.kind == "text":
+                    text.append(event.text)
+                elif event.kind == "done":
+                    stats = event.stats or {}
+        finally:
+            watcher.cancel()
+            if not self.stream.finished:
+                self.stream.cancel()
+        return {
+            "id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "".join(text)},
+                         "finish_reason": self.finish_reason(stats), "logprobs": None}],
+            "usage": usage(stats),
+        }
+
+    async def opening(self) -> list[Event]:
+        """Events up to the pruning picture (or the first text, or the end): errors before it are the
+        caller's or the server's and still get their status code; after it, only server faults remain."""
+        seen = []
+        try:
+            async for event in self.events:
+                seen.append(event)
+                if event.kind in ("evs", "text", "done"):
+                    break
+        except BaseException:
+            self.stream.cancel()
+            raise
+        return seen
+
+    def _chunk(self, delta: dict, finish_reason: str | None = None) -> str:
+        chunk = {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
+                 "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}]}
+        return f"data: {json.dumps(chunk)}\n\n"
+
+    async def chunks(self, opening: list[Event], include_usage: bool, video: LocalVideo) -> AsyncIterator[str]:
+        """Server-sent events; the request is cancelled when the client goes away (the generator is closed)."""
+        stats: dict = {}
+
+        async def all_events() -> AsyncIterator[Event]:
+            for event in opening:
+                yield event
+            async for event in self.events:
+                yield event
+
+        try:
+            yield self._chunk({"role": "assistant", "content": ""})
+            async for event in all_events():
+                if event.kind == "text" and event.text:
+                    yield self._chunk({"content": event.text})
+                elif event.kind == "done":
+                    stats = event.stats or {}
+            yield self._chunk({}, self.finish_reason(stats))
+            if include_usage:
+                body = {"id": self.id, "object": "chat.completion.chunk", "created": self.created,
+                        "model": self.model, "choices": [], "usage": usage(stats)}
+                yield f"data: {json.dumps(body)}\n\n"
+            yield "data: [DONE]\n\n"
+        except Exception as error:  # after the 200 status: OpenAI clients raise on an error event
+            yield f"data: {json.dumps(engine_error(error).body())}\n\n"
+        finally:
+            if not self.stream.finished:
+                self.stream.cancel()
+            video.release()
+
+
+async def _cancel_on_disconnect(request: Request, stream: Stream) -> None:
+    while not stream.finished:
+        if await request.is_disconnected():
+            stream.cancel()
+            return
+        await asyncio.sleep(DISCONNECT_POLL_S)
+
+
+def openai_routes(engine, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+                  fetch_video_urls: bool = False) -> list[APIRoute]:
+    """`GET /v1/models` and `POST /v1/chat/completions` for `engine`, to go into the server's FastAPI
+    routes (app.py and the tests pass them as `app_kwargs["routes"]`).
+
+    max_file_bytes: the upload limit, for data: URLs and fetched videos too. fetch_video_urls: fetch
+    http(s) video URLs of other hosts (off: refused with a sentence).
+    """
+    return ChatCompletions(engine, video_policy(max_file_bytes, fetch_video_urls)).routes()

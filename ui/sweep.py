@@ -1,0 +1,121 @@
+"""The q sweep: one question about one video answered at several pruning rates at once.
+
+The requests go to the engine as one burst (`engine.paused()`, through handlers.follow): the video is
+decoded once, its features come from one ViT forward (identical uploads are encoded once), and the
+prompts prefill and decode together. What comes back is the picture the EVS papers print, for the
+user's own video: the answers side by side, kept tokens, TTFT and prefill time against q, and a table of
+per-rate stats.
+"""
+
+import dataclasses
+import time
+from collections.abc import AsyncIterator, Sequence
+from html import escape
+
+import gradio as gr
+import pandas as pd
+
+from ui import figures, stats_panel
+from ui.handlers import DEFAULT_MAX_NEW_TOKENS, DEFAULT_TEMPERATURE, RunView, api_params, follow, not_an_mcp_tool
+
+DEFAULT_RATES = (0.0, 0.3, 0.5, 0.7, 0.9)
+DEFAULT_RATES_TEXT = ", ".join(f"{q:g}" for q in DEFAULT_RATES)
+MAX_RATES = 8  # one sweep holds this many engine requests at once
+BAD_RATES = f"Sweep rates must be 1 to {MAX_RATES} numbers separated by commas, e.g. {DEFAULT_RATES_TEXT}."
+UPDATE_EVERY_S = 0.15  # five answers growing token by token would otherwise send an update per token
+TABLE_HEADERS = ["q", "answer", "video tokens kept", "video tokens total", "prompt tokens", "TTFT (s)",
+                 "prefill (s)", "ViT (s)", "requests in the ViT forward", "total (s)"]
+PLACEHOLDER_HTML = (f'<div class="evs-sweep-empty">Press <b>Sweep</b> to answer the question at q = '
+                    f'{DEFAULT_RATES_TEXT} in one go: one video decode, one ViT forward, the answers '
+                    "decoding together.</div>")
+
+
+def parse_rates(rates: str | Sequence[float] | None) -> list[float]:
+    """Distinct rates in increasing order from "0, 0.3, 0.5" or a list of numbers; the engine checks
+    each is in [0, 1)."""
+    if rates is None or (isinstance(rates, str) and not rates.strip()):
+        return list(DEFAULT_RATES)
+    items = rates.replace(";", ",").split(",") if isinstance(rates, str) else rates
+    try:
+        values = sorted({float(item) for item in items if not isinstance(item, str) or item.strip()})
+    except (TypeError, ValueError):
+        raise gr.Error(BAD_RATES, print_exception=False) from None
+    if not 1 <= len(values) <= MAX_RATES:
+        raise gr.Error(BAD_RATES, print_exception=False)
+    return values
+
+
+def table(runs: Sequence[RunView]) -> pd.DataFrame:
+    """One row per rate: the answer and the numbers a sweep is for."""
+    rows = []
+    for run in runs:
+        stats = run.stats or {}
+
+        def seconds(key: str):
+            return None if stats.get(key) is None else round(stats[key], 4)
+
+        rows.append([run.pruning_rate, run.answer, stats.get("video_tokens_kept"), stats.get("video_tokens_total"),
+                     stats.get("prompt_tokens"), seconds("ttft_s"), seconds("prefill_s"), seconds("vit_s"),
+                     stats.get("vit_batch_requests"), seconds("total_s")])
+    return pd.DataFrame(rows, columns=TABLE_HEADERS)
+
+
+def answer_cards(runs: Sequence[RunView]) -> str:
+    """The answers side by side (stacked on a phone), each with its q, tokens kept and TTFT."""
+    cards = []
+    for run in runs:
+        stats = run.stats
+        numbers = (f"kept {stats['video_tokens_kept']:,}/{stats['video_tokens_total']:,} · "
+                   f"TTFT {stats_panel.format_seconds(stats['ttft_s'])}") if stats else escape(run.status)
+        answer = escape(run.answer) if run.answer else "<i>…</i>"
+        cards.append(f'<div class="evs-sweep-card"><div class="evs-sweep-q">q = {run.pruning_rate:g}</div>'
+                     f'<div class="evs-sweep-numbers">{numbers}</div>'
+                     f'<div class="evs-sweep-answer">{answer}</div></div>')
+    return '<div class="evs-sweep">' + "".join(cards) + "</div>"
+
+
+def question_to_sweep(question: str, turns: list) -> str:
+    """The Sweep button's question: the one typed, else the last one asked (Ask empties the box)."""
+    if (question or "").strip() or not turns:
+        return question
+    return turns[-1][0]
+
+
+class Sweep:
+    """The sweep handler of one demo (the Sweep button and the `/sweep` endpoint)."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    @not_an_mcp_tool
+    async def sweep(
+        self,
+        video: str | None,
+        question: str,
+        rates: str = DEFAULT_RATES_TEXT,
+        fps: float | None = None,
+        max_frames: int | None = None,
+        max_pixels_per_frame: int | None = None,
+        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+        temperature: float = DEFAULT_TEMPERATURE,
+    ) -> AsyncIterator[tuple]:
+        """The `/sweep` endpoint: streams (table, figure, answers_html); see ui/__init__.py.
+
+        rates: pruning rates as "0, 0.3, 0.5" (or a list of numbers). A sampling setting left out (None)
+        takes the engine's default for its device.
+        """
+        params = api_params(self.engine, 0.0, fps, max_frames, max_pixels_per_frame, max_new_tokens, temperature)
+        rates = parse_rates(rates)
+        runs = [RunView(q) for q in rates]
+        yield gr.skip(), gr.skip(), answer_cards(runs)
+        last_update = time.monotonic()
+        params_list = [dataclasses.replace(params, pruning_rate=q) for q in rates]
+        async for index, event in follow(self.engine, video, question, params_list, [], burst=True):
+            runs[index].apply(event)
+            now = time.monotonic()
+            if event.kind == "done" or now - last_update >= UPDATE_EVERY_S:
+                last_update = now
+                yield gr.skip(), gr.skip(), answer_cards(runs)
+        finished = [run for run in runs if run.stats and run.stats.get("ttft_s") is not None]
+        figure = figures.sweep_figure([run.stats for run in finished]) if finished else None
+        yield table(runs), figure, answer_cards(runs)

@@ -1,0 +1,227 @@
+"""Videos named by API requests (the OpenAI endpoint's `video_url` parts), turned into files the engine reads.
+
+- `data:video/...;base64,...`: decoded into the app's temp folder, bounded by the upload size limit, and
+  deleted when the request ends;
+- a path (or `file://` URL, or a `/gradio_api/file=` URL of a file this server holds): only a file under
+  Gradio's upload folder, i.e. one uploaded through this server; any other path is refused, so a caller
+  cannot make the model read the server's own files;
+- `http(s)://` elsewhere: refused unless the operator allows fetching (a public Space must not fetch
+  arbitrary URLs for strangers); then fetched from public addresses only, bounded like an upload.
+
+Every refusal is an InputError with one sentence for the caller.
+"""
+
+import asyncio
+import base64
+import binascii
+import ipaddress
+import mimetypes
+import os
+import socket
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+import httpx
+
+from engine.errors import InputError
+from ui.handlers import EXPIRED_VIDEO
+
+DEFAULT_MAX_FILE_BYTES = 200 * 1024 * 1024  # app.py's --max-file-mb default
+API_VIDEOS_FOLDER = "api-videos"  # under the upload folder, so the temp-file sweeper bounds it too
+GRADIO_FILE_ROUTE = "/gradio_api/file="
+FETCH_TIMEOUT_S = 30.0
+MAX_REDIRECTS = 3
+
+NOT_A_VIDEO_URL = ("The video_url must be a data:video/...;base64, URL, the path of a file uploaded to this "
+                   "server (POST /gradio_api/upload), or an http(s) URL.")
+BAD_DATA_URL = "The video's data: URL must be base64 video, e.g. data:video/mp4;base64,AAAA...."
+BAD_BASE64 = "The video's data: URL is not valid base64."
+NOT_UPLOADED = ("Only files uploaded to this server (POST /gradio_api/upload) can be named by path; "
+                "send other videos as a data: URL.")
+NO_FETCHING = ("This server does not fetch video URLs; send the video as a data: URL, or upload it "
+               "(POST /gradio_api/upload) and send its path.")
+
+
+def is_public_address(address: str) -> bool:
+    """True for an address on the public internet (not loopback, private, link-local, reserved, ...)."""
+    try:
+        return ipaddress.ip_address(address).is_global
+    except ValueError:
+        return False
+
+
+@dataclass(frozen=True)
+class VideoPolicy:
+    """What a request may name as its video.
+
+    upload_dir: Gradio's upload folder (named paths must lie under it; decoded data: URLs go there too).
+    max_bytes: the upload size limit, for data: URLs and fetched files alike.
+    fetch_urls: whether http(s) URLs of other hosts are fetched at all.
+    address_allowed: which resolved addresses may be fetched from (public ones; tests widen it to reach
+    a server on the loopback).
+    """
+
+    upload_dir: Path
+    max_bytes: int
+    fetch_urls: bool = False
+    address_allowed: Callable[[str], bool] = field(default=is_public_address)
+
+
+def video_policy(max_file_bytes: int = DEFAULT_MAX_FILE_BYTES, fetch_video_urls: bool = False) -> VideoPolicy:
+    """The policy of this server: Gradio's upload folder (GRADIO_TEMP_DIR), the upload limit, the fetch flag."""
+    import gradio as gr  # only here: the rest of this module does not need Gradio
+
+    return VideoPolicy(Path(gr.utils.get_upload_folder()), max_file_bytes, fetch_video_urls)
+
+
+@dataclass
+class LocalVideo:
+    """A file the engine can read; `temporary` ones are deleted by release()."""
+
+    path: Path
+    temporary: bool = False
+
+    def release(self) -> None:
+        if self.temporary:
+            self.path.unlink(missing_ok=True)
+
+
+def too_large(limit_bytes: int) -> InputError:
+    return InputError(f"The video is larger than the limit of {limit_bytes / (1 << 20):.3g} MB.")
+
+
+async def local_video(url: str, policy: VideoPolicy) -> LocalVideo:
+    """The file behind a `video_url`."""
+    if not isinstance(url, str) or not url.strip():
+        raise InputError(NOT_A_VIDEO_URL)
+    url = url.strip()
+    if url.startswith("data:"):
+        return await asyncio.to_thread(_decode_data_url, url, policy)
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme in ("http", "https"):
+        linked = unquote(parts.path[len(GRADIO_FILE_ROUTE):]) if parts.path.startswith(GRADIO_FILE_ROUTE) else ""
+        if linked and _under_upload_folder(linked, policy):
+            # A link to an upload this server holds is read from disk, whatever host name the caller used
+            # (behind a proxy the app cannot tell its public name). Gradio names upload folders by the
+            # content's hash, so another server's link to the same path is the same file.
+            return uploaded_file(linked, policy)
+        if not policy.fetch_urls:
+            raise InputError(NO_FETCHING)
+        return await fetched_video(url, policy)
+    if scheme == "file":
+        return uploaded_file(unquote(parts.path), policy)
+    if scheme == "" and url.startswith("/"):
+        return uploaded_file(url, policy)
+    raise InputError(NOT_A_VIDEO_URL)
+
+
+def _under_upload_folder(path: str, policy: VideoPolicy) -> bool:
+    """Whether `path` lies in the upload folder once symlinks and `..` are resolved."""
+    root = os.path.realpath(policy.upload_dir)
+    return os.path.commonpath([root, os.path.realpath(path)]) == root
+
+
+def uploaded_file(path: str, policy: VideoPolicy) -> LocalVideo:
+    """A file under the upload folder; anything else is refused."""
+    if not _under_upload_folder(path, policy):
+        raise InputError(NOT_UPLOADED)
+    real = os.path.realpath(path)
+    if not os.path.isfile(real):
+        raise InputError(EXPIRED_VIDEO)
+    return LocalVideo(Path(real))
+
+
+def _new_temp_path(policy: VideoPolicy, suffix: str) -> Path:
+    folder = Path(policy.upload_dir) / API_VIDEOS_FOLDER
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / f"{uuid.uuid4().hex}{suffix}"
+
+
+def _decode_data_url(url: str, policy: VideoPolicy) -> LocalVideo:
+    header, comma, payload = url[len("data:"):].partition(",")
+    media_type, *options = header.split(";")
+    media_type = media_type.strip().lower()
+    if not comma or "base64" not in (o.strip().lower() for o in options) or not (
+        media_type.startswith("video/") or media_type in ("", "application/octet-stream")
+    ):
+        raise InputError(BAD_DATA_URL)
+    payload = "".join(payload.split())  # line breaks are allowed in base64
+    # Refused before decoding: the decoded bytes are 3/4 of the text.
+    if (len(payload) * 3) // 4 - payload.count("=") > policy.max_bytes:
+        raise too_large(policy.max_bytes)
+    try:
+        data = base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError):
+        raise InputError(BAD_BASE64) from None
+    suffix = mimetypes.guess_extension(media_type) if media_type.startswith("video/") else None
+    path = _new_temp_path(policy, suffix or ".mp4")
+    path.write_bytes(data)
+    return LocalVideo(path, temporary=True)
+
+
+class _PinnedTransport(httpx.AsyncHTTPTransport):
+    """Connects to the address that was checked, not to whatever the name resolves to a moment later
+    (DNS rebinding); the Host header and TLS server name stay the URL's."""
+
+    def __init__(self, address: str):
+        super().__init__()
+        self.address = address
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        host = request.url.host  # the Host header was set from it when the request was built
+        request.url = request.url.copy_with(host=self.address)
+        request.extensions = {**request.extensions, "sni_hostname": host}
+        return await super().handle_async_request(request)
+
+
+async def _checked_address(url: httpx.URL, policy: VideoPolicy) -> str:
+    if url.scheme not in ("http", "https") or not url.host:
+        raise InputError(NOT_A_VIDEO_URL)
+    try:
+        infos = await asyncio.get_running_loop().getaddrinfo(url.host, url.port or None, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError):
+        raise InputError(f"The video URL's host {url.host} could not be found.") from None
+    addresses = [info[4][0] for info in infos]
+    # Every address must pass: a name with one public and one private address could be steered to either.
+    if not addresses or not all(policy.address_allowed(a) for a in addresses):
+        raise InputError("This server only fetches videos from public internet addresses.")
+    return addresses[0]
+
+
+async def fetched_video(url: str, policy: VideoPolicy) -> LocalVideo:
+    """Download `url` into the temp folder, bounded by policy.max_bytes; redirects are checked hop by hop."""
+    target = httpx.URL(url)
+    path = _new_temp_path(policy, Path(target.path).suffix[:8] or ".mp4")
+    try:
+        for _ in range(MAX_REDIRECTS + 1):
+            address = await _checked_address(target, policy)
+            async with httpx.AsyncClient(transport=_PinnedTransport(address), timeout=FETCH_TIMEOUT_S) as client:
+                async with client.stream("GET", target) as response:
+                    if response.is_redirect and "location" in response.headers:
+                        target = target.join(response.headers["location"])
+                        continue
+                    if response.status_code != 200:
+                        raise InputError(f"Fetching the video URL failed: the server answered HTTP "
+                                         f"{response.status_code}.")
+                    declared = int(response.headers.get("content-length") or 0)
+                    if declared > policy.max_bytes:
+                        raise too_large(policy.max_bytes)
+                    received = 0
+                    with path.open("wb") as file:
+                        async for chunk in response.aiter_bytes():
+                            received += len(chunk)
+                            if received > policy.max_bytes:
+                                raise too_large(policy.max_bytes)
+                            file.write(chunk)
+                    return LocalVideo(path, temporary=True)
+        raise InputError(f"The video URL redirected more than {MAX_REDIRECTS} times.")
+    except httpx.HTTPError as error:
+        path.unlink(missing_ok=True)
+        raise InputError(f"The video URL could not be fetched ({type(error).__name__}).") from None
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
