@@ -47,12 +47,13 @@ QUICK = {"seconds": 20, "fps": 30, "size": (960, 540), "gop_s": 8, "repeats": 2}
 def write_long_gop_clip(path: Path, *, seconds: int, fps: int, size: tuple[int, int], gop_s: float) -> Path:
     """An H.264 MP4 of `seconds` at `fps`, size (width, height), one keyframe every `gop_s` seconds.
 
-    Frames are fed as yuv420p cut from a panorama converted once: converting each 1080p frame from RGB
-    would double the time to make the file.
+    Frames are fed as yuv420p cut from a panorama converted once, which saves converting each frame from
+    RGB (12 ms a 1080p frame on two cores, a fifth of the time to make the file).
     """
     width, height = size
     rng = np.random.default_rng(0)
-    # Grain fixed to the scene (it pans with it): motion search finds it, so the bitrate stays realistic.
+    # Grain fixed to the scene (it pans with it): every block has texture to code, yet motion search finds
+    # it from frame to frame, so P- and B-frames stay cheap as in camera footage.
     grain = rng.integers(-20, 21, (height, 3 * width, 1), dtype=np.int16)
     scene_rgb = (_panorama(width, height).astype(np.int16) + grain).clip(0, 255).astype(np.uint8)
     yuv = av.VideoFrame.from_ndarray(scene_rgb, format="rgb24").reformat(format="yuv420p")

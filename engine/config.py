@@ -73,6 +73,18 @@ def sampling_limits(device_type: str) -> SamplingLimits:
 
 DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
 
+# Video limits (EngineConfig fields; load_video's defaults). Length: 3 hours, as sampling caps the frames and
+# the decoder seeks, so a long video costs little more to read than a short one (bench/decoding.py). Frame
+# size as stored: DCI 4K (4096x2160, 8.8 megapixels) and UHD pass; 8K (33 megapixels a frame) is refused
+# before decoding, since each decoded frame alone is 50 MB and the decoder holds a dozen.
+MAX_VIDEO_SECONDS = 3 * 3600.0
+MAX_VIDEO_SOURCE_PIXELS = 4096 * 2160
+# Heap and private writable memory of the decoder process (RLIMIT_DATA). Measured on a 2-minute 1080p file:
+# 0.2 GB for 32 frames of 224x224, 0.8 GB at the UI's largest (256 frames of up to 896x896, 0.6 GB of them);
+# a 4K source adds a few hundred MB of reference frames. A file that makes FFmpeg allocate without bound
+# gets a MemoryError in its own process and the user a sentence.
+DECODE_MEMORY_BYTES = 4 << 30
+
 
 @dataclass
 class EngineConfig:
@@ -80,7 +92,9 @@ class EngineConfig:
     device: str = "auto"  # auto | cuda | cpu
     # None follows the device the model loads on (default_sampling): the engine's `default_sampling`.
     sampling: SamplingParams | None = None
-    max_video_seconds: float = 600.0
+    max_video_seconds: float = MAX_VIDEO_SECONDS
+    max_video_source_pixels: int = MAX_VIDEO_SOURCE_PIXELS  # width*height of the frames as stored, before resizing
+    decode_memory_bytes: int = DECODE_MEMORY_BYTES  # the decoder process's memory cap (RLIMIT_DATA)
     max_file_bytes: int = 200 * 1024 * 1024
     decode_timeout_s: float = 60.0
     # Patches (pre-merge rows) in one ViT forward before the batch is split; None picks by device:

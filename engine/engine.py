@@ -270,11 +270,13 @@ class Engine:
             stats = request.stats
             stats.decode_video_s = time.perf_counter() - start
             stats.frames_sampled = len(request.video.frames)
+            stats.sampled_fps = request.video.sampled_fps
             stats.grid_thw, stats.video_tokens_total = [T, h, w], T * h * w
             # Refused here, before the ViT, the KV cache or any device memory is touched.
             self._memory_plan.check_request(T * h * w, request.prompt.input_ids.numel(), request.params.max_new_tokens)
             request.detokenizer = Detokenizer(self.loaded.processor.tokenizer)
             request.generator = torch.Generator().manual_seed(request.params.seed)
+            stream.push(Event("status", f"read {stats.frames_sampled} frames at {stats.sampled_fps:.3g} fps"))
             stream.push(Event("status", "waiting for the GPU"))
             self._worker.enqueue(request)
         except Exception as error:
@@ -324,6 +326,8 @@ class Engine:
             timeout_s=config.decode_timeout_s,
             temporal_patch=self.family.temporal_patch,
             content_hash=digest,
+            max_source_pixels=config.max_video_source_pixels,
+            memory_bytes=config.decode_memory_bytes,
         )
 
     def shutdown(self) -> None:

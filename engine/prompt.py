@@ -47,21 +47,42 @@ def chat_text(family: Family, system: str, question: str, history: list[tuple[st
     return "".join(parts)
 
 
-def group_timestamps_s(frame_indices: list[int], native_fps: float, temporal_patch: int) -> list[float]:
-    """Centre time of each temporal group: the mean of its first and last frame's time (as Qwen does)."""
-    times = [i / native_fps for i in frame_indices]
+def group_timestamps_s(frame_positions: list[float], native_fps: float, temporal_patch: int) -> list[float]:
+    """Centre time of each temporal group: the mean of its first and last frame's time (as Qwen does).
+
+    frame_positions: each frame's time in average frame intervals (`processor_frame_positions`), divided by
+    native_fps exactly as the HF processor divides them, so these times are the ones its `<t seconds>`
+    text shows.
+    """
+    times = [i / native_fps for i in frame_positions]
     return [(times[g] + times[g + temporal_patch - 1]) / 2 for g in range(0, len(times), temporal_patch)]
 
 
+def processor_frame_positions(video: SampledVideo) -> list[float]:
+    """Each sampled frame's presentation time in average frame intervals (timestamps_s * native_fps).
+
+    The HF processors take frame indices and an fps and divide (Qwen3-VL's `<t seconds>`; Qwen2.5-VL's
+    seconds per group come from the count and fps). Index / fps is the frame's time only at a constant
+    rate; the container's time scaled by the average rate is right for variable-rate files too, and
+    equals the index at a constant rate (snapped to it, so those prompts are unchanged to the bit).
+    """
+    positions = []
+    for index, time_s in zip(video.frame_indices, video.timestamps_s):
+        position = time_s * video.native_fps
+        positions.append(index if abs(position - index) < 1e-6 else position)
+    return positions
+
+
 def processor_inputs(loaded, video: SampledVideo, text: str, max_pixels_per_frame: int) -> dict:
-    """Run the real HF processor on our own sampled frames (do_sample_frames=False), with the file's real
-    fps and frame indices so timestamps and second_per_grid_ts are right."""
+    """Run the real HF processor on our own sampled frames (do_sample_frames=False), with the frames' true
+    times (`processor_frame_positions`) and the file's average fps, so Qwen3-VL's timestamps are the
+    container's and Qwen2.5-VL's second_per_grid_ts is temporal_patch / video.sampled_fps."""
     from .models import processor_video_kwargs
 
     metadata = VideoMetadata(
         total_num_frames=video.total_frames,
         fps=video.native_fps,
-        frames_indices=list(video.frame_indices),
+        frames_indices=processor_frame_positions(video),
         duration=video.duration_s,
         height=video.frames.shape[1],
         width=video.frames.shape[2],
@@ -92,7 +113,7 @@ def prepare_prompt(
     vision_end = loaded.model.config.vision_end_token_id
     if int(input_ids[last_video + 1]) != vision_end:
         raise ValueError("the processor did not close the video with its end marker")
-    temporal_patch = loaded.model.config.vision_config.temporal_patch_size
+    temporal_patch = family.temporal_patch
     return PreparedPrompt(
         input_ids=input_ids,
         is_video=is_video,
@@ -101,5 +122,5 @@ def prepare_prompt(
         pixel_values=inputs["pixel_values_videos"],
         grid_thw_patches=grid_patches,
         grid_thw=grid_thw,
-        timestamps_s=group_timestamps_s(list(video.frame_indices), video.native_fps, temporal_patch),
+        timestamps_s=group_timestamps_s(processor_frame_positions(video), video.native_fps, temporal_patch),
     )

@@ -1,10 +1,18 @@
-"""Validate an uploaded video and sample its frames, decoding in a separate process.
+"""Validate an uploaded video and sample its frames by time, decoding in a separate process.
 
 Decoding runs in a fresh Python interpreter so that a malformed file that crashes or hangs the decoder
-costs that process, not the server; the parent kills it after the timeout. It is started with
+costs that process, not the server; the parent kills it after the timeout, and the child's memory is
+capped so that a file that makes the decoder allocate without bound fails alone. It is started with
 subprocess rather than multiprocessing 'spawn' because a spawn child re-imports the parent's main
 module (app.py: gradio, torch) and the engine package (torch, transformers): measured at 14-21 s and
-860 MB per upload, against 0.4 s and 32 MB for numpy and decord alone.
+860 MB per upload, against about 0.5 s and 50 MB for numpy and PyAV alone.
+
+The child decodes with PyAV (engine/video_pyav.py) rather than decord 0.6, the engine's decoder before:
+the frames' presentation times come from the container, so variable-frame-rate files are sampled at the
+right seconds; it reads every codec its FFmpeg has (AV1 included, which decord 0.6 cannot); and it
+decodes the 32 sampled frames of a 2-minute 1080p long-GOP H.264 file with 40% less CPU (seeking only
+where it pays and skipping frames nothing refers to; bench/decoding.py). Small clips cost it about 0.1 s
+more, importing PyAV.
 """
 
 import hashlib
@@ -18,12 +26,13 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.config import SamplingParams
+from engine.config import DECODE_MEMORY_BYTES, MAX_VIDEO_SOURCE_PIXELS, SamplingParams
 from engine.errors import InputError
 
 MISSING = "Please upload a video file."
 UNREADABLE = "The file could not be read as a video."
 TOO_SLOW = "Reading the video took too long; try a shorter or smaller file."
+OUT_OF_MEMORY = "Reading the video needed more memory than the server allows; try a smaller file."
 
 # The child imports this module under a bare `engine` package so that engine/__init__.py (torch,
 # transformers) never runs there: argv[1] is the engine folder, argv[2] the request as JSON.
@@ -40,17 +49,25 @@ _ENGINE_DIR = Path(__file__).resolve().parent
 
 @dataclass(frozen=True)
 class SampledVideo:
-    """Frames sampled from one upload, with what the HF processor needs for correct timestamps.
+    """Frames sampled from one upload at evenly spaced times, with where each sits in the video.
 
-    frames: (N, H, W, 3) uint8 RGB, N a multiple of the temporal patch. frame_indices: the source
-    frame index of each sampled frame (non-decreasing). content_hash: sha256 hex of the file bytes.
+    frames: (N, H, W, 3) uint8 RGB, upright, N a multiple of the temporal patch.
+    frame_indices: (N,) ordinal of each sampled frame in presentation order (non-decreasing; a clip
+    shorter than the temporal patch repeats its last frame). timestamps_s: (N,) each frame's
+    presentation time in seconds from the first frame, read from the container. total_frames: frames in
+    the video. duration_s: first frame's start to last frame's end. native_fps: total_frames /
+    duration_s, the average rate. sampled_fps: N / duration_s, the rate actually sampled (below the
+    asked fps once max_frames caps a long video); Qwen's seconds per temporal group follow from it.
+    content_hash: sha256 hex of the file bytes.
     """
 
     frames: np.ndarray
     frame_indices: list[int]
+    timestamps_s: list[float]
     native_fps: float
     total_frames: int
     duration_s: float
+    sampled_fps: float
     content_hash: str
 
 
@@ -72,12 +89,17 @@ def load_video(
     timeout_s: float,
     temporal_patch: int = 2,
     content_hash: str | None = None,
+    max_source_pixels: int = MAX_VIDEO_SOURCE_PIXELS,
+    memory_bytes: int = DECODE_MEMORY_BYTES,
 ) -> SampledVideo:
     """Check the upload, decode the sampled frames in a child process, and return them.
 
     content_hash: the file's sha256 when the caller already computed it (it is read again otherwise).
+    max_source_pixels: most width*height of the file's frames as stored, before any resizing.
+    memory_bytes: the decoder process's cap on heap and private writable memory (RLIMIT_DATA).
     Raises InputError (one sentence for the user) when the file is missing, larger than max_bytes,
-    not a readable video, longer than max_seconds, or takes longer than timeout_s to decode.
+    not a readable video, longer than max_seconds, larger per frame than max_source_pixels, needs more
+    than memory_bytes, or takes longer than timeout_s to decode.
     """
     if not path or not Path(path).is_file():
         raise InputError(MISSING)
@@ -85,37 +107,72 @@ def load_video(
     if size_bytes > max_bytes:
         size_text, limit_text = _size_pair(size_bytes, max_bytes)
         raise InputError(f"The video is {size_text}; the limit is {limit_text}.")
-    header, frames = _decode_isolated(str(path), sampling, max_seconds, temporal_patch, timeout_s)
-    if header["status"] == "too_long":
+    request = {"path": str(path), "sampling": asdict(sampling), "max_seconds": max_seconds,
+               "patch": temporal_patch, "max_source_pixels": max_source_pixels, "memory_bytes": memory_bytes}
+    header, frames = _decode_isolated(request, timeout_s)
+    status = header["status"]
+    if status == "too_long":
         length_text, limit_text = _duration_pair(header["duration_s"], max_seconds)
         raise InputError(f"The video is {length_text} long; the limit is {limit_text}.")
-    if header["status"] != "ok":
+    if status == "too_many_pixels":
+        width, height = header["size"]
+        megapixels = _number(width * height / 1e6, round_up=True)
+        raise InputError(f"The video's frames are {width}x{height} ({megapixels} megapixels); "
+                         f"the limit is {_number(max_source_pixels / 1e6)} megapixels.")
+    if status == "out_of_memory":
+        raise InputError(OUT_OF_MEMORY)
+    if status != "ok":
         raise InputError(UNREADABLE)
+    duration_s = header["duration_s"]
     return SampledVideo(
         frames=frames,
         frame_indices=header["frame_indices"],
-        native_fps=header["native_fps"],
+        timestamps_s=header["timestamps_s"],
+        native_fps=header["total_frames"] / duration_s,
         total_frames=header["total_frames"],
-        duration_s=header["total_frames"] / header["native_fps"],
+        duration_s=duration_s,
+        sampled_fps=len(frames) / duration_s,
         content_hash=content_hash or file_sha256(path),
     )
+
+
+def sampled_frame_count(duration_s: float, total_frames: int, sampling: SamplingParams, temporal_patch: int = 2) -> int:
+    """Frames to sample: round(duration_s * fps) clamped to [temporal_patch, max_frames], rounded down to a
+    multiple of temporal_patch, and no more than total_frames rounded down the same way (a video of fewer
+    than temporal_patch frames still gives temporal_patch, repeating its last frame)."""
+    count = max(temporal_patch, min(round(duration_s * sampling.fps), sampling.max_frames))
+    count = max(temporal_patch, count // temporal_patch * temporal_patch)
+    return min(count, max(temporal_patch, total_frames // temporal_patch * temporal_patch))
 
 
 def sample_frame_indices(
     duration_s: float, total_frames: int, sampling: SamplingParams, temporal_patch: int = 2
 ) -> list[int]:
-    """Source frame indices to decode: evenly spaced, a multiple of temporal_patch in count.
-
-    count = round(duration_s * fps) clamped to [temporal_patch, max_frames], rounded down to a
-    multiple of temporal_patch, and no more than total_frames rounded down the same way. A video
-    shorter than temporal_patch frames repeats its last frame.
-    """
-    count = max(temporal_patch, min(round(duration_s * sampling.fps), sampling.max_frames))
-    count = max(temporal_patch, count // temporal_patch * temporal_patch)
-    count = min(count, max(temporal_patch, total_frames // temporal_patch * temporal_patch))
+    """Source frame indices of a constant-rate video: sampled_frame_count of them, evenly spaced from the
+    first frame to the last. (The decoder samples by time, `sample_by_time`; at a constant rate the two
+    agree.)"""
+    count = sampled_frame_count(duration_s, total_frames, sampling, temporal_patch)
     if total_frames < temporal_patch:
         return list(range(total_frames)) + [total_frames - 1] * (temporal_patch - total_frames)
     return [int(i) for i in np.linspace(0, total_frames - 1, count).round()]
+
+
+def sample_by_time(times: np.ndarray, count: int) -> list[int]:
+    """Ordinals of the frames nearest `count` times evenly spaced from the first frame's time to the last's.
+
+    times: (n,) ascending presentation times of every frame (any unit). Each target time maps to a
+    fractional ordinal by interpolating between its two neighbouring frames, rounded to the nearer one (a
+    tie to the earlier); at a constant rate this is `sample_frame_indices` but for ties. Where frames are
+    sparse (a slow part of a variable-rate file) two targets can pick the same frame, as it is what shows
+    at both times. Fewer frames than `count` repeats the last.
+    """
+    total = len(times)
+    if total < count:
+        return list(range(total)) + [total - 1] * (count - total)
+    targets = np.linspace(float(times[0]), float(times[-1]), count)
+    ordinals = np.interp(targets, np.asarray(times, dtype=np.float64), np.arange(total, dtype=np.float64))
+    # Halfway between two frames (to float noise) goes to the earlier one, whatever the parity.
+    return [int(i) for i in np.floor(ordinals + 0.5 - 1e-9)]
 
 
 def fit_pixels(height: int, width: int, max_pixels: int) -> tuple[int, int]:
@@ -133,12 +190,8 @@ def fit_pixels(height: int, width: int, max_pixels: int) -> tuple[int, int]:
     return new_h, new_w
 
 
-def _decode_isolated(
-    path: str, sampling: SamplingParams, max_seconds: float, temporal_patch: int, timeout_s: float
-) -> tuple[dict, np.ndarray | None]:
+def _decode_isolated(request: dict, timeout_s: float) -> tuple[dict, np.ndarray | None]:
     """Decode in a child process: (header, frames). A crash or a garbled answer reads as unreadable."""
-    request = {"path": path, "sampling": asdict(sampling), "max_seconds": max_seconds}
-    request["patch"] = temporal_patch
     command = [sys.executable, "-c", _CHILD_PROGRAM, str(_ENGINE_DIR), json.dumps(request)]
     child = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
     try:
@@ -163,6 +216,10 @@ def _parse_answer(output: bytes) -> tuple[dict, np.ndarray | None]:
             return header, None
         # copy(): a writable array, so torch.from_numpy downstream does not warn.
         frames = np.frombuffer(payload, np.uint8).reshape(header["shape"]).copy()
+        if len(header["frame_indices"]) != len(frames) or len(header["timestamps_s"]) != len(frames):
+            return {"status": "unreadable"}, None
+        if not header["duration_s"] > 0 or header["total_frames"] <= 0:
+            return {"status": "unreadable"}, None
     except (ValueError, KeyError, TypeError):
         return {"status": "unreadable"}, None
     return header, frames
@@ -170,112 +227,31 @@ def _parse_answer(output: bytes) -> tuple[dict, np.ndarray | None]:
 
 def _child_main(request_json: str) -> None:
     """Body of the decoder process: write the header line and frame bytes to stdout."""
+    import resource
+
     answer = os.fdopen(os.dup(1), "wb")
     # Anything the native decoder prints goes to stderr, never into the answer.
     os.dup2(2, 1)
     request = json.loads(request_json)
+    from engine.video_pyav import decode_file
+
+    # After the libraries load (their fixed cost), before any decoding: an allocation past the cap fails,
+    # in Python or in FFmpeg. RLIMIT_DATA (heap and private writable mappings) rather than RLIMIT_AS: the
+    # address space also counts the 64 MB malloc arena each decoder thread reserves but barely touches,
+    # so a cap on it would track the core count rather than the memory used.
+    resource.setrlimit(resource.RLIMIT_DATA, (request["memory_bytes"], request["memory_bytes"]))
     try:
         sampling = SamplingParams(**request["sampling"])
-        header, frames = _decode(request["path"], sampling, request["max_seconds"], request["patch"])
-    except Exception:  # the decoders report broken input as their own errors
+        header, frames = decode_file(request["path"], sampling, request["max_seconds"], request["patch"],
+                                     request["max_source_pixels"])
+    except (MemoryError, BlockingIOError):  # EAGAIN: FFmpeg could not start a thread (its stack) under the cap
+        header, frames = {"status": "out_of_memory"}, None
+    except Exception:  # the decoder reports broken input as its own errors
         header, frames = {"status": "unreadable"}, None
     answer.write(json.dumps(header).encode() + b"\n")
     if frames is not None:
-        answer.write(np.ascontiguousarray(frames).tobytes())
+        answer.write(np.ascontiguousarray(frames).data)  # the buffer itself: no second copy of the frames
     answer.flush()
-
-
-def _decode(
-    path: str, sampling: SamplingParams, max_seconds: float, temporal_patch: int
-) -> tuple[dict, np.ndarray | None]:
-    """decord first (it seeks and scales while decoding); PyAV for what decord refuses (AV1, which
-    decord 0.6 cannot decode) and where decord is not installed (a bare GPU image)."""
-    try:
-        return _decode_with_decord(path, sampling, max_seconds, temporal_patch)
-    except Exception:  # ImportError, or decord's DECORDError / RuntimeError on a file it cannot read
-        return _decode_with_pyav(path, sampling, max_seconds, temporal_patch)
-
-
-def _sampling_plan(total_frames: int, native_fps: float, height: int, width: int, sampling: SamplingParams,
-                   max_seconds: float, temporal_patch: int) -> tuple[dict | None, list[int], tuple[int, int]]:
-    """(refusal header or None, source frame indices to keep, (height, width) to scale to)."""
-    if total_frames <= 0 or not native_fps or not math.isfinite(native_fps) or native_fps <= 0:
-        return {"status": "unreadable"}, [], (0, 0)
-    duration_s = total_frames / native_fps
-    if duration_s > max_seconds:
-        return {"status": "too_long", "duration_s": duration_s}, [], (0, 0)
-    indices = sample_frame_indices(duration_s, total_frames, sampling, temporal_patch)
-    return None, indices, fit_pixels(height, width, sampling.max_pixels_per_frame)
-
-
-def _answer(frames: np.ndarray, indices: list[int], size: tuple[int, int], native_fps: float,
-            total_frames: int) -> tuple[dict, np.ndarray | None]:
-    if frames.dtype != np.uint8 or frames.shape != (len(indices), *size, 3):
-        return {"status": "unreadable"}, None
-    header = {
-        "status": "ok",
-        "shape": list(frames.shape),
-        "frame_indices": indices,
-        "native_fps": float(native_fps),
-        "total_frames": total_frames,
-    }
-    return header, frames
-
-
-def _decode_with_decord(
-    path: str, sampling: SamplingParams, max_seconds: float, temporal_patch: int
-) -> tuple[dict, np.ndarray | None]:
-    # Imported here so that only the child loads the native decoder.
-    from decord import VideoReader
-
-    reader = VideoReader(path)
-    total_frames, native_fps = len(reader), reader.get_avg_fps()
-    height, width = reader[0].shape[:2] if total_frames > 0 else (0, 0)
-    refusal, indices, (fit_h, fit_w) = _sampling_plan(total_frames, native_fps, height, width, sampling,
-                                                      max_seconds, temporal_patch)
-    if refusal is not None:
-        return refusal, None
-    if (fit_h, fit_w) != (height, width):
-        # decord scales while decoding, so a large video never exists at full size in memory.
-        reader = VideoReader(path, width=fit_w, height=fit_h)
-    frames = reader.get_batch(indices).asnumpy()
-    return _answer(frames, indices, (fit_h, fit_w), native_fps, total_frames)
-
-
-def _decode_with_pyav(
-    path: str, sampling: SamplingParams, max_seconds: float, temporal_patch: int
-) -> tuple[dict, np.ndarray | None]:
-    """Decode in order and keep the sampled frames, each scaled as it is converted to RGB."""
-    import av
-
-    with av.open(path) as container:
-        # FFmpeg reads still images (PNG, JPEG, ...) through image demuxers as one-frame videos: not uploads.
-        if container.format.name == "image2" or container.format.name.endswith("_pipe"):
-            return {"status": "unreadable"}, None
-        stream = container.streams.video[0]
-        stream.thread_type = "AUTO"
-        native_fps = float(stream.average_rate or 0)
-        total_frames = stream.frames
-        if total_frames <= 0:  # containers that keep no count (WebM, MKV): count the packets
-            total_frames = sum(1 for packet in container.demux(stream) if packet.size)
-            container.seek(0)
-        refusal, indices, (fit_h, fit_w) = _sampling_plan(total_frames, native_fps, stream.height, stream.width,
-                                                          sampling, max_seconds, temporal_patch)
-        if refusal is not None:
-            return refusal, None
-        wanted = set(indices)
-        kept: dict[int, np.ndarray] = {}
-        for index, frame in enumerate(container.decode(stream)):
-            if index in wanted:
-                kept[index] = frame.to_ndarray(format="rgb24", width=fit_w, height=fit_h)
-            if index >= indices[-1]:
-                break
-    # A count taken from the header can exceed what decodes: repeat the last decoded frame for the rest.
-    if not kept:
-        return {"status": "unreadable"}, None
-    last = kept[max(kept)]
-    frames = np.stack([kept.get(index, last) for index in indices])
-    return _answer(frames, indices, (fit_h, fit_w), native_fps, total_frames)
 
 
 def _size_pair(size_bytes: int, limit_bytes: int) -> tuple[str, str]:
@@ -291,8 +267,9 @@ def _size_pair(size_bytes: int, limit_bytes: int) -> tuple[str, str]:
 
 
 def _duration_pair(length_s: float, limit_s: float) -> tuple[str, str]:
-    """("12.5 minutes", "10 minutes"): minutes when the limit is a minute or more, else seconds."""
-    unit_s, unit = (60.0, "minute") if limit_s >= 60 else (1.0, "second")
+    """("3.5 hours", "3 hours"), ("12.5 minutes", "10 minutes"): the unit follows the limit (hours from an
+    hour, minutes from a minute, else seconds); the length rounds up so it never reads as equal."""
+    unit_s, unit = (3600.0, "hour") if limit_s >= 3600 else (60.0, "minute") if limit_s >= 60 else (1.0, "second")
     length = _number(length_s / unit_s, round_up=True)
     limit = _number(limit_s / unit_s)
     return f"{length} {_plural(unit, length)}", f"{limit} {_plural(unit, limit)}"

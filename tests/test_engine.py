@@ -151,3 +151,14 @@ def test_two_requests_on_the_same_upload_at_once_decode_it_once(tiny_cache_dir, 
         answers = [stream.result(60) for stream in pair]
     assert len(decodes) == 1
     assert answers[0].stats["video_tokens_kept"] > answers[1].stats["video_tokens_kept"]
+
+
+def test_a_long_video_is_sampled_over_its_whole_length_and_says_at_what_rate(engine, clip):
+    """8 frames over 6 s: far below the asked 4 fps, and the status and stats say so."""
+    stream = engine.submit(clip("pan", seconds=6.0, fps=4), "What happens?", GenerationParams(max_new_tokens=2))
+    events = list(stream)
+    stats = events[-1].stats
+    assert stats["frames_sampled"] == 8
+    assert stats["sampled_fps"] == pytest.approx(8 / 6.0, rel=0.05)
+    statuses = [e.text for e in events if e.kind == "status"]
+    assert f"read 8 frames at {stats['sampled_fps']:.3g} fps" in statuses

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import engine.scheduler
+import engine.runner
 from assets.make_examples import EXAMPLES, EXAMPLES_DIR
 from assets.shapes import QUESTIONS, held_out_seeds, shape_clip, write_shape_clip
 from bench import accuracy as accuracy_bench
@@ -55,7 +55,7 @@ def test_positions_recomputed_for_the_pruned_sequence_lose_answers(trained_engin
     """The classic EVS bug, on purpose: number the pruned sequence's positions afresh (as if it had never
     held the dropped tokens) instead of keeping the unpruned layout's. Answers at q = 0.5 get worse."""
     right = accuracy_bench.accuracy(trained_engine, held_out_clips, [0.5])["0.5"]
-    original = engine.scheduler.prune_prompt
+    original = engine.runner.prune_prompt
 
     def renumbered(prompt, features, q):
         pruned = original(prompt, features, q)
@@ -64,7 +64,7 @@ def test_positions_recomputed_for_the_pruned_sequence_lose_answers(trained_engin
         pruned.next_position = length
         return pruned
 
-    monkeypatch.setattr(engine.scheduler, "prune_prompt", renumbered)
+    monkeypatch.setattr(engine.runner, "prune_prompt", renumbered)
     broken = accuracy_bench.accuracy(trained_engine, held_out_clips, [0.5])["0.5"]
     assert sum(broken.values()) <= sum(right.values()) - 0.3, (right, broken)
 

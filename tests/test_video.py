@@ -1,6 +1,11 @@
-"""Video upload checks and frame sampling, on small clips made by assets.clips (real decodes)."""
+"""Video upload checks and frame sampling, on small clips made by assets.clips (real decodes).
+
+Codecs, containers, variable frame rates and rotation: tests/test_video_formats.py. How the decoder seeks
+and skips: tests/test_video_decoding.py.
+"""
 
 import hashlib
+import math
 import os
 import shutil
 import sys
@@ -12,11 +17,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 from PIL import Image
 
+from fractions import Fraction
+
+import av
+
 from assets.clips import write_clip
-from engine.config import SamplingParams
+from engine.config import EngineConfig, SamplingParams
 from engine.errors import InputError
 from engine.video import (
     MISSING,
+    OUT_OF_MEMORY,
     TOO_SLOW,
     UNREADABLE,
     _duration_pair,
@@ -24,6 +34,7 @@ from engine.video import (
     file_sha256,
     fit_pixels,
     load_video,
+    sample_by_time,
     sample_frame_indices,
 )
 
@@ -63,6 +74,9 @@ def test_sampled_frame_count_and_metadata(tmp_path, seconds, clip_fps, fps, max_
     assert video.total_frames == total
     assert video.native_fps == pytest.approx(clip_fps)
     assert video.duration_s == pytest.approx(seconds)
+    # A constant-rate file: each frame's container time is its index / fps.
+    assert video.timestamps_s == pytest.approx([i / clip_fps for i in video.frame_indices], abs=1e-9)
+    assert video.sampled_fps == pytest.approx(expected / seconds)
 
 
 def test_single_frame_clip_repeats_its_frame(tmp_path):
@@ -159,6 +173,79 @@ def test_too_long(clips):
         _load(clips["moving_object"], max_seconds=1.0)
 
 
+def _slow_clip(path, hours: float, seconds_per_frame: int = 30):
+    """A `hours`-long 64x48 H.264 clip with one frame every `seconds_per_frame` s: long, yet quick to make.
+    Frame k is grey level k % 256, so a decoded frame tells which one it is."""
+    count = round(hours * 3600 / seconds_per_frame)
+    with av.open(str(path), mode="w", format="mp4") as container:
+        stream = container.add_stream("libx264", rate=Fraction(1, seconds_per_frame))
+        stream.width, stream.height, stream.pix_fmt = 64, 48, "yuv420p"
+        stream.options = {"preset": "ultrafast", "qp": "0"}
+        for k in range(count):
+            grey = np.full((48, 64, 3), k % 256, np.uint8)
+            for packet in stream.encode(av.VideoFrame.from_ndarray(grey, format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return path
+
+
+def test_long_video_is_sampled_over_its_whole_length(tmp_path):
+    """2.5 hours, under the default 3-hour limit: 32 frames spread from the first second to the last,
+    at the rate they actually cover (32 / 9,000 s), each the frame shown at its time."""
+    path = _slow_clip(tmp_path / "lecture.mp4", hours=2.5)
+    video = _load(path, SamplingParams(fps=2.0, max_frames=32), max_seconds=EngineConfig().max_video_seconds)
+    assert video.duration_s == pytest.approx(9000.0) and video.total_frames == 300
+    assert video.sampled_fps == pytest.approx(32 / 9000.0)
+    assert video.frame_indices == [int(i) for i in np.linspace(0, 299, 32).round()]
+    assert video.timestamps_s == pytest.approx([30.0 * i for i in video.frame_indices])
+    assert video.timestamps_s[-1] == pytest.approx(8970.0)
+    # qp 0 keeps each picture's grey level, its frame number, to the RGB <-> YUV rounding.
+    greys = np.array([int(frame[24, 32, 0]) for frame in video.frames])
+    assert np.abs(greys - np.array(video.frame_indices) % 256).max() <= 2, greys
+
+
+def test_longer_than_the_default_limit(tmp_path):
+    path = _slow_clip(tmp_path / "marathon.mp4", hours=3.5, seconds_per_frame=60)
+    assert EngineConfig().max_video_seconds == 3 * 3600
+    with pytest.raises(InputError, match=r"^The video is 3\.5 hours long; the limit is 3 hours\.$"):
+        _load(path, max_seconds=EngineConfig().max_video_seconds)
+
+
+def test_frames_too_large_before_resizing(tmp_path, clips):
+    """Checked on the stored frame size before decoding: 160x120 passes a 160*120 limit, not one below."""
+    assert _load(clips["moving_object"], max_source_pixels=160 * 120).frames.shape[0] == 8
+    sentence = r"^The video's frames are 160x120 \(0\.1 megapixels\); the limit is 0 megapixels\.$"
+    with pytest.raises(InputError, match=sentence):
+        _load(clips["moving_object"], max_source_pixels=160 * 120 - 1)
+
+
+def test_8k_is_refused_by_default(tmp_path):
+    path = tmp_path / "8k.mp4"
+    with av.open(str(path), mode="w", format="mp4") as container:  # one flat grey frame: quick to make
+        stream = container.add_stream("libx264", rate=Fraction(4))
+        stream.width, stream.height, stream.pix_fmt = 7680, 4320, "yuv420p"
+        stream.options = {"preset": "ultrafast", "threads": "1"}
+        grey = av.VideoFrame.from_ndarray(np.full((4320 * 3 // 2, 7680), 128, np.uint8), format="yuv420p")
+        for packet in [*stream.encode(grey), *stream.encode()]:
+            container.mux(packet)
+    assert EngineConfig().max_video_source_pixels == 4096 * 2160
+    sentence = r"^The video's frames are 7680x4320 \(33\.2 megapixels\); the limit is 8\.8 megapixels\.$"
+    with pytest.raises(InputError, match=sentence):
+        _load(path)
+
+
+def test_decoder_memory_is_capped(tmp_path):
+    """32 frames of 1280x720 kept whole need 88 MB on top of the ~100 MB the decoder process starts with:
+    a 200 MB cap is a sentence, not a crash; the default cap decodes the same request."""
+    path = write_clip(tmp_path / "hd.mp4", "pan", seconds=4.0, fps=8, size=(1280, 720),
+                      options={"preset": "ultrafast", "threads": "1"})
+    sampling = SamplingParams(fps=8.0, max_frames=32, max_pixels_per_frame=1280 * 720)
+    with pytest.raises(InputError, match=f"^{OUT_OF_MEMORY}$"):
+        _load(path, sampling, memory_bytes=200 << 20)
+    assert _load(path, sampling).frames.shape == (32, 720, 1280, 3)
+
+
 def test_size_and_duration_wording():
     assert _size_pair(int(312.4 * 2**20), 200 * 2**20) == ("312.4 MB", "200 MB")
     assert _size_pair(200 * 2**20 + 1, 200 * 2**20) == ("200.1 MB", "200 MB")
@@ -167,6 +254,8 @@ def test_size_and_duration_wording():
     assert _duration_pair(600.5, 600.0) == ("10.1 minutes", "10 minutes")
     assert _duration_pair(90.0, 60.0) == ("1.5 minutes", "1 minute")
     assert _duration_pair(2.3, 2.0) == ("2.3 seconds", "2 seconds")
+    assert _duration_pair(12600.0, 10800.0) == ("3.5 hours", "3 hours")
+    assert _duration_pair(3601.0, 3600.0) == ("1.1 hours", "1 hour")
 
 
 def test_timeout(clips):
@@ -231,6 +320,42 @@ def test_sampling_rule(duration_s, fps, total_frames, max_frames, patch):
         assert len(set(indices)) == len(indices)
 
 
+@given(
+    total_frames=st.integers(1, 5000),
+    count=st.integers(1, 64),
+    step=st.integers(1, 3000),
+    start=st.integers(-10**6, 10**9),
+)
+def test_sampling_by_time_at_a_constant_rate_is_sampling_by_index(total_frames, count, step, start):
+    """Frames every `step` ticks from any start (an MPEG-TS clock, an edit list): the same frames as
+    spacing the indices evenly."""
+    times = start + step * np.arange(total_frames, dtype=np.int64)
+    picked = sample_by_time(times, count)
+    if count > total_frames:
+        assert picked == list(range(total_frames)) + [total_frames - 1] * (count - total_frames)
+        return
+    positions = np.linspace(0, total_frames - 1, count)
+    by_index = sample_frame_indices(total_frames, total_frames, SamplingParams(fps=1.0, max_frames=count), 1)
+    assert len(by_index) == count
+    for ordinal, index, position in zip(picked, by_index, positions):
+        halfway = abs(position % 1 - 0.5) < 1e-6
+        # Halfway between two frames both are nearest: by time the earlier, by index numpy's even one.
+        assert ordinal == (math.floor(position) if halfway else index), (ordinal, index, position)
+
+
+@given(gaps=st.lists(st.integers(1, 1000), min_size=1, max_size=300), count=st.integers(2, 64))
+def test_sampling_by_time_picks_the_frame_nearest_each_time(gaps, count):
+    times = np.concatenate([[0], np.cumsum(gaps)])
+    if count > len(times):
+        return
+    picked = sample_by_time(times, count)
+    targets = np.linspace(0, times[-1], count)
+    assert picked == sorted(picked) and picked[0] == 0 and picked[-1] == len(times) - 1
+    for ordinal, target in zip(picked, targets):
+        nearest = np.abs(times - target).min()
+        assert abs(times[ordinal] - target) <= nearest + 1e-6 * max(1.0, target)
+
+
 @given(height=st.integers(1, 4000), width=st.integers(1, 4000), max_pixels=st.integers(1, 10**7))
 def test_fit_pixels(height, width, max_pixels):
     fit_h, fit_w = fit_pixels(height, width, max_pixels)
@@ -241,28 +366,29 @@ def test_fit_pixels(height, width, max_pixels):
         assert fit_h * fit_w <= max_pixels
 
 
-# --- the PyAV decoder, for what decord refuses ----------------------------------------------------
+# --- against decord, the decoder the engine used before PyAV --------------------------------------
 
-def test_av1_which_decord_cannot_read_is_decoded_by_pyav(tmp_path):
+def test_av1_which_decord_cannot_read_is_decoded(tmp_path):
     path = write_clip(tmp_path / "av1.mp4", "moving_object", seconds=2.0, fps=8, size=(160, 120),
                       codec="libsvtav1", options={"preset": "12"})
-    from decord import VideoReader
-
+    decord = pytest.importorskip("decord")
     with pytest.raises(Exception):
-        VideoReader(str(path)).get_batch([0]).asnumpy()  # decord 0.6 has no AV1 decoder
+        decord.VideoReader(str(path)).get_batch([0]).asnumpy()  # decord 0.6 has no AV1 decoder
     video = _load(path, SamplingParams(fps=2.0, max_frames=32))
     assert video.frames.shape == (4, 120, 160, 3)
     assert video.frame_indices == [0, 5, 10, 15] and video.total_frames == 16 and video.native_fps == 8.0
 
 
 @pytest.mark.parametrize("max_pixels", [224 * 224, 64 * 48])
-def test_pyav_and_decord_sample_the_same_frames(clips, max_pixels):
-    from engine.video import _decode_with_decord, _decode_with_pyav
-
+def test_decord_reads_the_same_pictures_at_the_sampled_frames(clips, max_pixels):
+    """An independent reader (decord, by frame index) agrees with the engine's frames and sizes."""
+    decord = pytest.importorskip("decord")
     sampling = SamplingParams(fps=2.0, max_frames=32, max_pixels_per_frame=max_pixels)
-    decord_header, decord_frames = _decode_with_decord(str(clips["moving_object"]), sampling, 600.0, 2)
-    pyav_header, pyav_frames = _decode_with_pyav(str(clips["moving_object"]), sampling, 600.0, 2)
-    assert pyav_header == decord_header
+    video = _load(clips["moving_object"], sampling)
+    _, height, width, _ = video.frames.shape
+    reader = decord.VideoReader(str(clips["moving_object"]), width=width, height=height)
+    assert len(reader) == video.total_frames and reader.get_avg_fps() == pytest.approx(video.native_fps)
+    reference = reader.get_batch(video.frame_indices).asnumpy()
     # Two decoders, two RGB conversions and scalers: the same pictures within a few grey levels.
-    difference = np.abs(pyav_frames.astype(np.int16) - decord_frames.astype(np.int16))
+    difference = np.abs(video.frames.astype(np.int16) - reference.astype(np.int16))
     assert difference.mean() < 4.0, difference.mean()

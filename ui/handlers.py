@@ -17,7 +17,7 @@ import gradio as gr
 from engine.config import GenerationParams, SamplingParams
 from engine.errors import InputError
 from engine.stream import Event, EvsPicture, Stream
-from ui import figures, overlays, stats_panel
+from ui import figures, frame_files, overlays, stats_panel
 
 log = logging.getLogger(__name__)
 
@@ -238,7 +238,7 @@ class Handlers:
                 yield chosen.answer, {"status": chosen.status}, gr.skip(), gr.skip()
             elif event.kind == "evs":
                 figures_json = figures.figures_payload(event.evs)
-                frames = overlays.frame_gallery(event.evs)
+                frames = frame_files.saved(overlays.frame_gallery(event.evs))
                 yield chosen.answer, gr.skip(), figures_json, frames
             elif event.kind == "text":
                 yield chosen.answer, gr.skip(), gr.skip(), gr.skip()
@@ -295,7 +295,7 @@ class Handlers:
             if event.kind == "evs" and is_chosen:
                 yield update(status=_status_line(runs), bars=figures.tokens_per_group_figure(event.evs),
                              heatmap=figures.dissimilarity_figure(event.evs),
-                             gallery=overlays.frame_gallery(event.evs))
+                             gallery=frame_files.saved(overlays.frame_gallery(event.evs)))
             elif event.kind == "text":
                 shown_answer = dict(chat=chat_view()) if is_chosen else {}
                 yield update(**shown_answer, status=_status_line(runs), **compare_panels())

@@ -1,0 +1,337 @@
+"""PyAV decoding, run in engine/video.py's child process: the video's timeline from its packets, then the
+sampled frames only, each decoded the cheapest way the file allows.
+
+1. One pass over the packets, without decoding, gives every frame's presentation time (PTS) and which
+   frames are keyframes. Frames are sampled by time from it (`sample_by_time`), so a variable-frame-rate
+   file is sampled at even seconds and each frame carries its own time.
+2. Decoding seeks to the keyframe before a sampled frame when one lies ahead of what is decoded so far
+   (otherwise it decodes through), and skips the frames nothing refers to (`skip_frame = "NONREF"`) except
+   the sampled ones. With decoder threads, on a 2-minute 1080p H.264 file with a keyframe every 8 s, this
+   decodes about 1,400 of 3,600 frames for 32 samples (bench/decoding.py).
+3. Codecs that can decode at a reduced size (MPEG-4 part 2, MPEG-1/2, MJPEG) do, when the sampled size is
+   half the stored one or less.
+4. Where a container's times cannot be trusted the decode stays correct, only slower: AVI and raw streams
+   store no presentation times, so their frames are counted instead (no skipping); a seek that lands
+   wrong, or frames that come out at times the first pass did not see (MPEG-PS), start the decode over
+   from the first frame, nothing skipped.
+"""
+
+from array import array
+from bisect import bisect_right
+from dataclasses import dataclass
+from fractions import Fraction
+
+import av
+import numpy as np
+
+from engine.config import SamplingParams
+from engine.video import fit_pixels, sample_by_time, sampled_frame_count
+
+# A seek drops the frames the decoder threads have in flight and restarts at a keyframe: when the next
+# keyframe is only a few frames ahead, decoding through to it costs less.
+SEEK_AHEAD_FRAMES = 8
+# FFmpeg decoders with a `lowres` mode (its max_lowres is 3 for each); other decoders refuse the option.
+_LOWRES_DECODERS = {"mpeg4", "h263", "msmpeg4", "msmpeg4v2", "msmpeg4v3", "mpeg1video", "mpeg2video", "mjpeg"}
+_MAX_LOWRES = 3
+
+
+class SeekMissed(Exception):
+    """A seek landed past the frame it was for, also from earlier keyframes, or on nothing decodable."""
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """Every frame of a video stream, read from its packets without decoding.
+
+    pts: (n,) int64, one per frame, ascending, in time_base units. keyframes: ascending pts decoding can
+    start from. end: pts at which the last frame stops showing. by_order: the packets carry no
+    presentation times, so a decoded frame is known by its place in the output, not by its pts: raw
+    streams (pts are then the ordinals, time_base 1 / the rate), and AVI, which stores none (FFmpeg
+    numbers its packets in decode order, so with B-frames decoded frames come out with their neighbours'
+    numbers; the numbers still index the frames, and keyframes, in a constant-rate file).
+    """
+
+    pts: np.ndarray
+    keyframes: list[int]
+    time_base: Fraction
+    end: int
+    by_order: bool
+
+    def seconds(self, pts) -> np.ndarray:
+        """Seconds from the first frame of `pts` (any int array-like in time_base units)."""
+        offset = np.asarray(pts, dtype=np.int64) - int(self.pts[0])
+        return offset * self.time_base.numerator / self.time_base.denominator
+
+    @property
+    def duration_s(self) -> float:
+        return float(self.seconds([self.end])[0])
+
+
+def decode_file(path: str, sampling: SamplingParams, max_seconds: float, temporal_patch: int,
+                max_source_pixels: int) -> tuple[dict, np.ndarray | None]:
+    """(header, (N, H, W, 3) uint8 frames or None): the child's answer for one upload.
+
+    header["status"]: "ok" (with shape, frame_indices, timestamps_s, total_frames, duration_s, and what
+    decoding took: decoded_size, the (width, height) the decoder gave before scaling, frames_decoded,
+    seeks, and in_order, True when every frame was decoded from the start), "too_long" (duration_s),
+    "too_many_pixels" (size), or "unreadable".
+    """
+    with av.open(path) as container:
+        # FFmpeg reads still images (PNG, JPEG, ...) through image demuxers as one-frame videos: not uploads.
+        if container.format.name == "image2" or container.format.name.endswith("_pipe"):
+            return {"status": "unreadable"}, None
+        if not container.streams.video:
+            return {"status": "unreadable"}, None
+        stream = container.streams.video[0]
+        width, height = stream.codec_context.width, stream.codec_context.height
+        if width <= 0 or height <= 0:
+            return {"status": "unreadable"}, None
+        if width * height > max_source_pixels:
+            return {"status": "too_many_pixels", "size": [width, height]}, None
+        timeline = read_timeline(container, stream)
+        if timeline is None or not 0 < timeline.duration_s < float("inf"):
+            return {"status": "unreadable"}, None
+        if timeline.duration_s > max_seconds:
+            return {"status": "too_long", "duration_s": timeline.duration_s}, None
+    count = sampled_frame_count(timeline.duration_s, len(timeline.pts), sampling, temporal_patch)
+    wanted = [int(timeline.pts[i]) for i in sample_by_time(timeline.pts, count)]
+    fit_hw = fit_pixels(height, width, sampling.max_pixels_per_frame)
+
+    def planned(container, stream, convert):
+        return decode_planned(container, stream, timeline, wanted, convert)
+
+    def in_order(container, stream, convert):
+        return decode_in_order(container, stream, timeline, wanted, convert)
+
+    try:
+        taken, work = with_fresh_decoder(path, (height, width), fit_hw, planned)
+    except SeekMissed:
+        taken, work = with_fresh_decoder(path, (height, width), fit_hw, in_order)
+    if not taken:
+        return {"status": "unreadable"}, None
+    # Frames past the last one that decodes (a count from a damaged file) repeat it.
+    latest = taken[max(taken)]
+    frames = np.empty((len(wanted), *latest[1].shape), np.uint8)
+    shown_pts = []
+    for slot, pts in enumerate(wanted):
+        shown, rgb, _ = taken.get(pts, latest)
+        frames[slot] = rgb
+        shown_pts.append(shown)
+        if slot + 1 == len(wanted) or wanted[slot + 1] != pts:  # wanted ascends: this frame's last slot
+            taken.pop(pts, None)  # so the frames are held once, not twice, at the peak
+    ordinals = np.minimum(np.searchsorted(timeline.pts, shown_pts), len(timeline.pts) - 1)
+    header = {
+        "status": "ok",
+        "shape": list(frames.shape),
+        "frame_indices": [int(i) for i in ordinals],
+        "timestamps_s": [float(t) for t in timeline.seconds(shown_pts)],
+        "total_frames": len(timeline.pts),
+        "duration_s": timeline.duration_s,
+        "decoded_size": list(latest[2]),
+        **work,
+    }
+    return header, frames
+
+
+def with_fresh_decoder(path: str, stored_hw: tuple[int, int], fit_hw: tuple[int, int], decode):
+    """decode(container, stream, convert) on a freshly opened file: its demuxer starts exactly at the first
+    frame, where seeking back to it is not exact everywhere (MPEG-TS lands on a packet after the first
+    keyframe), and a stream without times cannot seek at all."""
+    with av.open(path) as container:
+        stream = container.streams.video[0]
+        open_decoder(stream, stored_hw, fit_hw)
+        return decode(container, stream, _converter(*fit_hw))
+
+
+def read_timeline(container, stream) -> Timeline | None:
+    """The stream's frames from one pass over its packets (no decoding); None when it has none.
+
+    Packets FFmpeg marks as discarded (before an edit list's start) are not frames of the video. A
+    packet's duration gives the last frame's end; where it is missing, the median frame interval.
+    """
+    pts, keyframes = array("q"), array("q")
+    count, last_pts, last_duration, untimed = 0, None, 0, False
+    for packet in container.demux(stream):
+        if packet.size == 0 or packet.is_discard:
+            continue
+        count += 1
+        if packet.pts is None:
+            untimed = True
+            continue
+        pts.append(packet.pts)
+        if packet.is_keyframe:
+            keyframes.append(packet.pts)
+        if last_pts is None or packet.pts > last_pts:
+            last_pts, last_duration = packet.pts, packet.duration or 0
+    rate = stream.guessed_rate or stream.average_rate  # a raw stream's average rate is FFmpeg's 25 fps guess
+    if count == 0:
+        return None
+    if untimed:
+        if not rate:
+            return None
+        return Timeline(np.arange(count, dtype=np.int64), [0], 1 / Fraction(rate), count, True)
+    by_order = container.format.name == "avi"
+    frames = np.unique(np.frombuffer(pts, dtype=np.int64))
+    step = last_duration
+    if step <= 0 and len(frames) > 1:
+        step = int(np.median(np.diff(frames)))
+    if step <= 0 and rate:
+        step = max(1, round(1 / (Fraction(rate) * stream.time_base)))
+    starts = sorted(set(keyframes)) or [int(frames[0])]  # no keyframe flags: start from the first frame
+    return Timeline(frames, starts, stream.time_base, int(frames[-1]) + step, by_order)
+
+
+def open_decoder(stream, stored_hw: tuple[int, int], fit_hw: tuple[int, int]) -> None:
+    """Open the stream's decoder with threads, and at a reduced size where the codec can and the sampled
+    size allows. Opened here, before any skip_frame is set: libdav1d reads skip_frame only when opened, so
+    opening it lazily under "NONREF" would lose every non-reference AV1 frame for good."""
+    context = stream.codec_context
+    context.thread_type = "AUTO"  # frame and slice threads, as many as the machine has cores
+    if context.codec.name in _LOWRES_DECODERS:
+        halvings = 0
+        while (halvings < _MAX_LOWRES and stored_hw[0] >> (halvings + 1) >= fit_hw[0]
+               and stored_hw[1] >> (halvings + 1) >= fit_hw[1]):
+            halvings += 1
+        if halvings:
+            context.options = {**(context.options or {}), "lowres": str(halvings)}
+    context.open(strict=False)
+
+
+def decode_planned(container, stream, timeline: Timeline, wanted: list[int], convert) -> tuple[dict, dict]:
+    """({pts asked: (pts shown, frame, decoded (width, height))} for the frames at `wanted` pts,
+    {"frames_decoded": frames the decoder gave, "seeks": seeks made}).
+
+    The container must be freshly opened (at the first frame). Before each sampled frame: seek to its
+    keyframe when that keyframe lies SEEK_AHEAD_FRAMES or more past the last decoded frame, else decode
+    on. A seek that lands past its target (a demuxer whose index disagrees with the packets) is retried
+    from up to 4 earlier keyframes, then raises SeekMissed, as do a seek after which nothing decodes, a
+    frame whose pts the timeline does not hold (MPEG-PS interpolates missing times differently after a
+    seek), and sampled frames still missing at the end after a seek; a target no frame matches takes the
+    next frame shown.
+    """
+    targets = sorted(set(wanted))
+    keyframes = timeline.keyframes
+    # Frames known by their place in the output cannot skip any: a skipped frame would shift the count.
+    skippable = None if timeline.by_order else set(targets)
+    taken: dict[int, tuple] = {}
+    work = {"frames_decoded": 0, "seeks": 0, "in_order": False}
+    # position: pts of the last frame decoded, None right after a seek; at the start, just before the first.
+    # counted: the ordinal the next frame out has, when frames are known by their place.
+    frames = _frames_from_here(container, stream, skippable)
+    index, position, back, counted = 0, int(timeline.pts[0]) - 1, 0, 0
+    while index < len(targets):
+        # A target before every keyframe (leading frames of an open GOP) is decodable only from the start.
+        key_index = bisect_right(keyframes, targets[index]) - 1 - back
+        if back and (key_index < 0 or back > 4):
+            raise SeekMissed(f"no keyframe at or before pts {targets[index]} decodes to it")
+        key = keyframes[max(0, key_index)]
+        if frames is None or _seek_pays(timeline, position, key):
+            container.seek(key, stream=stream, backward=True)
+            frames, position = _frames_from_here(container, stream, skippable), None
+            counted = int(np.searchsorted(timeline.pts, key))
+            work["seeks"] += 1
+        for frame in frames:
+            work["frames_decoded"] += 1
+            if timeline.by_order:
+                shown, counted = int(timeline.pts[min(counted, len(timeline.pts) - 1)]), counted + 1
+            elif frame.pts is None:  # the packets had times and the frames lost them: nothing to match
+                raise ValueError("a decoded frame has no timestamp")
+            else:
+                shown = frame.pts
+            if not _in_timeline(timeline, shown):
+                raise SeekMissed(f"a frame decoded at pts {shown}, a time the packets did not give")
+            if position is None and shown > targets[index]:
+                back, frames = back + 1, None
+                break
+            position = shown
+            while index < len(targets) and shown >= targets[index]:
+                taken[targets[index]] = (shown, convert(frame), (frame.width, frame.height))
+                index, back = index + 1, 0
+            if index == len(targets):
+                break
+            next_key = keyframes[max(0, bisect_right(keyframes, targets[index]) - 1)]
+            if _seek_pays(timeline, position, next_key):
+                break
+        else:  # the end of the file
+            if position is None or work["seeks"]:
+                raise SeekMissed(f"sampled frames from pts {targets[index]} on never came after seeking")
+            break
+    return taken, work
+
+
+def decode_in_order(container, stream, timeline: Timeline, wanted: list[int], convert) -> tuple[dict, dict]:
+    """decode_planned's answer from decoding every frame from the start (a freshly opened container),
+    nothing skipped or sought: where seeking missed, and as the reference the planned decode is tested
+    against."""
+    targets = sorted(set(wanted))
+    taken: dict[int, tuple] = {}
+    index, ordinal = 0, 0
+    for ordinal, frame in enumerate(_frames_from_here(container, stream, None), start=1):
+        shown = int(timeline.pts[min(ordinal - 1, len(timeline.pts) - 1)]) if timeline.by_order else frame.pts
+        while index < len(targets) and shown >= targets[index]:
+            taken[targets[index]] = (shown, convert(frame), (frame.width, frame.height))
+            index += 1
+        if index == len(targets):
+            break
+    return taken, {"frames_decoded": ordinal, "seeks": 0, "in_order": True}
+
+
+def decode_everything(path: str, frame_indices: list[int], fit_hw: tuple[int, int]) -> tuple[np.ndarray, dict]:
+    """((N, H, W, 3) uint8 frames, work) at the given frame ordinals, decoded one after another from the
+    first with nothing skipped or sought, scaled to fit_hw as stored: what the planned decode must give
+    (tests/test_video_decoding.py) and what it saves (bench/decoding.py)."""
+    with av.open(path) as container:
+        stream = container.streams.video[0]
+        timeline = read_timeline(container, stream)
+        stored_hw = (stream.codec_context.height, stream.codec_context.width)
+    wanted = [int(timeline.pts[i]) for i in frame_indices]
+
+    def in_order(container, stream, convert):
+        return decode_in_order(container, stream, timeline, wanted, convert)
+
+    taken, work = with_fresh_decoder(path, stored_hw, fit_hw, in_order)
+    return np.stack([taken[pts][1] for pts in wanted]), work
+
+
+def _in_timeline(timeline: Timeline, pts: int) -> bool:
+    at = int(np.searchsorted(timeline.pts, pts))
+    return at < len(timeline.pts) and int(timeline.pts[at]) == pts
+
+
+def _seek_pays(timeline: Timeline, position: int | None, keyframe: int) -> bool:
+    """Whether seeking to `keyframe` beats decoding on from the frame at `position` (None: just sought)."""
+    if position is None or keyframe <= position:
+        return False
+    between = np.searchsorted(timeline.pts, keyframe) - np.searchsorted(timeline.pts, position, side="right")
+    return int(between) >= SEEK_AHEAD_FRAMES
+
+
+def _frames_from_here(container, stream, wanted: set[int] | None):
+    """Decoded frames from the demuxer's position on, in presentation order. Frames no other frame refers
+    to are skipped unless their pts is in `wanted` (None: nothing skipped). A packet the decoder rejects
+    is passed over: one damaged frame should not lose a long video."""
+    context = stream.codec_context
+    for packet in container.demux(stream):
+        if packet.size == 0:  # the demuxer's end: drain the frames still in the decoder
+            context.skip_frame = "DEFAULT"
+            yield from context.decode(None)
+            return
+        if wanted is not None:
+            context.skip_frame = "DEFAULT" if packet.pts in wanted else "NONREF"
+        try:
+            decoded = context.decode(packet)
+        except av.InvalidDataError:
+            continue
+        yield from decoded
+
+
+def _converter(fit_h: int, fit_w: int):
+    """frame -> (H, W, 3) uint8 RGB scaled to fit_h x fit_w as stored, then turned upright by the display
+    matrix (a portrait phone clip is stored landscape with a 90 or 270 degree rotation)."""
+
+    def convert(frame) -> np.ndarray:
+        rgb = frame.to_ndarray(format="rgb24", width=fit_w, height=fit_h)
+        quarter_turns = round((frame.rotation or 0) / 90) % 4  # counter-clockwise, as np.rot90 turns
+        return np.rot90(rgb, quarter_turns) if quarter_turns else rgb
+
+    return convert
