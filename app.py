@@ -26,6 +26,7 @@ from typing import NoReturn
 from fastapi.routing import APIRoute
 
 from engine import Engine, EngineConfig, GenerationParams, InputError
+from engine.config import limits_from_env
 from engine.errors import one_line
 from engine.hardware import DeviceUnavailable, choose_device, probe_host
 from engine.memory_plan import InsufficientMemory
@@ -117,8 +118,13 @@ def build_engine(args: argparse.Namespace, device: str, max_file_bytes: int) -> 
     Exits with EXIT_MODEL_UNAVAILABLE (one message on stderr, no traceback) when the model is unavailable
     or too large for the CPU and strict, or when the checkpoint is not a supported family.
     """
+    try:
+        limits = limits_from_env()
+    except ValueError as error:
+        _fail(f"{error}.", code=2)
+
     def engine_for(model: str) -> Engine:
-        return Engine(EngineConfig(model=model, device=device, max_file_bytes=max_file_bytes))
+        return Engine(EngineConfig(model=model, device=device, max_file_bytes=max_file_bytes, **limits))
 
     def fall_back(why: str) -> tuple[Engine, str]:
         try:

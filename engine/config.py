@@ -100,13 +100,17 @@ class EngineConfig:
     # Patches (pre-merge rows) in one ViT forward before the batch is split; None picks by device:
     # 65536 on a GPU (bounds activation memory), 4096 on a CPU, where larger batches overflow the caches
     # and turn the elementwise ops memory-bound (2 cores, 8 videos of 1568 patches: one forward 1.18x
-    # eight separate ones, forwards of 2 videos 0.97x; `python bench/serving.py`).
+    # eight separate ones, forwards of 2 videos 0.97x; `python -m bench`).
     vit_token_budget: int | None = None
     feature_cache_bytes: int = 1 << 30
     prefix_cache_bytes: int = 1 << 30
     decoded_video_cache_bytes: int = 256 << 20  # sampled frames of recent uploads (follow-ups skip decoding)
     max_queue: int = 64  # requests waiting for admission before submit answers "busy"
     max_running: int = 16  # requests decoding together (the memory plan may lower it on a GPU)
+    max_question_chars: int = 4000
+    max_question_tokens: int = 1024  # the question alone, in the model's tokens
+    max_history_tokens: int = 8192  # every earlier question and answer together, in the model's tokens
+    max_new_tokens: int = 4096  # the most a request may ask for
     # Device bytes the memory plan (engine/memory_plan.py) divides between requests. None: on a GPU the free
     # memory measured after loading, on a CPU no plan (requests unbounded by memory). Set it to share a GPU
     # with another process, or to try the plan's limits on a CPU.
@@ -131,3 +135,38 @@ class GenerationParams:
     # The done event then carries each generated token's logits, (generated, V) float32: for equivalence
     # tests and research, at V * 4 bytes per token.
     return_logits: bool = False
+
+
+# Every limit a user can hit, and the environment variable that overrides it (README, "Limits").
+# Uploads (EVS_MAX_FILE_MB) and temporary files (EVS_TEMP_*) are set by app.py's flags.
+LIMIT_ENV = {
+    "max_video_seconds": "EVS_MAX_VIDEO_SECONDS",
+    "max_video_source_pixels": "EVS_MAX_VIDEO_SOURCE_PIXELS",
+    "decode_timeout_s": "EVS_DECODE_TIMEOUT_S",
+    "decode_memory_bytes": "EVS_DECODE_MEMORY_BYTES",
+    "max_queue": "EVS_MAX_QUEUE",
+    "max_running": "EVS_MAX_RUNNING",
+    "max_question_chars": "EVS_MAX_QUESTION_CHARS",
+    "max_question_tokens": "EVS_MAX_QUESTION_TOKENS",
+    "max_history_tokens": "EVS_MAX_HISTORY_TOKENS",
+    "max_new_tokens": "EVS_MAX_NEW_TOKENS",
+}
+
+
+def limits_from_env(environ=os.environ) -> dict:
+    """EngineConfig fields for every LIMIT_ENV variable set in environ; ValueError names a bad one."""
+    kinds = {name: type(getattr(EngineConfig, name)) for name in LIMIT_ENV}
+    found = {}
+    for name, variable in LIMIT_ENV.items():
+        text = environ.get(variable, "").strip()
+        if not text:
+            continue
+        try:
+            value = kinds[name](float(text)) if kinds[name] is int and float(text).is_integer() else kinds[name](text)
+        except ValueError:
+            kind = "whole number" if kinds[name] is int else "number"
+            raise ValueError(f"{variable}={text!r} is not a {kind}") from None
+        if value <= 0:
+            raise ValueError(f"{variable} must be above 0")
+        found[name] = value
+    return found

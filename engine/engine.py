@@ -39,10 +39,6 @@ from .worker import Worker
 
 log = logging.getLogger(__name__)
 
-MAX_QUESTION_CHARS = 4000
-MAX_NEW_TOKENS_LIMIT = 4096
-
-
 CONTROL_TOKEN = re.compile(r"<\|[a-z_]+\|>")
 
 
@@ -52,19 +48,20 @@ def check_text(text: str, what: str) -> None:
         raise InputError(f"The {what} may not contain control markers such as <|im_end|>.")
 
 
-def check_params(question: str, params: GenerationParams) -> None:
+def check_params(question: str, params: GenerationParams, config: EngineConfig,
+                 limits: SamplingLimits) -> None:
     """Raise InputError for anything in the request a user could have got wrong."""
     if not isinstance(question, str) or not question.strip():
         raise InputError("Please type a question about the video.")
     check_text(question, "question")
-    if len(question) > MAX_QUESTION_CHARS:
-        raise InputError(f"The question is {len(question)} characters long; the limit is {MAX_QUESTION_CHARS}.")
+    if len(question) > config.max_question_chars:
+        raise InputError(f"The question is {len(question):,} characters long; the limit is {config.max_question_chars:,}.")
     try:
         evs.validate_pruning_rate(params.pruning_rate)
     except ValueError as error:
         raise InputError(str(error)) from None
-    if not isinstance(params.max_new_tokens, int) or not 1 <= params.max_new_tokens <= MAX_NEW_TOKENS_LIMIT:
-        raise InputError(f"Max new tokens must be a whole number from 1 to {MAX_NEW_TOKENS_LIMIT}.")
+    if not isinstance(params.max_new_tokens, int) or not 1 <= params.max_new_tokens <= config.max_new_tokens:
+        raise InputError(f"Max new tokens must be a whole number from 1 to {config.max_new_tokens:,}.")
     temperature = params.temperature
     if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and (temperature == 0 or temperature >= 0.01)):
         raise InputError("The temperature must be 0 (greedy) or a number of at least 0.01.")
@@ -75,6 +72,11 @@ def check_params(question: str, params: GenerationParams) -> None:
     sampling = params.sampling
     if sampling is not None and not (sampling.fps > 0 and sampling.max_frames >= 2 and sampling.max_pixels_per_frame >= 28 * 28):
         raise InputError("Sampling needs fps above 0, at least 2 frames and at least 28x28 pixels per frame.")
+    if sampling is not None:
+        for what, asked, most in [("fps", sampling.fps, limits.max_fps), ("frames", sampling.max_frames, limits.max_frames),
+                                  ("pixels per frame", sampling.max_pixels_per_frame, limits.max_pixels_per_frame)]:
+            if asked > most:
+                raise InputError(f"{asked:,} {what} were asked for; this server samples at most {most:,}.")
 
 
 class Engine:
@@ -185,7 +187,7 @@ class Engine:
         with the video itself (unreadable, too long, too large) arrive through the stream.
         """
         params = params or GenerationParams()
-        check_params(question, params)
+        check_params(question, params, self.config, self._sampling_limits)
         if video is None or not str(video).strip():
             raise InputError("Please upload a video file.")
         try:
@@ -194,12 +196,25 @@ class Engine:
             raise InputError("The conversation history must be a list of (question, answer) pairs.") from None
         for turn in history:
             check_text(" ".join(turn), "conversation history")
+        self._check_text_tokens(question, history)
         with self._submit_lock:
             if self._closed:
                 raise BusyError("The server is restarting; please try again in a minute.")
             if not self._admission.acquire(blocking=False):
                 raise BusyError("The server is busy with other videos right now; please try again in a minute.")
             return self._accept(video, question, params, history)
+
+    def _check_text_tokens(self, question: str, history: list[tuple[str, str]]) -> None:
+        """Question and history counted in the model's tokens (characters say little across languages)."""
+        tokenizer = self.loaded.processor.tokenizer
+        asked = len(tokenizer(question, add_special_tokens=False)["input_ids"])
+        if asked > self.config.max_question_tokens:
+            raise InputError(f"The question is {asked:,} tokens long; the limit is {self.config.max_question_tokens:,}.")
+        earlier = sum(len(ids) for ids in tokenizer([text for turn in history for text in turn],
+                                                     add_special_tokens=False)["input_ids"]) if history else 0
+        if earlier > self.config.max_history_tokens:
+            raise InputError(f"The conversation so far is {earlier:,} tokens long; the limit is "
+                             f"{self.config.max_history_tokens:,}: please start a new conversation.")
 
     def _accept(self, video, question: str, params: GenerationParams, history) -> Stream:
         stream = Stream(next(self._ids))
@@ -272,6 +287,7 @@ class Engine:
             stats.frames_sampled = len(request.video.frames)
             stats.sampled_fps = request.video.sampled_fps
             stats.grid_thw, stats.video_tokens_total = [T, h, w], T * h * w
+            self._check_context(request.prompt.input_ids.numel(), T * h * w, request.params.max_new_tokens)
             # Refused here, before the ViT, the KV cache or any device memory is touched.
             self._memory_plan.check_request(T * h * w, request.prompt.input_ids.numel(), request.params.max_new_tokens)
             request.detokenizer = Detokenizer(self.loaded.processor.tokenizer)
@@ -284,6 +300,16 @@ class Engine:
                 log.exception("preparing request %d failed", request.id)
                 error = RuntimeError("Something went wrong while preparing the request; please try again.")
             request.abort(error)
+
+    def _check_context(self, prompt_tokens: int, video_tokens: int, max_new_tokens: int) -> None:
+        """The whole prompt (counted before EVS, whose positions keep the unpruned length) and the answer
+        must fit the model's context."""
+        context = self.loaded.model.config.text_config.max_position_embeddings
+        if prompt_tokens + max_new_tokens > context:
+            raise InputError(
+                f"The video ({video_tokens:,} tokens), the conversation and up to {max_new_tokens:,} new tokens "
+                f"need {prompt_tokens + max_new_tokens:,} tokens, more than the model's context of {context:,}: "
+                "sample fewer frames or fewer pixels per frame, or start a new conversation.")
 
     def _sampled_video(self, path: str, sampling) -> SampledVideo:
         """Decoded frames of an upload, shared: a recent decode is reused, and two requests on the same

@@ -162,3 +162,39 @@ def test_a_long_video_is_sampled_over_its_whole_length_and_says_at_what_rate(eng
     assert stats["sampled_fps"] == pytest.approx(8 / 6.0, rel=0.05)
     statuses = [e.text for e in events if e.kind == "status"]
     assert f"read 8 frames at {stats['sampled_fps']:.3g} fps" in statuses
+
+
+def test_limits_come_from_the_environment_and_a_bad_one_is_named():
+    from engine.config import limits_from_env
+
+    limits = limits_from_env({"EVS_MAX_QUEUE": "8", "EVS_MAX_VIDEO_SECONDS": "60", "EVS_MAX_NEW_TOKENS": "512"})
+    assert limits == {"max_queue": 8, "max_video_seconds": 60.0, "max_new_tokens": 512}
+    assert isinstance(limits["max_queue"], int)
+    with pytest.raises(ValueError, match="EVS_MAX_QUEUE='many' is not a whole number"):
+        limits_from_env({"EVS_MAX_QUEUE": "many"})
+    with pytest.raises(ValueError, match="EVS_MAX_RUNNING must be above 0"):
+        limits_from_env({"EVS_MAX_RUNNING": "0"})
+
+
+def test_question_and_history_are_counted_in_tokens(tiny_cache_dir, clip):
+    config = EngineConfig(model="tiny-random", device="cpu", cache_dir=tiny_cache_dir, sampling=SAMPLING,
+                          max_question_tokens=20, max_history_tokens=50)
+    with Engine(config) as small:
+        with pytest.raises(InputError, match=r"The question is \d+ tokens long; the limit is 20\."):
+            small.submit(clip("pan"), "Why? " * 10, GenerationParams(max_new_tokens=1))
+        with pytest.raises(InputError, match="the limit is 50: please start a new conversation"):
+            small.submit(clip("pan"), "Why?", GenerationParams(max_new_tokens=1), history=[("What?", "x" * 60)])
+        assert small.submit(clip("pan"), "Why?", GenerationParams(max_new_tokens=1),
+                            history=[("What?", "x" * 20)]).result(60).stats["generated_tokens"] == 1
+
+
+def test_a_request_past_the_models_context_is_refused_before_the_gpu(engine, clip, monkeypatch):
+    monkeypatch.setattr(engine.loaded.model.config.text_config, "max_position_embeddings", 64)
+    with pytest.raises(InputError, match="more than the model's context of 64"):
+        engine.submit(clip("pan"), "What happens?", GenerationParams(max_new_tokens=8)).result(60)
+
+
+def test_sampling_past_the_servers_limits_is_refused(engine, clip):
+    too_many = SamplingParams(fps=2.0, max_frames=engine.sampling_limits.max_frames + 2, max_pixels_per_frame=160 * 128)
+    with pytest.raises(InputError, match="frames were asked for; this server samples at most"):
+        engine.submit(clip("pan"), "What?", GenerationParams(sampling=too_many))
