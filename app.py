@@ -2,7 +2,8 @@
 
 Every flag has an environment twin (the flag wins): EVS_MODEL, EVS_DEVICE, EVS_HOST (or GRADIO_SERVER_NAME),
 EVS_PORT (or GRADIO_SERVER_PORT), EVS_MAX_FILE_MB, EVS_STRICT_MODEL=1, EVS_TEMP_MAX_AGE_S, EVS_TEMP_SWEEP_S,
-EVS_FETCH_VIDEO_URLS=1.
+EVS_FETCH_VIDEO_URLS=1, EVS_REPLICAS; the limits of engine/config.py LIMIT_ENV (EVS_MAX_QUEUE, ...) have
+variables only.
 
 Start-up: check the host first (a GPU that torch cannot use, or --device cuda without one, ends the start
 with one line), load the model once (falling back to the offline tiny-trained when the checkpoint cannot be
@@ -88,7 +89,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="let /v1/chat/completions fetch http(s) video URLs from public addresses, bounded "
                              "by --max-file-mb; off, they are refused (a public server should not fetch "
                              "URLs for strangers) [EVS_FETCH_VIDEO_URLS=1]")
+    parser.add_argument("--replicas", type=int, default=_env("EVS_REPLICAS", default="1"),
+                        help="engine replicas on Ray Serve, one GPU each (a share of the CPU cores on a CPU); above 1 "
+                             "starts a local Ray cluster, or joins the one RAY_ADDRESS names [EVS_REPLICAS]")
     args = parser.parse_args(argv)
+    if args.replicas < 1:
+        parser.error("--replicas must be at least 1")
     if args.max_file_mb <= 0:
         parser.error("--max-file-mb must be above 0")
     if args.temp_max_age_s <= 0 or args.temp_sweep_s <= 0:
@@ -124,7 +130,17 @@ def build_engine(args: argparse.Namespace, device: str, max_file_bytes: int) -> 
         _fail(f"{error}.", code=2)
 
     def engine_for(model: str) -> Engine:
-        return Engine(EngineConfig(model=model, device=device, max_file_bytes=max_file_bytes, **limits))
+        config = EngineConfig(model=model, device=device, max_file_bytes=max_file_bytes, **limits)
+        if args.replicas == 1:
+            return Engine(config)
+        if not is_tiny_model(model):
+            describe_model(model)  # the config alone: ModelUnavailable here keeps the offline fallback working
+        from replicas import ReplicasUnavailable, ReplicatedEngine  # imports Ray, so only on this path
+
+        try:
+            return ReplicatedEngine(config, replicas=args.replicas, warm_up_clip=WARMUP_CLIP)
+        except ReplicasUnavailable as error:
+            _fail(one_line(error), EXIT_DEVICE_UNAVAILABLE)
 
     def fall_back(why: str) -> tuple[Engine, str]:
         try:
@@ -198,7 +214,7 @@ def log_runtime(engine: Engine) -> None:
     log.info("model %s (%s) on %s, dtype %s, attention: vision tower %s, language model %s%s", info["name"],
              info["family"], info["device"], info["dtype"], info["attn_vision"], info["attn_text"],
              " [random weights]" if info["random_weights"] else "")
-    if info["device"].startswith("cuda"):
+    if info["device"].startswith("cuda") and "replicas" not in info:  # replicas hold the GPUs, not this process
         import torch
 
         gib = 1024**3
@@ -215,7 +231,8 @@ def log_runtime(engine: Engine) -> None:
 def health_route(engine: Engine, fallback: bool) -> APIRoute:
     """GET /healthz -> {"status": "ok", "model": ...}; registered at launch, i.e. only once warm."""
     info = engine.model_info
-    body = {"status": "ok", "model": info["name"], "device": info["device"], "fallback": fallback}
+    body = {"status": "ok", "model": info["name"], "device": info["device"], "fallback": fallback,
+            "replicas": info.get("replicas", 1)}
 
     def healthz() -> dict:
         return body
@@ -229,7 +246,8 @@ def main(argv: list[str] | None = None) -> int:
     max_file_bytes = int(args.max_file_mb * 1024 * 1024)
     log.info("starting: model %s, device %s, %s:%d", args.model, args.device, args.host, args.port)
 
-    device = check_host(args.device)
+    # On a Ray cluster the GPUs are the replicas' nodes', not necessarily this one's.
+    device = args.device if args.replicas > 1 and os.environ.get("RAY_ADDRESS") else check_host(args.device)
     engine, banner = build_engine(args, device, max_file_bytes)
     try:
         warm_up(engine)

@@ -26,8 +26,8 @@ class SamplingParams:
 
 @dataclass(frozen=True)
 class SamplingLimits:
-    """The largest sampling settings the UI offers on a device (slider maxima). The engine itself checks
-    only the floors; on a GPU its memory plan refuses a request whose video would not fit."""
+    """The largest sampling settings on a device: the UI's slider maxima, and the engine refuses a request
+    asking for more; on a GPU its memory plan also refuses a request whose video would not fit."""
 
     max_fps: float
     max_frames: int

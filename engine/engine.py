@@ -79,6 +79,22 @@ def check_params(question: str, params: GenerationParams, config: EngineConfig,
                 raise InputError(f"{asked:,} {what} were asked for; this server samples at most {most:,}.")
 
 
+def check_request(video, question: str, params: GenerationParams, history, config: EngineConfig,
+                  limits: SamplingLimits) -> list[tuple[str, str]]:
+    """The checks of a request that need only the config (InputError, one sentence); returns the history
+    as (question, answer) string pairs. Shared by Engine.submit and replicas.ReplicatedEngine.submit."""
+    check_params(question, params, config, limits)
+    if video is None or not str(video).strip():
+        raise InputError("Please upload a video file.")
+    try:
+        history = [(str(asked), str(answered)) for asked, answered in history]
+    except (TypeError, ValueError):
+        raise InputError("The conversation history must be a list of (question, answer) pairs.") from None
+    for turn in history:
+        check_text(" ".join(turn), "conversation history")
+    return history
+
+
 class Engine:
     """Loads the model once and serves every request through one worker thread.
 
@@ -171,6 +187,11 @@ class Engine:
         return self._worker.runner.prefix
 
     @property
+    def healthy(self) -> bool:
+        """False once the worker thread has died: the engine can no longer answer."""
+        return self._worker.is_alive()
+
+    @property
     def running_requests(self) -> int:
         return len(self._worker.scheduler.running)
 
@@ -187,15 +208,7 @@ class Engine:
         with the video itself (unreadable, too long, too large) arrive through the stream.
         """
         params = params or GenerationParams()
-        check_params(question, params, self.config, self._sampling_limits)
-        if video is None or not str(video).strip():
-            raise InputError("Please upload a video file.")
-        try:
-            history = [(str(asked), str(answered)) for asked, answered in history]
-        except (TypeError, ValueError):
-            raise InputError("The conversation history must be a list of (question, answer) pairs.") from None
-        for turn in history:
-            check_text(" ".join(turn), "conversation history")
+        history = check_request(video, question, params, history, self.config, self._sampling_limits)
         self._check_text_tokens(question, history)
         with self._submit_lock:
             if self._closed:

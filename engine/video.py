@@ -105,7 +105,7 @@ def load_video(
         raise InputError(MISSING)
     size_bytes = Path(path).stat().st_size
     if size_bytes > max_bytes:
-        size_text, limit_text = _size_pair(size_bytes, max_bytes)
+        size_text, limit_text = size_pair(size_bytes, max_bytes)
         raise InputError(f"The video is {size_text}; the limit is {limit_text}.")
     request = {"path": str(path), "sampling": asdict(sampling), "max_seconds": max_seconds,
                "patch": temporal_patch, "max_source_pixels": max_source_pixels, "memory_bytes": memory_bytes}
@@ -254,7 +254,7 @@ def _child_main(request_json: str) -> None:
     answer.flush()
 
 
-def _size_pair(size_bytes: int, limit_bytes: int) -> tuple[str, str]:
+def size_pair(size_bytes: int, limit_bytes: int) -> tuple[str, str]:
     """("312.4 MB", "200 MB"): the unit follows the limit; the size rounds up so it never reads as equal."""
     if limit_bytes >= 1 << 20:
         unit_bytes, unit = 1 << 20, "MB"

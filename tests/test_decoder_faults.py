@@ -29,6 +29,8 @@ import engine.video as video
 from engine import Engine, EngineConfig, GenerationParams, STATS_KEYS
 from engine.errors import InputError
 
+from app_harness import wait_until
+
 # Long enough that a normal decode (a fresh interpreter importing numpy and decord: ~0.5 s, a few s on
 # 2 loaded cores) never times out, short enough to keep the hang test at ~10 s. The normal request must
 # finish inside it, which is what shows it did not wait for the hung decode.
@@ -68,15 +70,6 @@ def decoder_children() -> dict[int, bytes]:
         if alive and int(fields.get("PPid", "0")) == os.getpid() and b"_child_main" in cmdline:
             children[int(status.parent.name)] = cmdline
     return children
-
-
-def wait_until(condition, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return condition()
 
 
 @pytest.fixture(scope="module")

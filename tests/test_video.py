@@ -30,7 +30,7 @@ from engine.video import (
     TOO_SLOW,
     UNREADABLE,
     _duration_pair,
-    _size_pair,
+    size_pair,
     file_sha256,
     fit_pixels,
     load_video,
@@ -247,9 +247,9 @@ def test_decoder_memory_is_capped(tmp_path):
 
 
 def test_size_and_duration_wording():
-    assert _size_pair(int(312.4 * 2**20), 200 * 2**20) == ("312.4 MB", "200 MB")
-    assert _size_pair(200 * 2**20 + 1, 200 * 2**20) == ("200.1 MB", "200 MB")
-    assert _size_pair(3000, 2048) == ("3 KB", "2 KB")
+    assert size_pair(int(312.4 * 2**20), 200 * 2**20) == ("312.4 MB", "200 MB")
+    assert size_pair(200 * 2**20 + 1, 200 * 2**20) == ("200.1 MB", "200 MB")
+    assert size_pair(3000, 2048) == ("3 KB", "2 KB")
     assert _duration_pair(750.0, 600.0) == ("12.5 minutes", "10 minutes")
     assert _duration_pair(600.5, 600.0) == ("10.1 minutes", "10 minutes")
     assert _duration_pair(90.0, 60.0) == ("1.5 minutes", "1 minute")

@@ -1,0 +1,17 @@
+"""Engine replicas on Ray Serve, for serving past one GPU: `python app.py --replicas N`.
+
+Layering: app -> ui -> replicas -> engine. The UI never imports this package; the app builds a
+`ReplicatedEngine` instead of an `Engine` when asked for more than one replica, and the UI uses it
+through the same interface. Importing this package imports Ray; the single-engine path never does.
+
+    client.py      ReplicatedEngine: submit -> engine.stream.Stream, fed from the deployment handle
+    deployment.py  the Serve deployment: one Engine per replica, events streamed as plain data
+    router.py      the Ray Serve request router, keyed by the video's content digest
+    routing.py     the routing rule itself (rendezvous hashing, the spill threshold), without Ray
+    videos.py      a video's way to its replica: the path on one machine, bytes in the object store across
+    wire.py        events and errors as plain picklable data
+"""
+
+from .client import REPLICA_LOST, Placement, ReplicasUnavailable, ReplicatedEngine, ReplicaLost
+
+__all__ = ["REPLICA_LOST", "Placement", "ReplicaLost", "ReplicasUnavailable", "ReplicatedEngine"]

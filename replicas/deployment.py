@@ -1,0 +1,209 @@
+"""The Ray Serve deployment: one Engine per replica, every event streamed back as plain data.
+
+Each replica is a Ray actor holding one `engine.Engine` (one GPU each on GPUs, a share of the CPUs on a
+CPU). `answer` is a streaming method: the client iterates it through a deployment handle, and the
+replica's engine streams are read with `aevents()` on the replica's event loop, so a waiting request
+holds no thread. Messages are those of replicas/wire.py.
+"""
+
+import asyncio
+import logging
+import os
+import threading
+from pathlib import Path
+
+import ray
+import torch
+from ray import serve
+from ray.serve.config import RequestRouterConfig
+from ray.serve.schema import LoggingConfig
+
+from engine import Engine, EngineConfig, GenerationParams
+from engine.stream import Stream
+
+from .router import VideoAffinityRouter
+from .videos import VideoFiles
+from .wire import HELLO, error_to_wire, event_to_wire
+
+log = logging.getLogger(__name__)
+
+DEPLOYMENT_NAME = "EngineReplica"
+# Serve asks each replica's check_health this often (seconds); a replica that fails it, or whose actor
+# died, is replaced. Its in-flight requests fail at once when the process dies; the period only bounds
+# how soon a replacement starts.
+HEALTH_CHECK_PERIOD_S = 5.0
+HEALTH_CHECK_TIMEOUT_S = 60.0
+WARM_UP_QUESTION = "Which way does the shape move?"
+WARM_UP_PARAMS = GenerationParams(pruning_rate=0.7, max_new_tokens=8)
+WARM_UP_TIMEOUT_S = 600.0
+# A model that does not load (missing, too large for the GPU) will not load on a retry either.
+CONSTRUCTOR_RETRIES = 2
+# Serve waits this long (seconds) for a stopping replica's calls to end. The client cancels its calls
+# before it removes the replicas, so there is nothing to wait for then; Serve's default is 20 s.
+GRACEFUL_SHUTDOWN_TIMEOUT_S = 5.0
+
+
+class EngineReplica:
+    """One replica: the engine, and where its shipped videos are written.
+
+    cpu_threads: torch's intra-op threads here (the replica's CPU share); None leaves torch's default.
+    warm_up_clip: a video answered once before Serve sends this replica any request, so that no user
+    pays its cold start, a replacement replica's included (skipped where the file is not on this node).
+    """
+
+    def __init__(self, config: EngineConfig, cpu_threads: int | None = None, warm_up_clip: str | None = None):
+        if cpu_threads:
+            torch.set_num_threads(cpu_threads)
+        self.engine = Engine(config)
+        if warm_up_clip and Path(warm_up_clip).is_file():
+            # A replica that cannot answer this cannot answer users: failing here fails the start.
+            self.engine.submit(warm_up_clip, WARM_UP_QUESTION, WARM_UP_PARAMS).result(WARM_UP_TIMEOUT_S)
+        self.name = serve.get_replica_context().replica_tag
+        self.pid = os.getpid()
+        self.node = ray.get_runtime_context().get_node_id()
+        self.files = VideoFiles()
+
+    def describe(self) -> dict:
+        """What the client's `model_info`, `default_sampling` and the other read-only properties return."""
+        engine = self.engine
+        return {
+            "model_info": engine.model_info,
+            "default_sampling": engine.default_sampling,
+            "sampling_limits": engine.sampling_limits,
+            "memory_plan": engine.memory_plan,
+            "system_prompt": engine.system_prompt,
+            "replica": self.name,
+            "pid": self.pid,
+            "node": self.node,
+        }
+
+    def check_health(self) -> None:
+        """Serve's health check: raising makes Serve replace this replica. The engine's worker keeps
+        serving after a failed iteration, so a dead worker thread, or a device that no longer runs a
+        one-element kernel (a sticky CUDA error fails every later iteration), is past repair here."""
+        if not self.engine.healthy:
+            raise RuntimeError("the engine's worker thread has stopped")
+        device = self.engine.loaded.device
+        if device.type == "cuda":
+            probe = torch.ones(1, device=device) + 1
+            torch.cuda.current_stream(device).synchronize()
+            if probe.item() != 2:
+                raise RuntimeError("the GPU returned a wrong result")
+
+    async def answer(self, digest: str, video: dict, requests: list[dict]):
+        """Stream the answers to `requests` (each {"question", "params", "history"}) about one video.
+
+        digest: the video's sha256 hex (the router's key); video: {"path"} or {"ref", "suffix"}
+        (replicas/videos.py). Several requests are submitted inside `Engine.paused()`, so they share one
+        decode of the video and one ViT forward, as a local engine's burst does.
+        """
+        yield {"kind": HELLO, "replica": self.name, "pid": self.pid, "node": self.node}
+        streams: dict[int, Stream] = {}
+        failed: list[tuple[int, BaseException]] = []
+        submitting = None
+        self.files.hold(digest, video)
+        try:
+            path = await self.files.acquire(digest, video)
+            submitting = asyncio.ensure_future(asyncio.to_thread(self._submit, path, requests, streams, failed))
+            # shield: a cancelled call must not abandon the thread's later submissions (see finally)
+            await asyncio.shield(submitting)
+            for index, error in failed:
+                yield error_to_wire(index, error)
+            async for index, event, error in _merged(streams):
+                yield error_to_wire(index, error) if error is not None else event_to_wire(index, event, self.name)
+        finally:
+            _cancel_unfinished(streams)
+            if submitting is not None and not submitting.done():
+                submitting.add_done_callback(lambda _: _cancel_unfinished(streams))
+            self.files.release(digest, video)
+
+    def _submit(self, path: str, requests: list[dict], streams: dict, failed: list) -> None:
+        """Submit every request (under paused() when there are several), filling `streams` as it goes;
+        a request the engine refuses (InputError, BusyError) goes to `failed`. Blocks: run in a thread."""
+
+        def submit_all():
+            for index, request in enumerate(requests):
+                try:
+                    streams[index] = self.engine.submit(video=path, question=request["question"],
+                                                        params=request["params"], history=request["history"])
+                except Exception as error:  # InputError / BusyError carry their sentence to the client
+                    failed.append((index, error))
+
+        if len(requests) == 1:
+            submit_all()
+            return
+        with _burst_lock, self.engine.paused():
+            submit_all()
+
+    def __del__(self):
+        files = getattr(self, "files", None)
+        if files is not None:
+            files.close()
+
+
+# Two bursts at once would end each other's pause early and split into several ViT forwards.
+_burst_lock = threading.Lock()
+
+
+def _cancel_unfinished(streams: dict[int, Stream]) -> None:
+    for stream in list(streams.values()):
+        if not stream.finished:
+            stream.cancel()
+
+
+async def _merged(streams: dict[int, Stream]):
+    """(index, event, None) for every event of every stream as it arrives, (index, None, error) for a
+    stream that fails; ends when all have ended."""
+    arrivals: asyncio.Queue = asyncio.Queue()
+    _END = object()
+
+    async def pump(index: int, stream: Stream) -> None:
+        try:
+            async for event in stream.aevents():
+                arrivals.put_nowait((index, event, None))
+            arrivals.put_nowait((index, _END, None))
+        except Exception as error:  # the request failed: its sentence goes to the client
+            arrivals.put_nowait((index, _END, error))
+
+    pumps = [asyncio.create_task(pump(index, stream)) for index, stream in streams.items()]
+    try:
+        open_streams = len(pumps)
+        while open_streams:
+            index, event, error = await arrivals.get()
+            if event is _END:
+                open_streams -= 1
+                if error is not None:
+                    yield index, None, error
+                continue
+            yield index, event, None
+    finally:
+        for task in pumps:
+            task.cancel()
+
+
+def engine_app(config: EngineConfig, replicas: int, *, gpus: bool, cpus_per_replica: float, spill_after: int,
+               warm_up_clip: str | None = None):
+    """The bound Serve application: `replicas` engines, one GPU each when `gpus`, else
+    `cpus_per_replica` CPUs each (torch then runs that many threads, at least one), routed by video;
+    each answers `warm_up_clip` once before it takes requests."""
+    actor_options = {"num_gpus": 1} if gpus else {"num_cpus": cpus_per_replica}
+    cpu_threads = None if gpus else max(1, int(cpus_per_replica))
+    deployment = serve.deployment(EngineReplica).options(
+        name=DEPLOYMENT_NAME,
+        num_replicas=replicas,
+        ray_actor_options=actor_options,
+        # Serve counts a call as one ongoing request until its stream ends; the engine queues and batches
+        # them itself, so a replica takes as many as the engine admits.
+        max_ongoing_requests=config.max_queue,
+        health_check_period_s=HEALTH_CHECK_PERIOD_S,
+        health_check_timeout_s=HEALTH_CHECK_TIMEOUT_S,
+        max_constructor_retry_count=CONSTRUCTOR_RETRIES,
+        graceful_shutdown_timeout_s=GRACEFUL_SHUTDOWN_TIMEOUT_S,
+        graceful_shutdown_wait_loop_s=0.5,
+        request_router_config=RequestRouterConfig(
+            request_router_class=VideoAffinityRouter,
+            request_router_kwargs={"spill_after": spill_after},
+        ),
+        logging_config=LoggingConfig(enable_access_log=False),
+    )
+    return deployment.bind(config, cpu_threads, None if warm_up_clip is None else str(warm_up_clip))

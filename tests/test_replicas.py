@@ -1,0 +1,297 @@
+"""Engine replicas on Ray Serve (replicas/): one local Ray cluster of 2 tiny-model replicas on the CPU for
+the module, checked against a single in-process Engine.
+
+Same answers as one engine (token ids, logits, the EVS picture); a video always reaches its home replica
+and its follow-up hits that replica's prefix cache; videos spread over both replicas; a burst stays one
+ViT forward; a busy home spills to the other replica; videos sent as bytes; bad input gets the engine's
+sentence; the UI works unchanged on top; cancel reaches the replica; killing a replica's process
+mid-answer fails only its requests, with one sentence. Without Ray: the routing rule, and the
+single-engine path never importing Ray. About a minute on 2 cores, most of it starting the cluster.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import ray
+import torch
+
+from assets.clips import write_clip
+from engine import Engine, EngineConfig, GenerationParams, InputError, SamplingParams
+from engine.video import MISSING, UNREADABLE, file_sha256
+from replicas import REPLICA_LOST, ReplicaLost, ReplicasUnavailable, ReplicatedEngine
+from replicas.routing import home_of, ranks
+from replicas.videos import VideoSender
+
+REPO = Path(__file__).resolve().parent.parent
+SAMPLING = SamplingParams(fps=4.0, max_frames=8, max_pixels_per_frame=160 * 128)
+KINDS = ("moving_object", "pan", "scene_cut", "static")
+TIMEOUT_S = 120
+SPILL_AFTER = 2
+WARM_UP_CLIP = REPO / "assets" / "examples" / "shape_moving.mp4"  # app.py's; each replica answers it first
+
+
+def params(q: float = 0.5, new_tokens: int = 8, **extra) -> GenerationParams:
+    return GenerationParams(pruning_rate=q, max_new_tokens=new_tokens, ignore_eos=True, **extra)
+
+
+# --- the routing rule (no Ray) -------------------------------------------------------------------------
+def test_home_is_stable_and_only_a_removed_replicas_videos_move():
+    digests = [f"{i:064x}" for i in range(200)]
+    three = ["a", "b", "c"]
+    homes = {d: home_of(d, three) for d in digests}
+    assert homes == {d: home_of(d, list(reversed(three))) for d in digests}  # order of the list is no input
+    assert set(homes.values()) == set(three)
+    moved = {d: home_of(d, ["a", "c"]) for d in digests}
+    assert all(moved[d] == homes[d] for d in digests if homes[d] != "b")
+
+
+def test_a_busy_home_spills_to_everyone():
+    digest = "f" * 64
+    home = home_of(digest, ["r1", "r2"])
+    assert ranks(digest, ["r2", "r1"], home_queue=3, spill_after=4) == [[home], ["r1", "r2"]]
+    assert ranks(digest, ["r2", "r1"], home_queue=4, spill_after=4) == [["r1", "r2"]]
+    assert ranks(None, ["r2", "r1"], home_queue=None, spill_after=4) == [["r1", "r2"]]
+
+
+def test_an_upload_over_the_limit_is_refused_before_it_is_read(clip):
+    path = clip("static", seconds=1.0)
+    with pytest.raises(InputError, match=r"^The video is .*; the limit is .*\.$"):
+        VideoSender(ship_bytes=True, max_file_bytes=100, cache_bytes=1 << 20).digest(path)
+
+
+def test_the_single_engine_path_never_imports_ray():
+    code = "import sys, app, ui, engine; assert 'ray' not in sys.modules, 'ray was imported'"
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
+# --- a local cluster of 2 replicas -------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def config(tiny_cache_dir) -> EngineConfig:
+    return EngineConfig(model="tiny-random", device="cpu", cache_dir=tiny_cache_dir, sampling=SAMPLING)
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Each replica has one CPU and runs torch on one thread; the reference engine must too, since a
+    float32 sum split over other threads rounds differently."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def reference(config, one_thread):
+    """The single engine, in this process (built first, so the tiny model is on disk for the replicas)."""
+    with Engine(config) as engine:
+        yield engine
+
+
+@pytest.fixture(scope="module")
+def replicated(config, reference):
+    # spill_after=2: a third request on a video whose home is busy with two goes elsewhere; and a
+    # request that ended must stop counting on its replica, or sequential questions would spill too.
+    engine = ReplicatedEngine(config, replicas=2, num_cpus=2, quiet=True, spill_after=SPILL_AFTER,
+                              warm_up_clip=WARM_UP_CLIP)
+    try:
+        yield engine
+    finally:
+        engine.shutdown()
+        assert not ray.is_initialized()
+
+
+class Videos:
+    """Byte-distinct clips made on demand, each never asked about before, with its home replica by the
+    routing rule over the live replicas (so a test can ask for one clip on each replica)."""
+
+    def __init__(self, folder: Path, replica_ids: list[str]):
+        self.folder, self.replica_ids, self.made = folder, replica_ids, 0
+        self.unused: dict[str, list[Path]] = {replica: [] for replica in replica_ids}
+        self.home: dict[Path, str] = {}
+
+    def take(self, replica: str | None = None) -> Path:
+        """A fresh clip (on `replica` when given)."""
+        while not (self.unused[replica] if replica else any(self.unused.values())):
+            i = self.made
+            self.made += 1
+            path = write_clip(self.folder / f"clip{i}.mp4", KINDS[i % 4], seconds=2.0 + 0.25 * (i // 4), fps=8,
+                              size=(160, 120))
+            self.home[path] = home_of(file_sha256(path), self.replica_ids)
+            self.unused[self.home[path]].append(path)
+        pool = self.unused[replica] if replica else max(self.unused.values(), key=len)
+        return pool.pop(0)
+
+    def pair(self) -> list[Path]:
+        """Two fresh clips, one on each replica."""
+        return [self.take(replica) for replica in self.replica_ids]
+
+
+@pytest.fixture(scope="module")
+def videos(replicated, tmp_path_factory) -> Videos:
+    ids = replicated.replicas()
+    assert len(ids) == 2
+    return Videos(tmp_path_factory.mktemp("replica-clips"), ids)
+
+
+def test_answers_equal_the_single_engine(replicated, reference, videos):
+    asked = params(0.5, 12, return_logits=True)
+    for video in videos.pair():
+        local = reference.submit(video, "What moves?", asked)
+        remote = replicated.submit(video, "What moves?", asked)
+        local_events, remote_events = list(local), list(remote)
+        expected, answer = local.result(), remote.result(TIMEOUT_S)
+        assert answer.stats["replica"] == videos.home[video]
+        assert answer.token_ids == expected.token_ids and answer.text == expected.text
+        np.testing.assert_array_equal(answer.logits, expected.logits)
+        assert [e.kind for e in remote_events] == [e.kind for e in local_events]
+        local_picture = next(e.evs for e in local_events if e.kind == "evs")
+        picture = next(e.evs for e in remote_events if e.kind == "evs")
+        assert picture.grid_thw == local_picture.grid_thw and picture.timestamps_s == local_picture.timestamps_s
+        np.testing.assert_array_equal(picture.kept_mask, local_picture.kept_mask)
+        np.testing.assert_array_equal(picture.frames, local_picture.frames)
+        stats = {k: v for k, v in answer.stats.items() if not k.endswith("_s") and k != "replica"}
+        assert stats == {k: v for k, v in expected.stats.items() if not k.endswith("_s")}
+
+
+def test_a_video_stays_on_its_replica_and_its_follow_up_hits_the_prefix_cache(replicated, videos):
+    video = videos.take()
+    first = replicated.submit(video, "What happens?", params()).result(TIMEOUT_S)
+    history = [("What happens?", first.text)]
+    follow = replicated.submit(video, "Which colour is it?", params(), history=history).result(TIMEOUT_S)
+    again = [replicated.submit(video, f"Question {i}?", params(new_tokens=2)).result(TIMEOUT_S) for i in range(3)]
+    served = {answer.stats["replica"] for answer in (first, follow, *again)}
+    assert served == {videos.home[video]}
+    assert not first.stats["prefix_cache_hit"] and not first.stats["vit_cache_hit"]
+    assert follow.stats["prefix_cache_hit"] and follow.stats["vit_cache_hit"]
+
+
+def test_videos_spread_over_both_replicas(replicated, videos):
+    pair = videos.pair()
+    streams = [replicated.submit(video, "What happens?", params()) for video in pair]
+    served = [stream.result(TIMEOUT_S).stats["replica"] for stream in streams]
+    assert served == [videos.home[video] for video in pair]
+    assert len(set(served)) == 2
+
+
+def test_a_burst_on_one_video_shares_its_replicas_vit_forward(replicated, videos):
+    video = videos.take()
+    with replicated.paused():  # compare mode: q = 0 and the chosen q together
+        streams = [replicated.submit(video, "What happens?", params(q)) for q in (0.0, 0.7)]
+    answers = [stream.result(TIMEOUT_S) for stream in streams]
+    assert [a.stats["vit_batch_requests"] for a in answers] == [2, 2]
+    assert {a.stats["replica"] for a in answers} == {videos.home[video]}
+    assert answers[0].stats["video_tokens_kept"] > answers[1].stats["video_tokens_kept"]
+
+
+def test_bytes_through_the_object_store_give_the_same_answer(replicated, reference, videos):
+    video = videos.take()
+    expected = reference.submit(video, "What moves?", params()).result()
+    replicated.ship_bytes = True
+    try:
+        answer = replicated.submit(video, "What moves?", params()).result(TIMEOUT_S)
+    finally:
+        replicated.ship_bytes = False
+    assert answer.token_ids == expected.token_ids and answer.stats["replica"] == videos.home[video]
+
+
+def test_bad_videos_get_the_engines_sentence(replicated, tmp_path):
+    junk = tmp_path / "junk.mp4"
+    junk.write_bytes(os.urandom(4096))
+    with pytest.raises(InputError, match=f"^{UNREADABLE}$"):
+        replicated.submit(junk, "What moves?", params()).result(TIMEOUT_S)
+    with pytest.raises(InputError, match=f"^{MISSING}$"):
+        replicated.submit(tmp_path / "gone.mp4", "What moves?", params()).result(TIMEOUT_S)
+    with pytest.raises(InputError, match="Please type a question"):
+        replicated.submit(junk, "  ", params())
+
+
+def test_the_ui_serves_through_the_replicas_unchanged(replicated, videos):
+    import ui
+    from app_harness import free_port
+    from gradio_client import Client, handle_file
+
+    video, max_file_bytes = videos.take(), 10_000_000
+    demo = ui.build_demo(replicated, max_file_bytes=max_file_bytes)
+    try:
+        _, url, _ = demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=free_port(), quiet=True,
+                                app_kwargs={"routes": ui.openai_routes(replicated, max_file_bytes)},
+                                **ui.launch_kwargs(max_file_bytes))
+        client = Client(url, verbose=False)
+        # Gradio copies the upload to its own folder: another path, the same bytes, the same home.
+        answer, stats, figures, _ = client.predict(handle_file(str(video)), "What moves?", 0.7, max_new_tokens=6,
+                                                   compare=True, api_name="/ask")
+        assert answer and stats["replica"] == videos.home[video] == stats["compare"]["stats"]["replica"]
+        assert set(figures) == {"tokens_per_group", "dissimilarity"}
+        # The sweep (on a video not encoded yet) is one burst, paused(): one call, one ViT forward.
+        table, _, _ = client.predict(handle_file(str(videos.take())), "What changes?", "0, 0.5, 0.9", max_new_tokens=4,
+                                     api_name="/sweep")
+        vit_column = table["headers"].index(next(h for h in table["headers"] if "ViT forward" in h))
+        assert [row[vit_column] for row in table["data"]] == [3, 3, 3]
+    finally:
+        demo.close()
+
+
+def test_more_replicas_than_gpus_is_one_sentence_and_leaves_the_others_serving(replicated, config, videos):
+    cuda = EngineConfig(model=config.model, device="cuda", cache_dir=config.cache_dir)
+    with pytest.raises(ReplicasUnavailable, match=r"^2 replicas need 2 GPUs, one each; the Ray cluster has 0\.$"):
+        ReplicatedEngine(cuda, replicas=2, app_name="evs-gpu")
+    assert replicated.submit(videos.take(), "What moves?", params()).result(TIMEOUT_S).stats["generated_tokens"] == 8
+
+
+def wait_for_text(replicated, stream, timeout_s: float = TIMEOUT_S):
+    """The first answer event has arrived (the request is decoding); returns where it runs."""
+    deadline = time.monotonic() + timeout_s
+    for event in stream:
+        if event.kind == "text":
+            return replicated.placement(stream.request_id)
+        assert time.monotonic() < deadline
+    raise AssertionError("the stream ended before any text")
+
+
+def test_cancel_reaches_the_replica(replicated, videos):
+    video = videos.take()
+    long = replicated.submit(video, "Tell me everything.", params(new_tokens=4000))
+    wait_for_text(replicated, long)
+    long.cancel()
+    assert long.result(TIMEOUT_S).cancelled
+    # Had the long request stayed on its replica, it would still be decoding beside this one.
+    short = replicated.submit(video, "What moves?", params(new_tokens=4)).result(TIMEOUT_S)
+    assert short.stats["decode_batch_max"] == 1
+
+
+def test_a_busy_home_sends_the_next_request_to_the_other_replica(replicated, videos):
+    video = videos.take()
+    home = videos.home[video]
+    busy = [replicated.submit(video, f"Long {i}?", params(new_tokens=300)) for i in range(SPILL_AFTER)]
+    assert {wait_for_text(replicated, stream).replica for stream in busy} == {home}
+    spilled = replicated.submit(video, "What moves?", params(new_tokens=2)).result(TIMEOUT_S)
+    assert spilled.stats["replica"] != home
+    assert all(stream.result(TIMEOUT_S).stats["generated_tokens"] == 300 for stream in busy)
+    # Answered requests no longer count against their replica: the video goes home again.
+    back = replicated.submit(video, "What moves?", params(new_tokens=2)).result(TIMEOUT_S)
+    assert back.stats["replica"] == home
+
+
+def test_a_killed_replica_fails_only_its_requests(replicated, videos):
+    doomed_video, other_video = videos.pair()
+    doomed = replicated.submit(doomed_video, "Tell me everything.", params(new_tokens=4000))
+    other = replicated.submit(other_video, "Tell me everything.", params(new_tokens=400))
+    where = wait_for_text(replicated, doomed)
+    assert where.replica == videos.home[doomed_video]
+    assert wait_for_text(replicated, other).replica != where.replica
+    assert not other.finished
+    os.kill(where.pid, signal.SIGKILL)
+    with pytest.raises(ReplicaLost, match=f"^{REPLICA_LOST}$"):
+        doomed.result(TIMEOUT_S)
+    survived = other.result(TIMEOUT_S)
+    assert survived.stats["generated_tokens"] == 400
+    # The next question on the lost replica's video is answered (by the survivor, or by the replacement).
+    again = replicated.submit(doomed_video, "What moves?", params()).result(TIMEOUT_S)
+    assert again.stats["generated_tokens"] == 8 and again.stats["replica"] != where.replica
