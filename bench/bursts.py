@@ -6,6 +6,7 @@ admission until the whole burst is read, would make the first user wait for ever
 time in a run is seconds from the burst's start (time.perf_counter).
 """
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,10 +43,13 @@ class BurstRun:
         return BurstRun(kept, max(user.done_s for user in kept), self.answers[:count])
 
 
-def engine_burst(engine: Engine, clips: list[Path], request: GenerationParams) -> BurstRun:
-    """Submit one request per clip at the same instant and wait for every answer."""
+def engine_burst(engine: Engine, clips: list[Path], request: GenerationParams, together: bool = False) -> BurstRun:
+    """Submit one request per clip at the same instant and wait for every answer. together: hold
+    admission until every video is read (`engine.paused()`), so the worker takes the burst in one
+    iteration and batches its vision forward: the GPU check measures that batching."""
     start = time.perf_counter()
-    submitted = [(time.perf_counter() - start, engine.submit(clip, QUESTION, request)) for clip in clips]
+    with engine.paused() if together else contextlib.nullcontext():
+        submitted = [(time.perf_counter() - start, engine.submit(clip, QUESTION, request)) for clip in clips]
     answers = [stream.result() for _, stream in submitted]
     wall_s = time.perf_counter() - start
     users = [UserTiming(ttft_s=offset + answer.stats["ttft_s"], done_s=offset + answer.stats["total_s"],

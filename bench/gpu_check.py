@@ -126,7 +126,7 @@ def vit_batching(engine: Engine, clip: Path, work: dict, repeats: int = 3) -> di
 
 def burst(engine: Engine, clips: list[Path], q: float, work: dict, new_tokens: int) -> tuple[dict, list[Answer]]:
     """USERS requests submitted at the same instant: mean TTFT, wall time, output tokens per second."""
-    run = engine_burst(engine, clips, params(q, work, new_tokens))
+    run = engine_burst(engine, clips, params(q, work, new_tokens), together=True)
     figures = burst_summary(run)
     return {"pruning_rate": q, "users": len(clips), "mean_ttft_s": figures["mean_ttft_s"], "wall_s": run.wall_s,
             "output_tokens_per_s": figures["output_tokens_per_s"],

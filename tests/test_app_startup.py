@@ -89,7 +89,7 @@ def test_unreachable_model_falls_back_to_tiny_trained_with_a_banner(tmp_path):
         finally:
             stop(proc)
     output = log_path.read_text()
-    assert health == {"status": "ok", "model": "tiny-trained", "device": "cpu", "fallback": True}
+    assert health == {"status": "ok", "model": "tiny-trained", "device": "cpu", "fallback": True, "replicas": 1}
     assert status == 200 and "<html" in page.lower()
     assert f"falling back to tiny-trained: Model {MODEL} could not be loaded" in output
     assert "warm-up done" in output
@@ -210,7 +210,7 @@ def test_auto_on_a_cpu_serves_a_4b_checkpoint_only_when_asked(tmp_path):
         finally:
             stop(proc)
     output = log_path.read_text()
-    assert health == {"status": "ok", "model": "tiny-trained", "device": "cpu", "fallback": True}
+    assert health == {"status": "ok", "model": "tiny-trained", "device": "cpu", "fallback": True, "replicas": 1}
     reason = f"no usable gpu was found and {folder} has 4.4 b parameters, too many to serve on a cpu".lower()
     assert reason in output.lower() and reason in config.lower()
     assert "pass --device cpu to run it there anyway" in config
