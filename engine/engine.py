@@ -24,7 +24,7 @@ from .config import (
     sampling_limits,
     video_tokens,
 )
-from .errors import BusyError, InputError
+from .errors import QUEUE_FULL, RESTARTING, BusyError, InputError
 from .families import family_for
 from .lru import ByteLRU
 from .memory_plan import Plan, engine_plan
@@ -212,9 +212,9 @@ class Engine:
         self._check_text_tokens(question, history)
         with self._submit_lock:
             if self._closed:
-                raise BusyError("The server is restarting; please try again in a minute.")
+                raise BusyError(RESTARTING)
             if not self._admission.acquire(blocking=False):
-                raise BusyError("The server is busy with other videos right now; please try again in a minute.")
+                raise BusyError(QUEUE_FULL)
             return self._accept(video, question, params, history)
 
     def _check_text_tokens(self, question: str, history: list[tuple[str, str]]) -> None:
@@ -283,7 +283,7 @@ class Engine:
         try:
             stream.push(Event("status", "reading video"))
             start = time.perf_counter()
-            config, sampling = self.config, request.sampling
+            sampling = request.sampling
             request.video = self._sampled_video(request.video_path, sampling)
             request.prompt = prepare_prompt(
                 self.loaded,

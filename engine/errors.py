@@ -12,3 +12,7 @@ class InputError(ValueError):
 
 class BusyError(InputError):
     """The admission queue is full; the user should try again shortly."""
+
+
+RESTARTING = "The server is restarting; please try again in a minute."
+QUEUE_FULL = "The server is busy with other videos right now; please try again in a minute."

@@ -32,7 +32,7 @@ from ray.serve.exceptions import RequestCancelledError
 
 from engine.config import EngineConfig, GenerationParams, SamplingLimits, SamplingParams
 from engine.engine import check_request
-from engine.errors import BusyError, InputError
+from engine.errors import QUEUE_FULL, RESTARTING, BusyError, InputError
 from engine.memory_plan import Plan
 from engine.stats import Stats
 from engine.stream import Event, Stream
@@ -232,9 +232,9 @@ class ReplicatedEngine:
         history = check_request(video, question, params, history, self.config, self.sampling_limits)
         with self._lock:
             if self._closed:
-                raise BusyError("The server is restarting; please try again in a minute.")
+                raise BusyError(RESTARTING)
             if not self._admission.acquire(blocking=False):
-                raise BusyError("The server is busy with other videos right now; please try again in a minute.")
+                raise BusyError(QUEUE_FULL)
             job = _Job(Stream(next(self._ids)), str(video), question.strip(), params, history)
             if self._held is not None:
                 self._held.append(job)
