@@ -134,7 +134,7 @@ class Qwen3VL(Family):
 
     def encode(self, model, pixel_values, grid_thw_patches):
         out = model.model.get_video_features(pixel_values, grid_thw_patches, return_dict=True)
-        levels = out.deepstack_features or []
+        levels = getattr(out, "deepstack_features", None) or []  # Qwen3.5 has no DeepStack
         return [
             VideoFeatures(embeds, [level[i] for level in levels]) for i, embeds in enumerate(out.pooler_output)
         ]
@@ -148,9 +148,16 @@ class Qwen3VL(Family):
         return {"shortest_edge": factor * factor * temporal, "longest_edge": frames_counted * max_pixels_per_frame}
 
     def language_kwargs(self, visual_mask, deepstack):
-        if visual_mask is None or not bool(visual_mask.any()):
+        if visual_mask is None or not deepstack or not bool(visual_mask.any()):
             return {}
         return {"visual_pos_masks": visual_mask, "deepstack_visual_embeds": deepstack}
+
+
+class Qwen35(Qwen3VL):
+    """Qwen3.5 and Qwen3.6, dense and MoE: Qwen3-VL's prompt, timestamps and positions; no DeepStack in the
+    released configs; a hybrid language model (engine/lm_state.py keeps its recurrent layers' state)."""
+
+    name = "qwen3_5"
 
 
 class Qwen25VL(Family):
@@ -187,8 +194,10 @@ class Qwen25VL(Family):
 def family_for(model) -> Family:
     model_type = model.config.model_type
     vision = model.config.vision_config
-    if model_type == "qwen3_vl":
+    if model_type in ("qwen3_vl", "qwen3_vl_moe"):  # the MoE changes the MLPs only
         return Qwen3VL(vision.temporal_patch_size)
+    if model_type in ("qwen3_5", "qwen3_5_moe"):
+        return Qwen35(vision.temporal_patch_size)
     if model_type == "qwen2_5_vl":
         return Qwen25VL(vision.temporal_patch_size, vision.tokens_per_second)
     raise ValueError(f"model type {model_type!r} is not a supported Qwen-VL family")

@@ -9,6 +9,7 @@ from transformers.cache_utils import Cache
 
 from .config import GenerationParams, SamplingParams
 from .families import VideoFeatures
+from .lm_state import Snapshot
 from .prompt import PreparedPrompt
 from .pruning import PrunedPrompt
 from .sampling import Detokenizer
@@ -37,7 +38,9 @@ class Request:
     pruned: PrunedPrompt | None = None
     detokenizer: Detokenizer | None = None
     generator: torch.Generator | None = None
-    kv: Cache | None = None  # its own prompt KV between prefill and joining the decode batch
+    kv: Cache | None = None  # its own prompt state between prefill and joining the decode batch
+    # Recurrent-state snapshots inside its conversation (token count -> Snapshot), kept with it for follow-ups.
+    snapshots: dict[int, Snapshot] = field(default_factory=dict)
     logits: list[torch.Tensor] = field(default_factory=list)  # (V,) float32 per token, when params.return_logits
     last_token: int = -1
     tokens_seen: int = 0  # tokens in this row's own sequence so far (its next 1-D position)
@@ -68,4 +71,5 @@ class Request:
         """The request has ended: give back its queue slot and drop its tensors to free their memory."""
         self.leave_queue()
         self.video = self.prompt = self.features = self.pruned = self.kv = None
+        self.snapshots = {}
         self.stage = Stage.FINISHED

@@ -8,17 +8,15 @@ import time
 
 import torch
 
-from .batch_kv import DecodeBatch, cache_tensors, new_cache
+from .decode_batch import DecodeBatch
 from .families import Family
 from .lm import LMInput, embed_prompt, embed_tokens, lm_logits
+from .lm_state import LINEAR, LMState, layer_kinds, new_cache, state_of
 from .prefix_cache import PrefixCache, prefix_key
 from .pruning import prune_prompt
 from .request import Request
 from .scheduler import WorkWeights
 from .vision import VisionEncoder
-
-KVTensors = list[tuple[torch.Tensor, torch.Tensor]]  # per layer (keys, values), each (1, heads, S, head_dim)
-
 
 def vit_token_budget(config, device: torch.device) -> int:
     """Patches per vision forward: on a CPU, batches past ~2 short clips overflow the caches (measured
@@ -50,6 +48,7 @@ class ModelRunner:
         self.vision = VisionEncoder(
             self.model, family, loaded.name, config.feature_cache_bytes, vit_token_budget(config, loaded.device)
         )
+        self.layer_kinds = layer_kinds(self.model.config.text_config)
         self.prefix = PrefixCache(config.prefix_cache_bytes)
         self.batch = DecodeBatch()
         self.eos_ids = eos_token_ids(loaded)
@@ -68,34 +67,49 @@ class ModelRunner:
         request.stats.evs_s = time.perf_counter() - start
 
     def prefill(self, request: Request) -> torch.Tensor:
-        """Run the request's pruned prompt (its uncached part) through the language model into a KV
-        cache of its own (request.kv); returns the last position's logits, (V,) float32."""
+        """Run the request's pruned prompt (its uncached part) through the language model, unpadded and alone,
+        into a cache of its own (request.kv); returns the last position's logits, (V,) float32.
+
+        A hybrid model's cold prompt runs in two forwards, [system + video] and the rest, so that a snapshot of
+        its recurrent state at the end of the video lets later questions on the same video resume there."""
         start = time.perf_counter()
         pruned = request.pruned
         request.prefix_key = prefix_key(
             request.feature_key, request.params.pruning_rate, pruned.input_ids[: pruned.prefix_len]
         )
-        cache, begin = self.prefix.lookup(request.prefix_key, pruned.input_ids, min_len=pruned.prefix_len)
+        cache, begin, request.snapshots = self.prefix.lookup(request.prefix_key, pruned.input_ids, pruned.prefix_len)
         hit = cache is not None
-        ids = pruned.input_ids[begin:]
-        positions = pruned.positions[:, None, begin:].to(self.model.device)
         if hit:  # the video lies inside the reused part; the rest is text
-            batch = LMInput(embed_tokens(self.model, ids)[None], positions)
+            logits = self._forward_text(cache, pruned, begin)
         else:
-            cache = new_cache()
-            embeds = embed_prompt(self.model, ids, pruned.video_mask, pruned.features)
-            visual_mask = pruned.video_mask[None].to(self.model.device)
-            batch = LMInput(embeds[None], positions, None, visual_mask, pruned.features.deepstack)
-        logits = lm_logits(self.model, self.family, batch, cache)
+            cache = new_cache(self.layer_kinds)
+            embeds = embed_prompt(self.model, pruned.input_ids, pruned.video_mask, pruned.features)
+            split = pruned.prefix_len if LINEAR in self.layer_kinds else pruned.input_ids.numel()
+            batch = LMInput(embeds[None, :split], self._positions(pruned, 0, split), None,
+                            pruned.video_mask[None, :split].to(self.model.device), pruned.features.deepstack)
+            logits = lm_logits(self.model, self.family, batch, cache)
+            if split < pruned.input_ids.numel():
+                request.snapshots = {split: state_of(cache).snapshot()}
+                logits = self._forward_text(cache, pruned, split)
         stats = request.stats
-        stats.prefix_cache_hit, stats.prefill_tokens = hit, ids.numel()
+        stats.prefix_cache_hit, stats.prefill_tokens = hit, pruned.input_ids.numel() - begin
         stats.prefill_s, stats.decode_batch_max = time.perf_counter() - start, 1
         request.tokens_seen = pruned.input_ids.numel()
         request.next_position = pruned.next_position
         request.kv = cache
         if not hit:  # requests arriving meanwhile on the same video reuse at least this prompt
-            self.prefix.store(request.prefix_key, pruned.input_ids, cache_tensors(cache))
+            self.prefix.store(request.prefix_key, pruned.input_ids, state_of(cache), request.snapshots)
         return logits[0]
+
+    def _positions(self, pruned, begin: int, end: int) -> torch.Tensor:
+        """(4, 1, end - begin) positions of the pruned prompt's tokens begin..end."""
+        return pruned.positions[:, None, begin:end].to(self.model.device)
+
+    def _forward_text(self, cache, pruned, begin: int) -> torch.Tensor:
+        """The pruned prompt's text from token `begin` on (no video there), appended to cache; (1, V) logits."""
+        ids = pruned.input_ids[begin:]
+        batch = LMInput(embed_tokens(self.model, ids)[None], self._positions(pruned, begin, pruned.input_ids.numel()))
+        return lm_logits(self.model, self.family, batch, cache)
 
     def join(self, request: Request) -> None:
         """The prefilled request becomes a row of the decode batch."""
@@ -118,23 +132,25 @@ class ModelRunner:
         return logits
 
     def leave(self, requests: list[Request], remember: bool) -> None:
-        """Requests end: their rows leave the decode batch (one rebuild for all). With remember, each one's
-        conversation KV (prompt + the answer tokens fed back so far; a cancelled one's too, its partial
-        answer is what a follow-up will quote) is stored for a follow-up."""
+        """Requests end: their rows leave the decode batch (one rebuild for all) and their state is freed.
+        With remember, each one's conversation state (prompt + the answer tokens fed back so far; a cancelled
+        one's too, its partial answer is what a follow-up will quote) is stored for a follow-up: its end is
+        where the finished turn's follow-up continues, so a recurrent state resumes there exactly."""
         rows = {r.id for r in requests if r.id in self.batch.keys}
         for request in requests:
-            tensors = self.batch.row_tensors(request.id) if request.id in rows else None
-            if tensors is None and request.kv is not None:
-                tensors = cache_tensors(request.kv)
-            if remember and tensors is not None and request.pruned is not None:
-                self._remember(request, tensors)
-            request.kv = None
+            state = self.batch.row_state(request.id) if request.id in rows else None
+            if state is None and request.kv is not None:
+                state = state_of(request.kv)
+            if remember and state is not None and request.pruned is not None:
+                self._remember(request, state)
+            request.kv, request.snapshots = None, {}
         self.batch.remove(rows)
 
-    def _remember(self, request: Request, tensors: KVTensors) -> None:
+    def _remember(self, request: Request, state: LMState) -> None:
         fed_back = request.tokens_seen - request.pruned.input_ids.numel()
         answer = torch.tensor(request.detokenizer.token_ids[:fed_back], dtype=request.pruned.input_ids.dtype)
-        self.prefix.store(request.prefix_key, torch.cat([request.pruned.input_ids, answer]), tensors)
+        conversation = torch.cat([request.pruned.input_ids, answer])
+        self.prefix.store(request.prefix_key, conversation, state, request.snapshots)
 
     def drop_batch(self) -> None:
         """Forget the decode batch without touching the device (after a fault it may be out of memory)."""

@@ -24,6 +24,10 @@ from transformers import (
     Qwen2_5_VLProcessor,
     Qwen2VLImageProcessor,
     Qwen2VLVideoProcessor,
+    Qwen3_5Config,
+    Qwen3_5ForConditionalGeneration,
+    Qwen3_5MoeConfig,
+    Qwen3_5MoeForConditionalGeneration,
     Qwen3VLConfig,
     Qwen3VLForConditionalGeneration,
     Qwen3VLProcessor,
@@ -42,6 +46,8 @@ TINY_MODELS = {
     "tiny-random": "qwen3_vl",
     "tiny-random-qwen2.5-vl": "qwen2_5_vl",
     "random-qwen3-vl-50m": "qwen3_vl",  # benchmark size: heavy enough that batching shows
+    "tiny-random-qwen3.5": "qwen3_5",  # hybrid: three linear-attention layers, then one full-attention layer
+    "tiny-random-qwen3.5-moe": "qwen3_5_moe",
 }
 
 # Layer sizes of each Qwen3-VL build: text (hidden, layers, heads, kv heads, head_dim, MLP, MRoPE split),
@@ -67,7 +73,7 @@ _QWEN3_SIZES = {
 }
 
 # Bump when the config, tokenizer or init changes: a cached folder with another version is rebuilt.
-TINY_BUILD_VERSION = "3"
+TINY_BUILD_VERSION = "4"
 _VERSION_FILE = "evs_tiny_version.txt"
 
 # Large enough that the top-2 logit gap dwarfs float noise from batching/padding, so greedy
@@ -83,6 +89,8 @@ SPECIAL_TOKENS = [
     "<|vision_end|>",
     "<|image_pad|>",
     "<|video_pad|>",
+    "<think>",  # Qwen3.5 / 3.6 open and close their thinking with these
+    "</think>",
 ]
 
 # ChatML as the Qwen-VL checkpoints write it: media items become <|vision_start|><|…_pad|><|vision_end|>
@@ -214,7 +222,39 @@ def _qwen2_5_vl(tokenizer, name: str = "tiny-random-qwen2.5-vl"):
     return Qwen2_5_VLForConditionalGeneration, config, processor
 
 
-_BUILDERS = {"qwen3_vl": qwen3_vl_layout, "qwen2_5_vl": _qwen2_5_vl}
+# Qwen3.5's text tower: every 4th layer full attention, the rest Gated DeltaNet linear attention with its
+# conv and recurrent state; a quarter of each head's dims is rotary (head_dim 32 -> 8 dims -> 4 frequencies,
+# split t/h/w = 2/1/1 and interleaved). Qwen3.5's vision tower has no DeepStack.
+_QWEN3_5_TEXT = dict(
+    hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+    intermediate_size=128, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+    linear_value_head_dim=16, linear_conv_kernel_dim=4, full_attention_interval=4,
+)
+_QWEN3_5_MOE_TEXT = dict(moe_intermediate_size=32, shared_expert_intermediate_size=32, num_experts=4,
+                         num_experts_per_tok=2)
+
+
+def _qwen3_5(tokenizer, name: str):
+    """Qwen3.5 layout (dense or MoE): Qwen3-VL's processor, patch 16, merge 2, no DeepStack."""
+    moe = TINY_MODELS[name] == "qwen3_5_moe"
+    text = {**_QWEN3_5_TEXT, **(_QWEN3_5_MOE_TEXT if moe else {})}
+    if moe:
+        del text["intermediate_size"]
+    text_config = _text_config(tokenizer, [2, 1, 1], **text)
+    text_config["rope_parameters"].update(mrope_interleaved=True, partial_rotary_factor=0.25)
+    config_class = Qwen3_5MoeConfig if moe else Qwen3_5Config
+    config = config_class(
+        text_config=text_config,
+        vision_config=dict(depth=2, hidden_size=32, num_heads=2, intermediate_size=64, patch_size=16,
+                           temporal_patch_size=2, spatial_merge_size=2, out_hidden_size=64,
+                           num_position_embeddings=64, initializer_range=_INIT_RANGE),
+        **special_token_ids(tokenizer),
+    )
+    _model_class, _config, processor = qwen3_vl_layout(tokenizer)
+    return (Qwen3_5MoeForConditionalGeneration if moe else Qwen3_5ForConditionalGeneration), config, processor
+
+
+_BUILDERS = {"qwen3_vl": qwen3_vl_layout, "qwen2_5_vl": _qwen2_5_vl, "qwen3_5": _qwen3_5, "qwen3_5_moe": _qwen3_5}
 
 
 def _silence_special_tokens(model, tokenizer) -> None:
@@ -229,12 +269,27 @@ def _silence_special_tokens(model, tokenizer) -> None:
         lm_head[tokenizer.convert_tokens_to_ids(SPECIAL_TOKENS)] = 0.0
 
 
+def _lengthen_memory(model) -> None:
+    """Slow the decay of every linear-attention layer's recurrent state.
+
+    transformers draws each head's decay rate A from U(0.01, 16), so a random layer forgets all but its last
+    few tokens, every prompt ends in the same chat markers, and all rows' states come out alike: a test that
+    swapped two rows' states could not tell. Trained checkpoints keep heads with long memory; here A is drawn
+    from U(0.005, 0.05), a memory of tens of tokens.
+    """
+    with torch.no_grad():
+        for module in model.modules():
+            if hasattr(module, "A_log") and hasattr(module, "dt_bias"):
+                module.A_log.copy_(torch.empty_like(module.A_log).uniform_(0.005, 0.05).log())
+
+
 def _build_into(name: str, folder: Path) -> None:
     tokenizer = build_tokenizer()
     model_class, config, processor = _BUILDERS[TINY_MODELS[name]](tokenizer, name)
     torch.manual_seed(0)
     model = model_class(config).to(torch.float32).eval()
     _silence_special_tokens(model, tokenizer)
+    _lengthen_memory(model)
     model.generation_config = GenerationConfig(
         eos_token_id=[tokenizer.eos_token_id, tokenizer.pad_token_id],
         pad_token_id=tokenizer.pad_token_id,

@@ -1,8 +1,18 @@
-"""The decode batch's KV bookkeeping: in-place appends, left padding on join, trimming on leave."""
+"""The decode batch's KV bookkeeping: in-place appends, left padding on join, trimming on leave.
+(Recurrent layers: tests/test_hybrid_state.py.)"""
 
 import torch
 
-from engine.batch_kv import DecodeBatch, GrowingLayer, cache_from_tensors, cache_tensors, new_cache
+from engine.decode_batch import DecodeBatch
+from engine.lm_state import ATTENTION, KV, GrowingLayer, LMState, cache_of, new_cache, state_of
+
+
+def cache_from_tensors(tensors):
+    return cache_of(LMState(tuple(KV(k, v) for k, v in tensors)))
+
+
+def cache_tensors(cache):
+    return [(layer.keys, layer.values) for layer in state_of(cache).layers]
 
 
 def kv(batch: int, length: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -11,7 +21,7 @@ def kv(batch: int, length: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def test_growing_layer_equals_concatenation_across_regrowth():
-    cache = new_cache()
+    cache = new_cache((ATTENTION,))
     pieces = [kv(1, n, seed) for seed, n in enumerate([5, 1, GrowingLayer.SPARE_TOKENS, 1, 3])]
     for keys, values in pieces:
         got_k, got_v = cache.update(keys, values, 0)
@@ -45,10 +55,10 @@ def test_prefix_cache_reuses_the_longest_shared_start():
     cache = PrefixCache(max_bytes=1 << 20)
     stored_ids = torch.tensor([1, 2, 3, 4, 5, 6])
     keys, values = kv(1, 6, 0)
-    cache.store("k", stored_ids, [(keys, values)])
-    reused_cache, reused = cache.lookup("k", torch.tensor([1, 2, 3, 4, 9, 9, 9]), min_len=3)
+    cache.store("k", stored_ids, LMState((KV(keys, values),)), {})
+    reused_cache, reused, _ = cache.lookup("k", torch.tensor([1, 2, 3, 4, 9, 9, 9]), min_len=3)
     assert reused == 4 and torch.equal(cache_tensors(reused_cache)[0][0], keys[:, :, :4])
-    _, whole = cache.lookup("k", stored_ids.clone(), min_len=3)
+    _, whole, _ = cache.lookup("k", stored_ids.clone(), min_len=3)
     assert whole == 5  # one token is always left to prefill, for its logits
-    assert cache.lookup("k", torch.tensor([1, 2, 7, 7]), min_len=3) == (None, 0)
-    assert cache.lookup("other", stored_ids, min_len=1) == (None, 0)
+    assert cache.lookup("k", torch.tensor([1, 2, 7, 7]), min_len=3) == (None, 0, {})
+    assert cache.lookup("other", stored_ids, min_len=1) == (None, 0, {})

@@ -1,0 +1,222 @@
+"""The language model's state for one or more sequences: keys and values for attention layers, a constant
+recurrent state for linear-attention layers (Qwen3.5's Gated DeltaNet), and their conversion to and from the
+transformers `Cache` a forward appends to.
+
+The two kinds of layer need different rules, and this module is where they differ:
+- KV grows by one slot a token and can be cut back to any shorter prefix; rows of different lengths share a
+  batch by left padding, since a masked slot is never attended to.
+- A recurrent state has no token axis: it is the whole past folded into fixed-size tensors, so it can only
+  resume from the exact end of what it has seen (`resumable_at`), and rows stack along the batch axis with
+  no padding at all. A prefill segment must never be padded behind a non-empty state: the decay is not
+  masked and pads enter the conv window (tests/test_hybrid_state.py shows the error). The runner prefills
+  every row alone, unpadded, and resumes follow-ups from snapshots (engine/prefix_cache.py).
+"""
+
+from dataclasses import dataclass
+
+import torch
+from transformers.cache_utils import Cache, DynamicLayer, LinearAttentionLayer
+
+ATTENTION, LINEAR = "full_attention", "linear_attention"
+
+
+class GrowingLayer(DynamicLayer):
+    """A KV layer that appends into spare capacity in place.
+
+    transformers' DynamicLayer concatenates on every update, copying the whole cache each decode step
+    (measured: 39% of a batch-8 decode step on CPU). Here `keys`/`values` are views of the first
+    `length` slots of (B, heads, capacity, head_dim) buffers that grow by SPARE_TOKENS when full.
+    """
+
+    SPARE_TOKENS = 256
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+            self._key_buffer = self._value_buffer = None
+        length = self.get_seq_length()
+        end = length + key_states.shape[-2]
+        if self._key_buffer is None or end > self._key_buffer.shape[-2]:
+            self._key_buffer = self._grown(self.keys, key_states, end + self.SPARE_TOKENS)
+            self._value_buffer = self._grown(self.values, value_states, end + self.SPARE_TOKENS)
+        self._key_buffer[:, :, length:end] = key_states
+        self._value_buffer[:, :, length:end] = value_states
+        self.keys = self._key_buffer[:, :, :end]
+        self.values = self._value_buffer[:, :, :end]
+        return self.keys, self.values
+
+    @staticmethod
+    def _grown(old: torch.Tensor, new: torch.Tensor, capacity: int) -> torch.Tensor:
+        buffer = new.new_empty(new.shape[0], new.shape[1], capacity, new.shape[3])
+        if old.numel():
+            buffer[:, :, : old.shape[-2]] = old
+        return buffer
+
+
+@dataclass(frozen=True)
+class KV:
+    """An attention layer's keys and values, each (B, heads, S, head_dim)."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+
+
+@dataclass(frozen=True)
+class Recurrent:
+    """A linear-attention layer's state after the last token it saw: conv (B, conv_dim, kernel) in the model
+    dtype, the last inputs of its causal conv; ssm (B, value_heads, key_dim, value_dim) float32."""
+
+    conv: torch.Tensor
+    ssm: torch.Tensor
+
+
+Layer = KV | Recurrent
+# The recurrent layers' state at one point of a sequence, None at attention layers.
+Snapshot = tuple[Recurrent | None, ...]
+
+
+def _nbytes(*tensors: torch.Tensor) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+@dataclass(frozen=True)
+class LMState:
+    """Per language-model layer, in model order, a KV or a Recurrent of the same B sequences.
+
+    tokens: the KV's token axis S (0 for a model without attention layers); for a batch, the padded length.
+    """
+
+    layers: tuple[Layer, ...]
+
+    @property
+    def tokens(self) -> int:
+        return next((layer.keys.shape[2] for layer in self.layers if isinstance(layer, KV)), 0)
+
+    @property
+    def device(self) -> torch.device:
+        return _tensors(self.layers[0])[0].device
+
+    @property
+    def has_recurrent(self) -> bool:
+        return any(isinstance(layer, Recurrent) for layer in self.layers)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(_nbytes(*_tensors(layer)) for layer in self.layers)
+
+    def prefix(self, length: int, snapshot: "Snapshot | None" = None) -> "LMState":
+        """The state after the first `length` tokens: KV cut back (views), recurrent layers from `snapshot` (taken
+        after exactly those tokens), or this state's own when `length` is where it ends. ValueError otherwise:
+        a recurrent state cannot be cut back."""
+        if length > self.tokens or (snapshot is None and self.has_recurrent and length != self.tokens):
+            raise ValueError(f"a recurrent state of {self.tokens} tokens cannot resume after {length}")
+        cut = self._map(lambda kv: KV(kv.keys[:, :, :length], kv.values[:, :, :length]), lambda r: r)
+        return cut if snapshot is None else cut.with_recurrent(snapshot)
+
+    def clone(self) -> "LMState":
+        """Owned copies, so the state pins no larger batch tensor and later in-place updates leave it alone."""
+        return LMState(tuple(type(layer)(*(t.clone() for t in _tensors(layer))) for layer in self.layers))
+
+    def snapshot(self) -> "Snapshot":
+        """Owned copies of the recurrent layers (None at attention layers): what resuming here needs beside KV."""
+        return tuple(Recurrent(l.conv.clone(), l.ssm.clone()) if isinstance(l, Recurrent) else None
+                     for l in self.layers)
+
+    def with_recurrent(self, snapshot: "Snapshot") -> "LMState":
+        """This state's KV with the recurrent layers of `snapshot` (taken at this state's token count)."""
+        return LMState(tuple(saved if saved is not None else layer for layer, saved in zip(self.layers, snapshot)))
+
+    def _map(self, on_kv, on_recurrent) -> "LMState":
+        return LMState(tuple(on_kv(l) if isinstance(l, KV) else on_recurrent(l) for l in self.layers))
+
+    def rows(self, index: torch.Tensor, first_token: int = 0) -> "LMState":
+        """The sequences at index (long, on the state's device); KV from token first_token on."""
+        return self._map(
+            lambda kv: KV(kv.keys.index_select(0, index)[:, :, first_token:],
+                          kv.values.index_select(0, index)[:, :, first_token:]),
+            lambda r: Recurrent(r.conv.index_select(0, index), r.ssm.index_select(0, index)),
+        )
+
+    def row(self, i: int, tokens: int) -> "LMState":
+        """Sequence i alone, without its left padding: its last `tokens` KV slots (views)."""
+        return self._map(lambda kv: KV(kv.keys[i : i + 1, :, -tokens:], kv.values[i : i + 1, :, -tokens:]),
+                         lambda r: Recurrent(r.conv[i : i + 1], r.ssm[i : i + 1]))
+
+    @staticmethod
+    def stack(states: list["LMState"], length: int) -> "LMState":
+        """Sequences of several states as one batch: KV left-padded with zeros to `length` tokens, recurrent
+        states concatenated along the batch axis (they have no token axis, so nothing to pad)."""
+        layers = []
+        for parts in zip(*(s.layers for s in states)):
+            if isinstance(parts[0], KV):
+                layers.append(KV(torch.cat([_left_pad(p.keys, length) for p in parts]),
+                                 torch.cat([_left_pad(p.values, length) for p in parts])))
+            else:
+                layers.append(Recurrent(torch.cat([p.conv for p in parts]), torch.cat([p.ssm for p in parts])))
+        return LMState(tuple(layers))
+
+
+def _tensors(layer: Layer) -> tuple[torch.Tensor, torch.Tensor]:
+    return (layer.keys, layer.values) if isinstance(layer, KV) else (layer.conv, layer.ssm)
+
+
+def snapshot_nbytes(snapshot: Snapshot) -> int:
+    return sum(_nbytes(layer.conv, layer.ssm) for layer in snapshot if layer is not None)
+
+
+def _left_pad(tensor: torch.Tensor, length: int) -> torch.Tensor:
+    """Pad (B, H, S, D) on the left of S with zeros up to length."""
+    missing = length - tensor.shape[2]
+    if missing == 0:
+        return tensor
+    pad = tensor.new_zeros(tensor.shape[0], tensor.shape[1], missing, tensor.shape[3])
+    return torch.cat([pad, tensor], dim=2)
+
+
+def layer_kinds(text_config) -> tuple[str, ...]:
+    """ATTENTION or LINEAR per language-model layer; every layer attends in the KV-only families."""
+    kinds = getattr(text_config, "layer_types", None) or [ATTENTION] * text_config.num_hidden_layers
+    unknown = set(kinds) - {ATTENTION, LINEAR}
+    if unknown:
+        raise ValueError(f"layer types {sorted(unknown)} are not served")
+    return tuple(kinds)
+
+
+def new_cache(kinds: tuple[str, ...]) -> Cache:
+    """An empty cache: KV layers that append in place, recurrent layers as transformers keeps them."""
+    return Cache(layers=[GrowingLayer() if kind == ATTENTION else LinearAttentionLayer() for kind in kinds])
+
+
+def state_of(cache: Cache) -> LMState:
+    """The tensors a forward left in cache (views of it)."""
+    layers = []
+    for layer in cache.layers:
+        if isinstance(layer, LinearAttentionLayer):
+            layers.append(Recurrent(layer.conv_states[0], layer.recurrent_states[0]))
+        else:
+            layers.append(KV(layer.keys, layer.values))
+    return LMState(tuple(layers))
+
+
+def cache_of(state: LMState, owned: bool = False) -> Cache:
+    """A cache holding state, ready to be appended to. KV is copied into growable buffers. The linear layers
+    update their state in place, so recurrent tensors are cloned unless `owned` says nothing else holds them
+    (a batch just stacked or selected); a stored snapshot never is."""
+    kinds = tuple(ATTENTION if isinstance(layer, KV) else LINEAR for layer in state.layers)
+    cache = new_cache(kinds)
+    for index, (layer, target) in enumerate(zip(state.layers, cache.layers)):
+        if isinstance(layer, KV):
+            cache.update(layer.keys, layer.values, index)
+        else:
+            conv, ssm = (layer.conv, layer.ssm) if owned else (layer.conv.clone(), layer.ssm.clone())
+            _fill_recurrent(target, conv, ssm)
+    return cache
+
+
+def _fill_recurrent(layer: LinearAttentionLayer, conv: torch.Tensor, ssm: torch.Tensor) -> None:
+    """Put a state into an empty LinearAttentionLayer as if a forward had left it there."""
+    layer.conv_states[0], layer.recurrent_states[0] = conv, ssm
+    layer.conv_kernel_size[0] = conv.shape[-1]
+    layer.dtype, layer.device = conv.dtype, conv.device
+    layer.is_conv_states_initialized[0] = layer.is_recurrent_states_initialized[0] = True
+    layer.has_previous_state[0] = True
