@@ -9,6 +9,13 @@
 #                 CUDA 12.6 natively); NVIDIA_DISABLE_REQUIRE below lets the app's own check judge it.
 #   Python 3.12   Ubuntu 24.04's python3.
 #   torch 2.14.1 + torchvision 0.29.1, the same pins as requirements.txt.
+#   flash-linear-attention 0.6.0 (and its fla-core): pure Python and Triton, so no wheel matrix; it runs the
+#                 Gated DeltaNet layers of Qwen3.5 / Qwen3.6 (transformers picks it up when it imports; it
+#                 asks for transformers >=5.6.2,<6 and triton >=3.3, which torch's cu126 wheel brings).
+#                 causal-conv1d (their short convolution) ships as source only and needs nvcc, which a
+#                 `base` image lacks: it stays out, and transformers runs that convolution in torch.
+#                 Neither belongs in requirements.txt: on a CPU transformers would call their kernels on
+#                 CPU tensors (tests/test_attention.py checks the CPU environment keeps them out).
 #   flash-attn    2.8.3, the prebuilt wheel of mjun0812/flash-attention-prebuild-wheels release v0.10.0
 #                 for exactly torch 2.14 + CUDA 12.6 + CPython 3.12 on linux x86_64 (C++11 ABI, as
 #                 torch's own wheels). The build checks the installed torch, CUDA and Python against the
@@ -51,10 +58,15 @@ assert torch.version.cuda == image, f'torch is built for CUDA {torch.version.cud
 COPY requirements.txt /tmp/requirements.txt
 RUN pip install -r /tmp/requirements.txt && rm /tmp/requirements.txt
 
+ARG FLASH_LINEAR_ATTENTION_VERSION=0.6.0
+ARG EINOPS_VERSION=0.8.2
+RUN pip install "flash-linear-attention==${FLASH_LINEAR_ATTENTION_VERSION}" \
+        "fla-core==${FLASH_LINEAR_ATTENTION_VERSION}" "einops==${EINOPS_VERSION}" \
+    && python -c "import fla; print('flash-linear-attention', fla.__version__, 'installed')"
+
 ARG INSTALL_FLASH_ATTN=1
 ARG FLASH_ATTN_RELEASE=v0.10.0
 ARG FLASH_ATTN_WHEEL=flash_attn-2.8.3+cu126torch2.14-cp312-cp312-linux_x86_64.whl
-ARG EINOPS_VERSION=0.8.2
 # The wheel must be built for exactly the installed torch minor, CUDA and Python; the name is compared
 # with what is installed before anything is fetched. Any failure (another combination, no such wheel, a
 # download error, a wheel that does not import) leaves flash-attn out and the image still builds. The

@@ -138,7 +138,8 @@ def print_table(report: dict) -> None:
     host, model = report["host"], report["model"]
     print(f"\n## GPU check: {model['name']} on {report['device']}")
     print(f"{host['summary']}; transformers {report['versions']['transformers']}; "
-          f"attention: vision {model['attn_vision']}, language model {model['attn_text']}; "
+          f"attention: vision {model['attn_vision']}, language model {model['attn_text']}"
+          + (f", linear-attention layers {model['attn_linear']}" if model.get("attn_linear") else "") + "; "
           f"dtype {model['dtype']}; load {report['load_s']:.1f} s\n")
     print("| q | video tokens kept/total | decode s | ViT s | EVS s | prefill s | TTFT s | ideal s | TTFT/ideal |")
     print("|---|---|---|---|---|---|---|---|---|")

@@ -14,12 +14,13 @@ sm80+). This module registers it with transformers' AttentionInterface under `TO
 contains "flash" on purpose so the ViT takes its varlen branch (transformers tests for that substring).
 
 Only the vision tower uses it; the language model keeps sdpa. The engine's prefill and decode give the
-language model explicit padded attention masks and positions (engine/lm.py, engine/batch_kv.py), which
+language model explicit padded attention masks and positions (engine/lm.py, engine/decode_batch.py), which
 the sdpa path handles as is, while a varlen kernel would need the batch unpadded and a KV cache laid out
 for it. So `install` sets the kernel on `config.vision_config` only, after the model is built with sdpa
 (transformers would try to fetch any unknown "flash"-named implementation as a Hub kernel at build time).
 """
 
+import importlib.util
 from collections.abc import Callable
 
 import torch
@@ -112,3 +113,20 @@ def install(model: PreTrainedModel, attn: str) -> None:
     model.set_attn_implementation({"vision_config": TORCH_VARLEN})
     if model.config.vision_config._attn_implementation != TORCH_VARLEN:
         raise RuntimeError(f"transformers did not set {TORCH_VARLEN} on the vision tower")
+
+
+def linear_attention_kernels(device: torch.device) -> str:
+    """What runs a hybrid model's linear-attention (Gated DeltaNet) layers, as transformers picks it when the
+    model's module is imported: flash-linear-attention's Triton kernels for the delta rule when `fla` imports,
+    causal-conv1d's CUDA kernels for the short convolution when `causal_conv1d` does, else pure torch for each.
+
+    On a CPU a Triton kernel cannot run CPU tensors, yet transformers would still pick it: the CPU environment
+    keeps both packages out (tests/test_attention.py checks it), and here they are named as they stand."""
+    delta = "flash-linear-attention (Triton)" if _importable("fla") else "torch"
+    conv = "causal-conv1d (CUDA)" if _importable("causal_conv1d") else "torch"
+    note = "" if device.type == "cuda" or delta == conv == "torch" else "; these kernels need CUDA tensors"
+    return f"delta rule {delta}, short convolution {conv}{note}"
+
+
+def _importable(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None

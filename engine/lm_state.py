@@ -179,6 +179,8 @@ def layer_kinds(text_config) -> tuple[str, ...]:
     unknown = set(kinds) - {ATTENTION, LINEAR}
     if unknown:
         raise ValueError(f"layer types {sorted(unknown)} are not served")
+    if ATTENTION not in kinds:  # transformers' own masks and generate need one; so does the batch's padding
+        raise ValueError("a language model without a full-attention layer is not served")
     return tuple(kinds)
 
 

@@ -231,3 +231,20 @@ def test_built_implementation_keeps_the_language_model_off_varlen():
     assert attention.built_implementation("flash_attention_2") == "flash_attention_2"
     assert attention.built_implementation("sdpa") == "sdpa"
     assert attention.torch_varlen_available()  # torch 2.14 ships it; the GPU path depends on it
+
+
+def test_the_cpu_environment_keeps_the_linear_attention_kernels_out():
+    """Once `fla` or `causal_conv1d` imports, transformers runs their Triton / CUDA kernels even on CPU tensors,
+    and every hybrid model here would fail: the test environment (requirements-test.txt) must not bring them."""
+    import importlib.util
+
+    assert importlib.util.find_spec("fla") is None and importlib.util.find_spec("causal_conv1d") is None
+    assert attention.linear_attention_kernels(torch.device("cpu")) == "delta rule torch, short convolution torch"
+
+
+def test_the_linear_attention_kernels_are_named_as_transformers_picks_them(monkeypatch):
+    importable = {"fla"}
+    monkeypatch.setattr(attention, "_importable", lambda module: module in importable)
+    assert attention.linear_attention_kernels(torch.device("cuda")) == (
+        "delta rule flash-linear-attention (Triton), short convolution torch")
+    assert attention.linear_attention_kernels(torch.device("cpu")).endswith("these kernels need CUDA tensors")

@@ -17,8 +17,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(scope="module")
-def quick_run(tmp_path_factory):
+@pytest.fixture(scope="module", params=["tiny-random", "tiny-random-qwen3.5"])
+def quick_run(request, tmp_path_factory):
+    """The quick run on a KV-only model and on a hybrid one (linear-attention layers keep recurrent state)."""
     folder = tmp_path_factory.mktemp("gpu_check")
     shadows = folder / "shadows"
     for name in ("gradio", "plotly"):
@@ -26,7 +27,8 @@ def quick_run(tmp_path_factory):
         (shadows / name / "__init__.py").write_text(f"raise ImportError('gpu_check must not import {name}')\n")
     env = {**os.environ, "PYTHONPATH": str(shadows), "EVS_CACHE_DIR": str(folder / "models")}
     out = folder / "gpu_check.json"
-    result = subprocess.run([sys.executable, "-m", "bench.gpu_check", "--quick", "--device", "cpu", "--out", str(out)],
+    result = subprocess.run([sys.executable, "-m", "bench.gpu_check", "--quick", "--device", "cpu", "--model", request.param,
+                             "--out", str(out)],
                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     return result, out
 
@@ -54,5 +56,6 @@ def test_quick_run_saves_every_figure(quick_run):
     assert [b["pruning_rate"] for b in report["bursts"]] == [0.0, 0.7]
     assert all(b["users"] == 8 and b["vit_batch_requests_max"] >= 2 for b in report["bursts"])
     assert {"driver_version", "torch_cuda", "summary"} <= set(report["host"])
-    assert {"attn_vision", "attn_text", "dtype"} <= set(report["model"])
+    assert {"attn_vision", "attn_text", "attn_linear", "dtype"} <= set(report["model"])
+    assert (report["model"]["attn_linear"] is not None) == ("qwen3.5" in report["model"]["name"])
     assert report["versions"]["transformers"] and report["peak_gpu_memory_gib"] is None

