@@ -1,39 +1,55 @@
 """Command line: `python -m engine --video clip.mp4 --question "..." --pruning-rate 0.7 [--model tiny-random]`.
 
-Prints the answer as it streams, then the stats as JSON. A user error prints its sentence and exits 2.
+Prints the answer as it streams (with --think, the model's thinking first, on stderr), then the stats as
+JSON. A user error prints its sentence and exits 2.
 
 `python -m engine --describe --model random:Qwen/Qwen3-VL-4B-Instruct [--device cuda]` prints, as its last
 line, one JSON object describing what loading that model would give (parameters, vision_parameters,
-family, dtype, attention), built on the meta device: instant on any machine, nothing downloaded or loaded.
+family, dtype, attention; for a checkpoint that also holds weights transformers does not build, such as
+Qwen3.5's multi-token-prediction head, unbuilt_parameters and a note), built on the meta device: instant
+on any machine, nothing downloaded or loaded.
+
+`python -m engine --model random:Qwen/Qwen3.5-9B --plan-gib 40 130` prints the GPU memory plan
+(engine/memory_plan.py) that model would get with 40 and with 130 GiB free after loading: bfloat16, the GPU's
+default sampling, the default limits. It reads the config alone (random:<checkpoint>, a local folder, or a
+Hub id already cached): no GPU needed, nothing built.
 """
 
 import argparse
 import json
 import sys
 
-from .config import EngineConfig, GenerationParams
+from .config import GPU_SAMPLING, EngineConfig, GenerationParams
 from .engine import Engine
 from .errors import InputError, one_line
-from .memory_plan import InsufficientMemory
+from .memory_plan import GIB, InsufficientMemory, checkpoint_config, checkpoint_plan
 from .hardware import DeviceUnavailable
 from .models import ModelUnavailable, UnsupportedModel, describe_model, resolve_device
+from .random_checkpoints import UnknownCheckpoint
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m engine", description=__doc__.splitlines()[0])
     parser.add_argument("--describe", action="store_true",
                         help="print what loading --model on --device would give, as JSON, and exit")
+    parser.add_argument("--plan-gib", type=float, nargs="+", metavar="GIB",
+                        help="print the GPU memory plan --model would get with GIB free after loading, and exit")
     parser.add_argument("--video", help="path to a video file")
     parser.add_argument("--question")
-    parser.add_argument("--pruning-rate", type=float, default=0.7, help="EVS rate q in [0, 1)")
+    parser.add_argument("--pruning-rate", type=float,
+                        help="EVS rate q in [0, 1) (default: the model's, Engine.model_info['default_pruning_rate'])")
+    parser.add_argument("--think", action="store_true",
+                        help="think before answering, for a model that can (the thinking goes to stderr)")
     parser.add_argument("--model", default="tiny-random",
                         help="tiny-random, tiny-random-qwen2.5-vl, a checkpoint, or random:<checkpoint>")
     parser.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--temperature", type=float, default=0.0)
     args = parser.parse_args(argv)
-    if not args.describe and (args.video is None or args.question is None):
-        parser.error("--video and --question are required (or --describe)")
+    if not (args.describe or args.plan_gib) and (args.video is None or args.question is None):
+        parser.error("--video and --question are required (or --describe, or --plan-gib)")
+    if args.plan_gib and min(args.plan_gib) <= 0:
+        parser.error("--plan-gib takes sizes above 0")
     return args
 
 
@@ -51,23 +67,43 @@ def describe(model: str, device: str) -> int:
     return 0
 
 
+def print_plans(model: str, free_gib: list[float]) -> int:
+    try:
+        config = checkpoint_config(model)
+        plans = [checkpoint_plan(config, int(gib * GIB)) for gib in free_gib]
+    except (UnknownCheckpoint, OSError, ValueError, AttributeError) as error:
+        print(f"error: cannot plan {model!r}: {one_line(error)}", file=sys.stderr)
+        return 2
+    print(f"{model} ({config.model_type}), bfloat16, the GPU's default sampling ({GPU_SAMPLING.fps:g} fps, at most "
+          f"{GPU_SAMPLING.max_frames} frames of {GPU_SAMPLING.max_pixels_per_frame:,} pixels)")
+    for plan in plans:
+        print(plan.summary())
+        for reason in plan.reasons:
+            print(f"  {reason}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.describe:
         return describe(args.model, args.device)
-    params = GenerationParams(
-        pruning_rate=args.pruning_rate, max_new_tokens=args.max_new_tokens, temperature=args.temperature
-    )
+    if args.plan_gib:
+        return print_plans(args.model, args.plan_gib)
     try:
         engine = Engine(EngineConfig(model=args.model, device=args.device))
     except CANNOT_SERVE as error:
         print(f"error: {one_line(error)}", file=sys.stderr)
         return 2
+    rate = engine.model_info["default_pruning_rate"] if args.pruning_rate is None else args.pruning_rate
+    params = GenerationParams(pruning_rate=rate, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                              enable_thinking=args.think)
     try:
         stream = engine.submit(video=args.video, question=args.question, params=params)
         for event in stream:
             if event.kind == "text":
                 print(event.text, end="", flush=True)
+            elif event.kind == "thinking":
+                print(event.text, end="", file=sys.stderr, flush=True)
             elif event.kind == "status":
                 print(f"[{event.text}]", file=sys.stderr, flush=True)
             elif event.kind == "done":

@@ -3,28 +3,43 @@ so that what the engine keeps on the GPU fits in the memory left after loading, 
 
     dims = ModelDims.from_config(model.config, dtype_bytes=2)
     plan = plan_memory(dims, free_bytes=130 * GIB, settings=PlanSettings(planned_video_tokens=12_544))
-    plan.max_video_tokens, plan.max_running, plan.kv_bytes_per_token
+    plan.max_video_tokens, plan.max_running, plan.kv_bytes_per_token, plan.state_bytes_per_sequence
 
 `plan_memory` is arithmetic on plain numbers, so tests feed it made-up free-memory figures; `engine_plan`
-measures the device after loading and is what the Engine calls.
+measures the device after loading and is what the Engine calls; `checkpoint_plan` plans a checkpoint from
+its config alone, for any free-memory figure, without a GPU (`python -m engine --model M --plan-gib 40 130`).
 
 What the plan counts (bytes; N requests decoding together, each with at most V video tokens):
 
     usable   = free * (1 - margin) - reserved                       reserved: feature + prefix cache bounds
-    row(V)   = kv_copies * kv_per_token * (V + text + new + spare)  one request's KV cache
+    row(V)   = kv_copies * (kv_per_token * (V + text + new + spare)  one request's KV cache
+                            + state_per_sequence)                    and its linear-attention state
              + feature_per_video_token * V                          its video features (full + EVS-kept)
     one(V)   = max(ViT forward over max(vit_patches, V * merge^2) patches, prefill of V + text + new tokens)
     N * row(V) + one(V) <= usable
 
-- kv_per_token = 2 (K and V) * layers * KV heads * head_dim * dtype bytes (147,456 on Qwen3-VL-4B in bf16).
-- kv_copies = 3: a request joining or leaving rebuilds the padded decode batch, and for a moment the old
+- kv_per_token = 2 (K and V) * KV layers * KV heads * head_dim * dtype bytes (147,456 on Qwen3-VL-4B in
+  bf16). KV layers are the attention layers: all of them on Qwen2.5-VL and Qwen3-VL (MoE too); on the
+  hybrid Qwen3.5 / 3.6 only the full-attention ones (text_config.layer_types; every 4th), 32,768 bytes a
+  token on Qwen3.5-9B.
+- state_per_sequence: a hybrid model's linear-attention (Gated DeltaNet) layers keep, whatever the length,
+  a conv state (conv_dim x conv kernel, model dtype) and a recurrent state (value heads x key head_dim x
+  value head_dim, float32), as transformers' LinearAttentionLayer holds them: 49.5 MiB a sequence on
+  Qwen3.5-9B (24 layers x (8,192 x 4 x 2 + 32 x 128 x 128 x 4 bytes)). 0 on KV-only models.
+- kv_copies = 3: a request joining or leaving rebuilds the decode batch, and for a moment the old
   batch, the concatenated tensors and the growable buffers they are copied into are all alive
-  (engine/batch_kv.py DecodeBatch.add / remove through cache_from_tensors).
+  (engine/decode_batch.py DecodeBatch.add / remove through lm_state.cache_of); the recurrent states are
+  concatenated along the batch axis in the same rebuild, so they count as many times.
+- The prefix cache keeps a hybrid model's state snapshots (at the end of [system + video] and of each
+  finished turn) beside the KV it stores; they count inside its byte bound (engine/prefix_cache.py), which
+  is part of reserved.
 - Every row is planned at the worst case, q = 0 (nothing pruned; compare mode always sends a q = 0
   request), and left padding makes every row of the batch as long as the longest.
 - The ViT and the prefill never run at the same time and free their activations layer by layer
   (inference mode), so only the larger of the two counts, at one layer's worth: the vision tower's depth
   does not enter. A request over the ViT patch budget is encoded alone, hence max(vit_patches, V * merge^2).
+  A hybrid model's prefill peaks in its linear-attention layers, whose chunked delta rule runs in float32
+  (ModelDims.prefill_bytes).
 - margin (10%) covers what the estimate leaves out: allocator fragmentation, cuBLAS / attention
   workspaces, the CUDA context of kernels loaded on first use.
 
@@ -44,27 +59,90 @@ from dataclasses import dataclass
 from .errors import InputError
 
 GIB = 1024**3
-# Bytes of one float32 number: the processor's pixel_values reach the device as float32.
+MIB = 1024**2
+# Bytes of one float32 number: the processor's pixel_values reach the device as float32, and a linear-attention
+# layer keeps its recurrent state and runs its chunked delta rule in float32.
 FLOAT32_BYTES = 4
+# Tokens per chunk of transformers' chunked gated delta rule (torch_chunk_gated_delta_rule's chunk_size).
+DELTA_RULE_CHUNK = 64
+LINEAR_ATTENTION = "linear_attention"
+
+
+@dataclass(frozen=True)
+class LinearAttentionDims:
+    """The Gated DeltaNet layers of a hybrid model (Qwen3.5 / 3.6; transformers' Qwen3_5GatedDeltaNet).
+
+    layers: how many; key_heads, value_heads, key_head_dim, value_head_dim: linear_num_key_heads ... of the
+    text config; conv_kernel: linear_conv_kernel_dim.
+    """
+
+    layers: int
+    key_heads: int
+    value_heads: int
+    key_head_dim: int
+    value_head_dim: int
+    conv_kernel: int
+
+    @property
+    def conv_dim(self) -> int:
+        """Channels of the causal conv: query, key and value projections together (2 * key_dim + value_dim)."""
+        return 2 * self.key_heads * self.key_head_dim + self.value_heads * self.value_head_dim
+
+    def conv_state_bytes(self, dtype_bytes: int) -> int:
+        """One layer's conv state for one sequence: (conv_dim, conv_kernel) in the model dtype."""
+        return self.conv_dim * self.conv_kernel * dtype_bytes
+
+    @property
+    def recurrent_state_bytes(self) -> int:
+        """One layer's recurrent state for one sequence: (value_heads, key_head_dim, value_head_dim) float32,
+        whatever the model dtype (the delta rule computes it in float32 and the cache keeps it so)."""
+        return self.value_heads * self.key_head_dim * self.value_head_dim * FLOAT32_BYTES
+
+    def state_bytes(self, dtype_bytes: int) -> int:
+        """Every linear layer's conv and recurrent state for one sequence."""
+        return self.layers * (self.conv_state_bytes(dtype_bytes) + self.recurrent_state_bytes)
+
+    def prefill_bytes_per_token(self, hidden: int, dtype_bytes: int) -> int:
+        """Peak activations of one linear-attention layer's prefill, per token. In the model dtype: the input,
+        residual, norm and output (4 * hidden), the conv output (conv_dim) and the output gate z (value_dim).
+        In float32, inside transformers' chunked delta rule (torch_chunk_gated_delta_rule), where query and
+        key are repeated to every value head: six key-sized tensors (value_heads x key_head_dim: query, key,
+        the beta-weighted and the decayed keys, the solved decayed keys, and query or key re-decayed), four
+        value-sized ones (value, beta-weighted value, new values, output) and three chunk x chunk matrices
+        per value head (pairwise decay, UT system, intra-chunk attention). One Qwen3.5-9B linear-attention
+        layer measured on CPU (bf16, torch.profiler's memory timeline, 256 to 1,024 tokens): 227 KB a
+        token, against the 246 KB counted here."""
+        keys = self.value_heads * self.key_head_dim
+        values = self.value_heads * self.value_head_dim
+        chunk_matrices = self.value_heads * DELTA_RULE_CHUNK
+        float32 = FLOAT32_BYTES * (6 * keys + 4 * values + 3 * chunk_matrices)
+        return float32 + dtype_bytes * (4 * hidden + self.conv_dim + values)
 
 
 @dataclass(frozen=True)
 class ModelDims:
-    """The sizes of a loaded model that decide its memory per token.
+    """The sizes of a loaded model that decide its memory per token and per sequence.
 
-    text_layers, kv_heads, head_dim: the language model's KV cache shape. text_hidden, text_intermediate:
-    its residual and MLP widths (prefill activations). vision_hidden, vision_intermediate: the ViT's widths;
-    patch_values: numbers in one patch row of pixel_values (channels * temporal_patch * patch^2);
-    merge_patches: patches per LLM token (spatial_merge^2). feature_levels: feature tensors per video token
-    (the merger output, plus one per DeepStack level on Qwen3-VL), each feature_dim wide. dtype_bytes: of the
-    model's weights, KV cache and activations.
+    text_layers: the language model's layers; kv_layers: those that keep K and V (the attention layers: all
+    of them but a hybrid model's linear-attention ones), each kv_heads x head_dim wide. linear: the
+    linear-attention layers of a hybrid model (None on KV-only ones), whose state is constant per sequence.
+    text_hidden, text_intermediate: the residual width and the MLP width a token passes through (prefill
+    activations): a dense model's intermediate_size; on a mixture of experts the routed experts' width times
+    experts_per_token, plus the shared expert's (experts_per_token is 0 on a dense model).
+    vision_hidden, vision_intermediate: the ViT's widths; patch_values: numbers in one patch row of
+    pixel_values (channels * temporal_patch * patch^2); merge_patches: patches per LLM token
+    (spatial_merge^2). feature_levels: feature tensors per video token (the merger output, plus one per
+    DeepStack level on Qwen3-VL), each feature_dim wide. dtype_bytes: of the model's weights, KV cache,
+    conv state and activations.
     """
 
     text_layers: int
+    kv_layers: int
     kv_heads: int
     head_dim: int
     text_hidden: int
     text_intermediate: int
+    experts_per_token: int
     vision_hidden: int
     vision_intermediate: int
     patch_values: int
@@ -72,21 +150,38 @@ class ModelDims:
     feature_levels: int
     feature_dim: int
     dtype_bytes: int
+    linear: LinearAttentionDims | None = None
 
     @classmethod
     def from_config(cls, config, dtype_bytes: int) -> "ModelDims":
-        """From a Qwen3-VL or Qwen2.5-VL *ForConditionalGeneration config."""
+        """From a Qwen2.5-VL, Qwen3-VL (dense or MoE) or Qwen3.5 / 3.6 (dense or MoE)
+        *ForConditionalGeneration config."""
         text, vision = config.text_config, config.vision_config
         # Qwen2.5-VL's text config has no head_dim: it is hidden / heads there.
         head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
         channels = getattr(vision, "in_channels", None) or getattr(vision, "in_chans", 3)
         deepstack = getattr(vision, "deepstack_visual_indexes", None) or []
+        layer_types = getattr(text, "layer_types", None) or []
+        linear_layers = sum(kind == LINEAR_ATTENTION for kind in layer_types)
+        linear = None
+        if linear_layers:
+            linear = LinearAttentionDims(
+                layers=linear_layers,
+                key_heads=text.linear_num_key_heads,
+                value_heads=text.linear_num_value_heads,
+                key_head_dim=text.linear_key_head_dim,
+                value_head_dim=text.linear_value_head_dim,
+                conv_kernel=text.linear_conv_kernel_dim,
+            )
+        text_intermediate, experts_per_token = _mlp_width(text)
         return cls(
             text_layers=text.num_hidden_layers,
+            kv_layers=text.num_hidden_layers - linear_layers,
             kv_heads=text.num_key_value_heads,
             head_dim=head_dim,
             text_hidden=text.hidden_size,
-            text_intermediate=text.intermediate_size,
+            text_intermediate=text_intermediate,
+            experts_per_token=experts_per_token,
             vision_hidden=vision.hidden_size,
             vision_intermediate=vision.intermediate_size,
             patch_values=channels * vision.temporal_patch_size * vision.patch_size**2,
@@ -94,17 +189,33 @@ class ModelDims:
             feature_levels=1 + len(deepstack),
             feature_dim=vision.out_hidden_size,
             dtype_bytes=dtype_bytes,
+            linear=linear,
         )
 
     @property
     def kv_bytes_per_token(self) -> int:
-        """K and V of every layer for one token."""
-        return 2 * self.text_layers * self.kv_heads * self.head_dim * self.dtype_bytes
+        """K and V of every KV layer for one token."""
+        return 2 * self.kv_layers * self.kv_heads * self.head_dim * self.dtype_bytes
+
+    @property
+    def state_bytes_per_sequence(self) -> int:
+        """The linear-attention layers' conv and recurrent state of one sequence, whatever its length (0 on a
+        KV-only model)."""
+        return self.linear.state_bytes(self.dtype_bytes) if self.linear else 0
 
     @property
     def feature_bytes_per_video_token(self) -> int:
         """A running request holds its video's features and the EVS-kept copy of them (all of them at q = 0)."""
         return 2 * self.feature_levels * self.feature_dim * self.dtype_bytes
+
+    def cache_summary(self) -> str:
+        """What one request keeps, in a few words: "KV 147456 bytes/token", or on a hybrid model
+        "state 49.5 MiB/sequence + KV 32768 bytes/token (8 of 32 layers)"."""
+        kv = f"KV {self.kv_bytes_per_token} bytes/token"
+        if not self.linear:
+            return kv
+        return (f"state {self.state_bytes_per_sequence / MIB:.1f} MiB/sequence + {kv} "
+                f"({self.kv_layers} of {self.text_layers} layers)")
 
     def vit_bytes(self, patches: int) -> int:
         """Peak activations of one ViT forward over `patches` patch rows: the float32 pixels and their cast,
@@ -116,11 +227,37 @@ class ModelDims:
         return patches * per_patch + outputs
 
     def prefill_bytes(self, tokens: int) -> int:
-        """Peak activations of one prefill over `tokens` tokens at one layer: input embeddings, residual,
-        norm output and attention output (4 * hidden), and the gated MLP's gate, up and product (3 * MLP).
-        Attention itself is O(tokens) (flash / memory-efficient kernels: no mask on a single-row prefill),
-        and only the last position's logits are computed."""
-        return tokens * self.dtype_bytes * (4 * self.text_hidden + 3 * self.text_intermediate)
+        """Peak activations of one prefill over `tokens` tokens at one layer (the worst kind of layer):
+        - an attention layer and its MLP: input embeddings, residual, norm output and attention output
+          (4 * hidden), and the gated MLP's gate, up and product (3 * MLP). On a mixture of experts, the
+          grouped experts kernel also holds each token's hidden state once per chosen expert as its input,
+          output, weighted and reordered copy (4 * experts_per_token * hidden). Attention itself is
+          O(tokens) (flash / memory-efficient kernels: no mask on a single-row prefill), and only the last
+          position's logits are computed (one Qwen3.5-9B full-attention layer and its MLP, measured like
+          the linear one: 103 KB a token, against the 106 KB counted here);
+        - a linear-attention layer: LinearAttentionDims.prefill_bytes_per_token, more than twice as much
+          on Qwen3.5, since its delta rule runs in float32 (transformers' torch implementation)."""
+        per_token = self.dtype_bytes * (4 * self.text_hidden + 3 * self.text_intermediate
+                                        + 4 * self.experts_per_token * self.text_hidden)
+        if self.linear:
+            per_token = max(per_token, self.linear.prefill_bytes_per_token(self.text_hidden, self.dtype_bytes))
+        return tokens * per_token
+
+
+def _mlp_width(text) -> tuple[int, int]:
+    """(MLP width a token passes through, experts per token) of a text config: intermediate_size on a dense
+    model; on a mixture of experts (moe_intermediate_size), num_experts_per_tok routed experts plus the
+    shared expert if any (Qwen3.5 / 3.6 MoE), or the dense width where some layers stay dense (Qwen3-VL MoE's
+    mlp_only_layers or decoder_sparse_step), whichever is wider."""
+    routed = getattr(text, "moe_intermediate_size", None)
+    if not routed or not getattr(text, "num_experts", 0):
+        return text.intermediate_size, 0
+    experts = text.num_experts_per_tok
+    width = experts * routed + (getattr(text, "shared_expert_intermediate_size", None) or 0)
+    some_dense = getattr(text, "mlp_only_layers", None) or (getattr(text, "decoder_sparse_step", None) or 1) > 1
+    if some_dense:
+        width = max(width, text.intermediate_size)
+    return width, experts
 
 
 @dataclass(frozen=True)
@@ -133,10 +270,11 @@ class PlanSettings:
     Qwen3-VL's per-group timestamp and markers (a handful of tokens a group, some 600 at 64 groups) and a
     few turns of history. new_tokens: answer tokens planned per request, the UI's slider maximum; an API
     request may ask for up to the engine's 4,096 when the rest of its row leaves room (Plan.check_request
-    counts the whole row). spare_tokens: KV slots a growing cache allocates ahead (engine/batch_kv.py
+    counts the whole row). spare_tokens: KV slots a growing cache allocates ahead (engine/lm_state.py
     GrowingLayer.SPARE_TOKENS). vit_patches: the ViT forward budget in patches. reserved_bytes: device
     memory held by the feature and prefix caches at their bounds. margin_fraction: of the free memory,
-    kept back. kv_copies: of the decode batch's KV alive while it is rebuilt (module docstring).
+    kept back. kv_copies: of the decode batch's KV and recurrent state alive while it is rebuilt (module
+    docstring).
     """
 
     planned_video_tokens: int
@@ -158,14 +296,18 @@ class InsufficientMemory(RuntimeError):
 class Plan:
     """The limits one engine serves under.
 
-    free_bytes: device memory the plan divided (None: no plan). max_video_tokens: most video tokens (T*h*w,
-    before EVS) in one request; max_request_tokens: most prompt + answer tokens of one request (the KV row
-    it may fill); None when unbounded. max_running: requests decoding together. reasons: one line per term
-    of the arithmetic, for logs and tests.
+    free_bytes: device memory the plan divided (None: no plan). kv_bytes_per_token, state_bytes_per_sequence:
+    what one request keeps per token and, on a hybrid model, per sequence (ModelDims); cache_summary: the
+    two in words. max_video_tokens: most video tokens (T*h*w, before EVS) in one request;
+    max_request_tokens: most prompt + answer tokens of one request (the KV row it may fill); None when
+    unbounded. max_running: requests decoding together. reasons: one line per term of the arithmetic, for
+    logs and tests.
     """
 
     free_bytes: int | None
     kv_bytes_per_token: int
+    state_bytes_per_sequence: int
+    cache_summary: str
     max_video_tokens: int | None
     max_request_tokens: int | None
     max_running: int
@@ -187,9 +329,8 @@ class Plan:
     def summary(self) -> str:
         """One line for the start-up log."""
         if not self.bounded:
-            return (f"memory plan: none ({self.reasons[0]}); KV {self.kv_bytes_per_token} bytes/token, "
-                    f"{self._running()} decoding together")
-        return (f"memory plan: {self.free_bytes / GIB:.1f} GiB free, KV {self.kv_bytes_per_token} bytes/token, "
+            return f"memory plan: none ({self.reasons[0]}); {self.cache_summary}, {self._running()} decoding together"
+        return (f"memory plan: {self.free_bytes / GIB:.1f} GiB free, {self.cache_summary}, "
                 f"at most {self.max_video_tokens:,} video tokens per request, {self._running()} decoding together")
 
     def _running(self) -> str:
@@ -214,7 +355,9 @@ class Plan:
 
 
 def unbounded_plan(dims: ModelDims, max_running: int, why: str) -> Plan:
-    return Plan(None, dims.kv_bytes_per_token, None, None, max_running, (why,))
+    return Plan(free_bytes=None, kv_bytes_per_token=dims.kv_bytes_per_token,
+                state_bytes_per_sequence=dims.state_bytes_per_sequence, cache_summary=dims.cache_summary(),
+                max_video_tokens=None, max_request_tokens=None, max_running=max_running, reasons=(why,))
 
 
 def plan_memory(dims: ModelDims, free_bytes: int, settings: PlanSettings) -> Plan:
@@ -224,7 +367,7 @@ def plan_memory(dims: ModelDims, free_bytes: int, settings: PlanSettings) -> Pla
     other_tokens = s.text_tokens + s.new_tokens + s.spare_tokens
 
     def row_bytes(video: int) -> int:
-        return (s.kv_copies * dims.kv_bytes_per_token * (video + other_tokens)
+        return (s.kv_copies * (dims.kv_bytes_per_token * (video + other_tokens) + dims.state_bytes_per_sequence)
                 + dims.feature_bytes_per_video_token * video)
 
     def one_forward_bytes(video: int) -> int:
@@ -236,7 +379,9 @@ def plan_memory(dims: ModelDims, free_bytes: int, settings: PlanSettings) -> Pla
 
     def largest_video(rows: int) -> int:
         """Most video tokens per row with `rows` rows (-1 when not even zero fit)."""
-        low, high = -1, max(0, usable) // dims.kv_bytes_per_token + 1  # fits(rows, high) is False
+        # row(V) >= V * per_video_token, so fits(rows, high) is False.
+        per_video_token = s.kv_copies * dims.kv_bytes_per_token + dims.feature_bytes_per_video_token
+        low, high = -1, max(0, usable) // per_video_token + 1
         while high - low > 1:
             middle = (low + high) // 2
             if fits(rows, middle):
@@ -263,10 +408,9 @@ def plan_memory(dims: ModelDims, free_bytes: int, settings: PlanSettings) -> Pla
     reasons = (
         f"free {free_bytes / GIB:.1f} GiB, less a {s.margin_fraction:.0%} margin and {s.reserved_bytes / GIB:.1f} "
         f"GiB for the feature and prefix caches: {usable / GIB:.1f} GiB usable",
-        f"KV cache: {dims.kv_bytes_per_token} bytes per token (2 x {dims.text_layers} layers x {dims.kv_heads} "
-        f"KV heads x {dims.head_dim} x {dims.dtype_bytes} bytes), x{s.kv_copies} while the decode batch is rebuilt",
+        *_cache_reasons(dims, s.kv_copies),
         f"one request of {planned:,} video tokens (+{s.text_tokens} text, {s.new_tokens} new, {s.spare_tokens} "
-        f"spare): {row_bytes(planned) / GIB:.2f} GiB of KV and features",
+        f"spare): {row_bytes(planned) / GIB:.2f} GiB of {'state, ' if dims.linear else ''}KV and features",
         f"one forward at a time: ViT {dims.vit_bytes(max(s.vit_patches, planned * dims.merge_patches)) / GIB:.2f} "
         f"GiB, prefill {dims.prefill_bytes(planned + s.text_tokens + s.new_tokens) / GIB:.2f} GiB",
         running_note,
@@ -274,11 +418,29 @@ def plan_memory(dims: ModelDims, free_bytes: int, settings: PlanSettings) -> Pla
     return Plan(
         free_bytes=free_bytes,
         kv_bytes_per_token=dims.kv_bytes_per_token,
+        state_bytes_per_sequence=dims.state_bytes_per_sequence,
+        cache_summary=dims.cache_summary(),
         max_video_tokens=max_video,
         max_request_tokens=max_video + s.text_tokens + s.new_tokens,
         max_running=max_running,
         reasons=reasons,
     )
+
+
+def _cache_reasons(dims: ModelDims, kv_copies: int) -> tuple[str, ...]:
+    """The reasons lines of what a request keeps: its KV, and on a hybrid model its linear-attention state."""
+    copies = f"x{kv_copies} while the decode batch is rebuilt"
+    layers = f"{dims.kv_layers} of {dims.text_layers} layers" if dims.linear else f"{dims.kv_layers} layers"
+    kv = (f"KV cache: {dims.kv_bytes_per_token} bytes per token (2 x {layers} x {dims.kv_heads} KV heads x "
+          f"{dims.head_dim} x {dims.dtype_bytes} bytes), {copies}")
+    if not dims.linear:
+        return (kv,)
+    linear = dims.linear
+    state = (f"linear-attention state: {dims.state_bytes_per_sequence / MIB:.1f} MiB per sequence ({linear.layers} "
+             f"layers x (conv {linear.conv_dim} x {linear.conv_kernel} x {dims.dtype_bytes} bytes + recurrent "
+             f"{linear.value_heads} x {linear.key_head_dim} x {linear.value_head_dim} x {FLOAT32_BYTES} bytes)), "
+             f"{copies}; the prefix cache's snapshots of it count inside its bound")
+    return (state, kv)
 
 
 def measured_free_bytes(device) -> int:
@@ -290,21 +452,57 @@ def measured_free_bytes(device) -> int:
     return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
 
 
-def engine_plan(loaded, config, planned_video_tokens: int, vit_patches: int) -> Plan:
-    """The plan for a freshly loaded model under `config` (EngineConfig); see the module docstring."""
-    from .batch_kv import GrowingLayer
+def engine_settings(config, planned_video_tokens: int, vit_patches: int) -> PlanSettings:
+    """The settings an engine under `config` (EngineConfig) plans with."""
+    from .lm_state import GrowingLayer
 
-    dims = ModelDims.from_config(loaded.model.config, dtype_bytes=loaded.dtype.itemsize)
-    free_bytes = config.memory_budget_bytes
-    if free_bytes is None:
-        if loaded.device.type != "cuda":
-            return unbounded_plan(dims, config.max_running, f"{loaded.device.type}: requests are not bounded by memory")
-        free_bytes = measured_free_bytes(loaded.device)
-    settings = PlanSettings(
+    return PlanSettings(
         planned_video_tokens=planned_video_tokens,
         max_running=config.max_running,
         spare_tokens=GrowingLayer.SPARE_TOKENS,
         vit_patches=vit_patches,
         reserved_bytes=config.feature_cache_bytes + config.prefix_cache_bytes,
     )
+
+
+def engine_plan(loaded, config, planned_video_tokens: int, vit_patches: int) -> Plan:
+    """The plan for a freshly loaded model under `config` (EngineConfig); see the module docstring."""
+    dims = ModelDims.from_config(loaded.model.config, dtype_bytes=loaded.dtype.itemsize)
+    free_bytes = config.memory_budget_bytes
+    if free_bytes is None:
+        if loaded.device.type != "cuda":
+            return unbounded_plan(dims, config.max_running, f"{loaded.device.type}: requests are not bounded by memory")
+        free_bytes = measured_free_bytes(loaded.device)
+    return plan_memory(dims, free_bytes, engine_settings(config, planned_video_tokens, vit_patches))
+
+
+def checkpoint_config(model: str):
+    """The config of `model`, read without building anything: random:<checkpoint> from its stored spec
+    (engine/random_checkpoints.py), anything else through AutoConfig, offline: a local folder, or a Hub id
+    already in the local cache. Raises UnknownCheckpoint, OSError or ValueError when there is none."""
+    from transformers import AutoConfig
+
+    from .random_checkpoints import checkpoint_spec, is_random, spec_config
+
+    if is_random(model):
+        return spec_config(checkpoint_spec(model))
+    return AutoConfig.from_pretrained(model, local_files_only=True)
+
+
+def checkpoint_plan(config, free_bytes: int, engine_config=None) -> Plan:
+    """The plan a GPU engine would make for the model of `config` (a *ForConditionalGeneration config) with
+    `free_bytes` free after loading: bfloat16, the GPU's default sampling (engine/config.py GPU_SAMPLING) as
+    the planned video, the GPU's ViT patch budget, and `engine_config`'s (EngineConfig, default: the
+    defaults) max_running and cache bounds, as engine_plan. Nothing is built or measured."""
+    import torch
+
+    from .config import GPU_SAMPLING, EngineConfig, video_tokens
+    from .runner import vit_token_budget
+
+    engine_config = engine_config or EngineConfig()
+    dims = ModelDims.from_config(config, dtype_bytes=torch.bfloat16.itemsize)
+    vision = config.vision_config
+    planned = video_tokens(GPU_SAMPLING.max_frames, GPU_SAMPLING.max_pixels_per_frame, vision.patch_size,
+                           vision.spatial_merge_size, vision.temporal_patch_size)
+    settings = engine_settings(engine_config, planned, vit_token_budget(engine_config, torch.device("cuda")))
     return plan_memory(dims, free_bytes, settings)

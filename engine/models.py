@@ -17,14 +17,24 @@ from transformers import (
     PreTrainedModel,
     ProcessorMixin,
     Qwen2_5_VLForConditionalGeneration,
+    Qwen3_5ForConditionalGeneration,
+    Qwen3_5MoeForConditionalGeneration,
     Qwen3VLForConditionalGeneration,
+    Qwen3VLMoeForConditionalGeneration,
 )
 
 from engine import attention
 from engine.config import default_cache_dir
 from engine.families import family_for
 from engine.hardware import choose_device, probe_host
-from engine.random_checkpoints import UnknownCheckpoint, build_random_model, checkpoint_spec, is_random, spec_config
+from engine.random_checkpoints import (
+    UnknownCheckpoint,
+    build_random_model,
+    checkpoint_spec,
+    is_random,
+    spec_config,
+    unbuilt_note,
+)
 from engine.tiny import MODEL_NOTES_FILE, TINY_MODELS, TRAINED_MODELS, ensure_tiny_model
 
 log = logging.getLogger(__name__)
@@ -32,6 +42,9 @@ log = logging.getLogger(__name__)
 MODEL_CLASSES = {
     "qwen3_vl": Qwen3VLForConditionalGeneration,
     "qwen2_5_vl": Qwen2_5_VLForConditionalGeneration,
+    "qwen3_vl_moe": Qwen3VLMoeForConditionalGeneration,
+    "qwen3_5": Qwen3_5ForConditionalGeneration,
+    "qwen3_5_moe": Qwen3_5MoeForConditionalGeneration,
 }
 
 # What the Hub and the filesystem raise when a checkpoint is missing, private, offline or not cached.
@@ -63,6 +76,10 @@ class LoadedModel:
     # else None and the engine's default; `about`: what the model knows, for the app's banner.
     system_prompt: str | None = None
     about: str | None = None
+    # The checkpoint's `video_pruning_rate` (config.json), the rate it was published to serve at; None if unsaid.
+    video_pruning_rate: float | None = None
+    # A hybrid model's linear-attention kernels (attention.linear_attention_kernels); None without such layers.
+    linear_attention: str | None = None
 
 
 def resolve_device(device: str) -> torch.device:
@@ -166,7 +183,9 @@ def describe_model(name: str, cache_dir: Path | None = None, device: torch.devic
     """What loading `name` on `device` would give, from its config alone: the model is built on the `meta`
     device, so no weights are read or allocated and any size describes instantly. Tied embeddings count once.
 
-    Returns {"name", "family", "parameters", "vision_parameters", "dtype", "attention", "device"};
+    Returns {"name", "family", "parameters", "vision_parameters", "dtype", "attention", "device"}, and for a
+    random:<checkpoint> whose checkpoint holds weights transformers does not build (Qwen3.5's
+    multi-token-prediction head) also "unbuilt_parameters" ({"mtp": N}) and "note" (one sentence);
     raises ModelUnavailable (no config to be had) or UnsupportedModel like load_model.
     """
     config = _read_config(name, _source(name, cache_dir))
@@ -175,7 +194,7 @@ def describe_model(name: str, cache_dir: Path | None = None, device: torch.devic
         model = model_class._from_config(config)
     device = device or torch.device("cpu")
     dtype = model_dtype(name, device)
-    return {
+    summary = {
         "name": name,
         "family": config.model_type,
         "parameters": sum(p.numel() for p in model.parameters()),
@@ -184,6 +203,11 @@ def describe_model(name: str, cache_dir: Path | None = None, device: torch.devic
         "attention": _pick_attention(device, dtype),
         "device": str(device),
     }
+    spec = checkpoint_spec(name) if is_random(name) else {}
+    if spec.get("unbuilt_parameters"):
+        summary["unbuilt_parameters"] = dict(spec["unbuilt_parameters"])
+        summary["note"] = unbuilt_note(spec)
+    return summary
 
 
 def load_model(name: str, device: str = "auto", cache_dir: Path | None = None) -> LoadedModel:
@@ -224,6 +248,10 @@ def load_model(name: str, device: str = "auto", cache_dir: Path | None = None) -
     model.requires_grad_(False)
     attention.install(model, vision_attn)  # TORCH_VARLEN: the vision tower only, after the sdpa build
     log.info("loaded %s (%s) on %s as %s with %s attention", name, family, torch_device, dtype, vision_attn)
+    linear = None
+    if "linear_attention" in (getattr(config.text_config, "layer_types", None) or ()):
+        linear = attention.linear_attention_kernels(torch_device)
+        log.info("attention: linear-attention layers on %s", linear)
     return LoadedModel(
         name=name,
         family=family,
@@ -234,8 +262,21 @@ def load_model(name: str, device: str = "auto", cache_dir: Path | None = None) -
         attn_implementation=vision_attn,
         is_tiny=is_tiny,
         random_weights=name in TINY_MODELS or is_random(name),
+        video_pruning_rate=checkpoint_pruning_rate(config),
+        linear_attention=linear,
         **_model_notes(source),
     )
+
+
+def checkpoint_pruning_rate(config) -> float | None:
+    """config.json's `video_pruning_rate` when it is a valid EVS rate q in [0, 1); otherwise None, logged."""
+    rate = getattr(config, "video_pruning_rate", None)
+    if rate is None:
+        return None
+    if isinstance(rate, (int, float)) and not isinstance(rate, bool) and 0 <= rate < 1:
+        return float(rate)
+    log.warning("ignoring the checkpoint's video_pruning_rate %r: not a rate in [0, 1)", rate)
+    return None
 
 
 def processor_video_kwargs(loaded: LoadedModel, num_frames: int, max_pixels_per_frame: int) -> dict:

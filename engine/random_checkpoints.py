@@ -4,12 +4,15 @@
     random:/path/to/spec.json            any spec file of the same shape
 
 No machine of this project can download a checkpoint, the GPU machines it borrows included, so real
-scale is reached this way: each stored spec holds the checkpoint's published config.json, its image
-processor settings and (Qwen3-VL) its video processor settings, plus the published parameter count.
-The model is built from that config directly on the target device in the target dtype (seconds on a
-GPU; no 8 GB file). The tokenizer is the tiny models' byte-level one; the embedding keeps the real
-vocabulary size, and the config's special-token ids are pointed at that tokenizer's ids. Shapes, memory
-and timings are real; the words are not.
+scale is reached this way. Stored: Qwen2.5-VL 3B and 7B; Qwen3-VL 2B, 4B, 8B and 30B-A3B; Qwen3.5 0.8B,
+4B, 9B, 27B and 35B-A3B (the Instruct/post-trained releases). Each spec holds the checkpoint's published
+config.json, its image processor settings and (all but Qwen2.5-VL) its video processor settings, the
+published parameter count (the Hub's safetensors total) and, for Qwen3.5, the parameters the checkpoint
+holds that transformers does not build (its multi-token-prediction head: "unbuilt_parameters"). The
+model is built from that config directly on the target device in the target dtype (seconds on a GPU; no
+8 GB file). The tokenizer is the tiny models' byte-level one; the embedding keeps the real vocabulary
+size, and the config's special-token ids are pointed at that tokenizer's ids. Shapes, memory and timings
+are real; the words are not.
 """
 
 import json
@@ -36,6 +39,10 @@ RANDOM_PREFIX = "random:"
 CHECKPOINTS_DIR = Path(__file__).resolve().parent / "checkpoints"
 # Keys of the stored processor files that name classes rather than settings.
 _CLASS_KEYS = ("image_processor_type", "video_processor_type", "processor_class")
+# The families whose checkpoints ship Qwen3-VL's processor (patch 16, merge 2) and a video processor file.
+QWEN3_VL_PROCESSOR_FAMILIES = ("qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe")
+# What each key of a spec's "unbuilt_parameters" is, in words.
+UNBUILT_PARTS = {"mtp": "multi-token-prediction head"}
 
 
 class UnknownCheckpoint(LookupError):
@@ -53,7 +60,8 @@ def stored_checkpoints() -> list[str]:
 
 def checkpoint_spec(name: str) -> dict:
     """The spec behind `random:<checkpoint>`: {"checkpoint", "published_parameters", "config",
-    "preprocessor", "video_preprocessor" (Qwen3-VL only)}."""
+    "preprocessor", "video_preprocessor" (all but Qwen2.5-VL), "unbuilt_parameters" (Qwen3.5: {"mtp": N}),
+    "processor_note" (where the checkpoint's own processor files were not found and Qwen3-VL's are stored)}."""
     target = name.removeprefix(RANDOM_PREFIX)
     path = CHECKPOINTS_DIR / f"{target.replace('/', '--')}.json"
     if not path.is_file():
@@ -83,14 +91,32 @@ def spec_config(spec: dict, tokenizer: PreTrainedTokenizerFast | None = None) ->
     return config
 
 
+def _article(count: int) -> str:
+    """"an" before a count read out starting with a vowel sound (8..., 11..., 18... of a comma group)."""
+    lead = f"{count:,}".split(",")[0]
+    return "an" if lead.startswith("8") or lead in ("11", "18") else "a"
+
+
+def unbuilt_note(spec: dict) -> str | None:
+    """One sentence on the parameters the checkpoint holds that transformers does not build, or None."""
+    unbuilt = spec.get("unbuilt_parameters") or {}
+    if not unbuilt:
+        return None
+    parts = " and ".join(f"{_article(count)} {count:,}-parameter {UNBUILT_PARTS.get(part, part)}"
+                         for part, count in unbuilt.items())
+    return (f"the checkpoint's {spec['published_parameters']:,} parameters also hold {parts} that transformers "
+            "does not build")
+
+
 def _settings(stored: dict) -> dict:
     return {key: value for key, value in stored.items() if key not in _CLASS_KEYS}
 
 
 def spec_processor(spec: dict, family: str, tokenizer: PreTrainedTokenizerFast) -> ProcessorMixin:
-    """The checkpoint's own image and video processor settings around the byte-level tokenizer."""
+    """The checkpoint's own image and video processor settings around the byte-level tokenizer: Qwen3-VL's
+    processor for Qwen3-VL and Qwen3.5 (dense and MoE), Qwen2.5-VL's for Qwen2.5-VL."""
     image = Qwen2VLImageProcessor(**_settings(spec["preprocessor"]))
-    if family == "qwen3_vl":
+    if family in QWEN3_VL_PROCESSOR_FAMILIES:
         video = Qwen3VLVideoProcessor(**_settings(spec["video_preprocessor"]))
         return Qwen3VLProcessor(image_processor=image, video_processor=video, tokenizer=tokenizer,
                                 chat_template=CHAT_TEMPLATE)

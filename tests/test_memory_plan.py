@@ -2,9 +2,14 @@
 and an over-plan request through a real tiny-model engine."""
 
 import types
+from dataclasses import replace
 
 import numpy as np
 import pytest
+import torch
+from transformers import Qwen3_5Config
+from transformers.cache_utils import DynamicCache, LinearAttentionCacheLayerMixin
+from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5TextModel
 from transformers.video_utils import VideoMetadata
 
 from engine import Engine, EngineConfig, GenerationParams, InputError
@@ -17,6 +22,7 @@ from engine.config import (
     sampling_limits,
     video_tokens,
 )
+from engine.__main__ import main as engine_main
 from engine.memory_plan import GIB, InsufficientMemory, ModelDims, PlanSettings, plan_memory
 from engine.models import processor_video_kwargs
 from engine.random_checkpoints import checkpoint_spec, spec_config, spec_processor
@@ -24,6 +30,7 @@ from engine.tiny import build_tokenizer
 from engine.video import sample_frame_indices
 
 QWEN3_4B = "Qwen/Qwen3-VL-4B-Instruct"
+QWEN35_9B = "Qwen/Qwen3.5-9B"
 SAMPLING = SamplingParams(fps=4.0, max_frames=8, max_pixels_per_frame=160 * 128)  # 4 groups x 5x4 tokens
 
 
@@ -39,6 +46,11 @@ def gpu_video_tokens(checkpoint: str, frames: int, pixels: int = GPU_SAMPLING.ma
 @pytest.fixture(scope="module")
 def qwen3_4b() -> ModelDims:
     return ModelDims.from_config(config_of(QWEN3_4B), dtype_bytes=2)
+
+
+@pytest.fixture(scope="module")
+def qwen35_9b() -> ModelDims:
+    return ModelDims.from_config(config_of(QWEN35_9B), dtype_bytes=2)
 
 
 def settings(planned_video_tokens: int = 12_544, **overrides) -> PlanSettings:
@@ -108,7 +120,8 @@ def test_kv_bytes_per_token_of_qwen3_vl_4b(qwen3_4b):
 
 def planned_peak_bytes(dims: ModelDims, s: PlanSettings, rows: int, video: int) -> int:
     """The memory model written out again, independently of plan_memory's code."""
-    kv_row = s.kv_copies * dims.kv_bytes_per_token * (video + s.text_tokens + s.new_tokens + s.spare_tokens)
+    kv_row = s.kv_copies * (dims.kv_bytes_per_token * (video + s.text_tokens + s.new_tokens + s.spare_tokens)
+                            + dims.state_bytes_per_sequence)
     row = kv_row + dims.feature_bytes_per_video_token * video
     vit = dims.vit_bytes(max(s.vit_patches, video * dims.merge_patches))
     prefill = dims.prefill_bytes(video + s.text_tokens + s.new_tokens)
@@ -179,6 +192,133 @@ def test_the_refusals_say_what_to_lower(qwen3_4b):
         plan.check_request(video_tokens=12_545, prompt_tokens=13_000, max_new_tokens=16)
     with pytest.raises(InputError, match="ask for fewer new tokens, start a new conversation"):
         plan.check_request(video_tokens=12_544, prompt_tokens=14_000, max_new_tokens=4096)
+
+
+# --- hybrid models (Qwen3.5 / 3.6) and mixtures of experts ---------------------------------------
+
+def test_a_hybrid_model_keeps_kv_only_in_its_full_attention_layers(qwen35_9b, qwen3_4b):
+    """Qwen3.5-9B (the published config: 32 layers, every 4th full attention, 4 KV heads of 256): KV in 8
+    layers, and per sequence 24 Gated DeltaNet layers' conv state (2 x 16 x 128 + 32 x 128 = 8,192 channels
+    x kernel 4, bf16) and recurrent state (32 value heads x 128 x 128, float32)."""
+    text = config_of(QWEN35_9B).text_config
+    assert (text.hidden_size, text.num_hidden_layers, text.num_key_value_heads, text.head_dim) == (4096, 32, 4, 256)
+    assert text.layer_types == (["linear_attention"] * 3 + ["full_attention"]) * 8
+    assert (text.linear_num_key_heads, text.linear_num_value_heads, text.linear_key_head_dim,
+            text.linear_value_head_dim, text.linear_conv_kernel_dim) == (16, 32, 128, 128, 4)
+    assert (qwen35_9b.text_layers, qwen35_9b.kv_layers) == (32, 8)
+    assert qwen35_9b.kv_bytes_per_token == 2 * 8 * 4 * 256 * 2 == 32_768
+    assert qwen35_9b.linear.conv_dim == 8192
+    assert qwen35_9b.state_bytes_per_sequence == 24 * (8192 * 4 * 2 + 32 * 128 * 128 * 4) == 51_904_512
+    plan = plan_memory(qwen35_9b, 40 * GIB, settings())
+    assert (plan.kv_bytes_per_token, plan.state_bytes_per_sequence) == (32_768, 51_904_512)
+    assert "state 49.5 MiB/sequence + KV 32768 bytes/token (8 of 32 layers)" in plan.summary()
+    assert any(line.startswith("linear-attention state: 49.5 MiB per sequence (24 layers") for line in plan.reasons)
+    # KV-only families: every layer keeps KV, no state.
+    assert qwen3_4b.kv_layers == qwen3_4b.text_layers == 36 and qwen3_4b.state_bytes_per_sequence == 0
+    assert "state" not in plan_memory(qwen3_4b, 40 * GIB, settings()).summary()
+
+
+TINY_HYBRID_TEXT = dict(
+    vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=4, num_attention_heads=2,
+    num_key_value_heads=2, head_dim=16, layer_types=["linear_attention", "full_attention", "linear_attention",
+                                                     "linear_attention"],
+    # Key and value head dims differ, and the kernel is not 4, so a swapped or misread size shows.
+    linear_num_key_heads=2, linear_num_value_heads=6, linear_key_head_dim=8, linear_value_head_dim=12,
+    linear_conv_kernel_dim=3,
+)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_state_and_kv_bytes_are_what_transformers_allocates(dtype):
+    """A tiny Qwen3.5 text model run through one prefill: the conv and recurrent states its cache holds sum to
+    ModelDims' state per sequence, and its KV to kv_bytes_per_token per token."""
+    config = Qwen3_5Config(text_config=TINY_HYBRID_TEXT, vision_config=dict(depth=1, hidden_size=16, num_heads=2,
+                                                                            intermediate_size=32, out_hidden_size=32))
+    dims = ModelDims.from_config(config, dtype_bytes=dtype.itemsize)
+    torch.manual_seed(0)
+    model = Qwen3_5TextModel(config.text_config).to(dtype).eval()
+    cache = DynamicCache(config=config.text_config)
+    tokens = 7
+    with torch.inference_mode():
+        model(input_ids=torch.arange(tokens)[None], cache=cache, use_cache=True)
+    state = kv = 0
+    for layer in cache.layers:
+        if isinstance(layer, LinearAttentionCacheLayerMixin):
+            assert layer.recurrent_states[0].dtype == torch.float32  # whatever the model dtype
+            state += layer.conv_states[0].nbytes + layer.recurrent_states[0].nbytes
+        else:
+            kv += layer.keys.nbytes + layer.values.nbytes
+    assert (dims.kv_layers, dims.linear.layers) == (1, 3)
+    assert state == dims.state_bytes_per_sequence > 0
+    assert kv == tokens * dims.kv_bytes_per_token
+
+
+@pytest.mark.parametrize("free_gib, running, video", [(40, 15, 12_544), (130, 16, 53_477)])
+def test_qwen35_9b_plans_for_an_l40s_and_an_h200(qwen35_9b, free_gib, running, video):
+    """Qwen3.5-9B at the GPU defaults: a row is 3 x (17,920 tokens x 32,768 bytes + 49.5 MiB of state) plus
+    12,544 x 16,384 bytes of features = 1.98 GiB; one prefill of 17,664 tokens peaks in a linear-attention
+    layer at 245,760 bytes a token (4.04 GiB, more than the ViT's 2.30). 40 GiB leaves 34 GiB usable:
+    15 rows. 130 GiB leaves 115 GiB: 56 rows, capped at 16, and 16 rows of up to 53,477 video tokens fit."""
+    s = settings()
+    plan = plan_memory(qwen35_9b, free_gib * GIB, s)
+    assert (plan.max_running, plan.max_video_tokens) == (running, video)
+    assert qwen35_9b.prefill_bytes(1) == 245_760
+    usable = int(free_gib * GIB * (1 - s.margin_fraction)) - s.reserved_bytes
+    assert planned_peak_bytes(qwen35_9b, s, running, video) <= usable
+    if running < s.max_running:
+        assert planned_peak_bytes(qwen35_9b, s, running + 1, video) > usable
+    else:
+        assert planned_peak_bytes(qwen35_9b, s, running, video + 1) > usable
+
+
+@pytest.mark.parametrize("free_gib, hybrid, kv_only", [(40, 15, 4), (130, 56, 16)])
+def test_a_hybrid_model_fits_more_requests_than_if_every_layer_kept_kv(qwen35_9b, free_gib, hybrid, kv_only):
+    """The same model with all 32 layers attending (131,072 bytes a token, no state) fits under a third as many
+    rows: the state costs 49.5 MiB a row, the 24 layers' KV would cost 1.64 GiB at 17,920 tokens."""
+    everywhere = replace(qwen35_9b, kv_layers=32, linear=None)
+    assert everywhere.kv_bytes_per_token == 4 * qwen35_9b.kv_bytes_per_token == 131_072
+    s = settings(max_running=64)  # above both, to compare the uncapped counts
+    assert plan_memory(qwen35_9b, free_gib * GIB, s).max_running == hybrid
+    assert plan_memory(everywhere, free_gib * GIB, s).max_running == kv_only
+
+
+def test_more_memory_never_lowers_a_hybrid_limit(qwen35_9b):
+    previous = None
+    for free_gib in np.arange(4.0, 200.0, 0.5):
+        plan = plan_memory(qwen35_9b, int(free_gib * GIB), settings())
+        if previous is not None:
+            assert plan.max_running >= previous.max_running, free_gib
+            assert plan.max_video_tokens >= previous.max_video_tokens, free_gib
+            assert plan.max_request_tokens >= previous.max_request_tokens, free_gib
+        previous = plan
+    assert previous.max_running == 16
+
+
+def test_mixtures_of_experts_plan_their_routed_width():
+    """Qwen3.5-35B-A3B (hybrid MoE, no dense intermediate_size): 8 routed experts of 512 plus a shared one of
+    512; its prefill still peaks in a linear-attention layer. Qwen3-VL-30B-A3B (KV-only MoE): 8 experts of
+    768, and the grouped experts kernel's 4 copies of each token's hidden state per expert dominate."""
+    moe35 = ModelDims.from_config(config_of("Qwen/Qwen3.5-35B-A3B"), dtype_bytes=2)
+    assert (moe35.text_intermediate, moe35.experts_per_token) == (8 * 512 + 512, 8)
+    assert (moe35.kv_layers, moe35.linear.layers) == (10, 30)
+    experts = 2 * (4 * 2048 + 3 * 4608 + 4 * 8 * 2048)  # 175,104 bytes a token
+    linear = 4 * (6 * 4096 + 4 * 4096 + 3 * 32 * 64) + 2 * (4 * 2048 + 8192 + 4096)
+    assert moe35.prefill_bytes(1) == max(experts, linear) == linear == 229_376
+    vl_moe = ModelDims.from_config(config_of("Qwen/Qwen3-VL-30B-A3B-Instruct"), dtype_bytes=2)
+    assert vl_moe.kv_layers == vl_moe.text_layers == 48 and vl_moe.state_bytes_per_sequence == 0
+    assert (vl_moe.text_intermediate, vl_moe.experts_per_token) == (8 * 768, 8)
+    assert vl_moe.prefill_bytes(1) == 2 * (4 * 2048 + 3 * 6144 + 4 * 8 * 2048) == 184_320
+
+
+def test_the_command_line_prints_a_checkpoints_plan_without_a_gpu(capsys):
+    assert engine_main(["--model", f"random:{QWEN35_9B}", "--plan-gib", "40", "130"]) == 0
+    out = capsys.readouterr().out
+    assert "memory plan: 40.0 GiB free, state 49.5 MiB/sequence + KV 32768 bytes/token (8 of 32 layers), " \
+           "at most 12,544 video tokens per request, 15 requests decoding together" in out
+    assert "at most 53,477 video tokens per request, 16 requests decoding together" in out
+    assert "56 requests of 12,544 video tokens fit, capped at the configured 16" in out
+    assert engine_main(["--model", "random:no/such-checkpoint", "--plan-gib", "40"]) == 2
+    assert "error: cannot plan 'random:no/such-checkpoint': " in capsys.readouterr().err
 
 
 # --- through a real engine -----------------------------------------------------------------------

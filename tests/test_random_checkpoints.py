@@ -10,30 +10,88 @@ import torch
 
 from engine import Engine, EngineConfig, GenerationParams
 from engine.models import ModelUnavailable, describe_model
-from engine.random_checkpoints import checkpoint_spec, stored_checkpoints
+from engine.random_checkpoints import checkpoint_spec, spec_config, spec_processor, stored_checkpoints
 from engine.tiny import build_tokenizer, special_token_ids
 
 ROOT = Path(__file__).resolve().parent.parent
-# Parameter counts the Hub shows for each checkpoint's safetensors (tied embeddings once).
+# Parameter counts the Hub shows for each checkpoint's safetensors (its API's safetensors.total; tied
+# embeddings once).
 PUBLISHED = {
     "Qwen/Qwen3-VL-2B-Instruct": 2_127_532_032,
     "Qwen/Qwen3-VL-4B-Instruct": 4_437_815_808,  # "4.44 B, 415 M in the vision tower"
     "Qwen/Qwen3-VL-8B-Instruct": 8_767_123_696,  # "8.77 B"
+    "Qwen/Qwen3-VL-30B-A3B-Instruct": 31_070_754_032,  # "31B"
     "Qwen/Qwen2.5-VL-3B-Instruct": 3_754_622_976,
     "Qwen/Qwen2.5-VL-7B-Instruct": 8_292_166_656,  # "8.29 B"
+    # Qwen3.5: BF16 plus a few thousand F32 parameters (the 9B: 9,653,100,528 + 3,840); the index's total_size
+    # halved overcounts the F32 ones.
+    "Qwen/Qwen3.5-0.8B": 873_438_784,
+    "Qwen/Qwen3.5-4B": 4_659_865_088,
+    "Qwen/Qwen3.5-9B": 9_653_104_368,
+    "Qwen/Qwen3.5-27B": 27_781_427_952,
+    "Qwen/Qwen3.5-35B-A3B": 35_951_822_704,
+}
+FAMILY = {
+    "Qwen/Qwen3-VL-2B-Instruct": "qwen3_vl", "Qwen/Qwen3-VL-4B-Instruct": "qwen3_vl",
+    "Qwen/Qwen3-VL-8B-Instruct": "qwen3_vl", "Qwen/Qwen3-VL-30B-A3B-Instruct": "qwen3_vl_moe",
+    "Qwen/Qwen2.5-VL-3B-Instruct": "qwen2_5_vl", "Qwen/Qwen2.5-VL-7B-Instruct": "qwen2_5_vl",
+    "Qwen/Qwen3.5-0.8B": "qwen3_5", "Qwen/Qwen3.5-4B": "qwen3_5", "Qwen/Qwen3.5-9B": "qwen3_5",
+    "Qwen/Qwen3.5-27B": "qwen3_5", "Qwen/Qwen3.5-35B-A3B": "qwen3_5_moe",
+}
+# The Qwen3.5 checkpoints also hold a multi-token-prediction head that transformers does not build: 15 mtp.*
+# tensors, the 2H -> H fusion with its two input norms, one full-attention decoder layer with its MLP (MoE in the
+# 35B-A3B) and a final norm. Each is that head's size from the config and equals the Hub total minus what
+# transformers builds, e.g. the 9B: 2*4096^2 + 4096*(8192+1024+1024) + 4096*4096 + 2*256 + 3*4096*12288 + 5*4096.
+UNBUILT_MTP = {
+    "Qwen/Qwen3.5-0.8B": 20_452_864,
+    "Qwen/Qwen3.5-4B": 120_599_552,
+    "Qwen/Qwen3.5-9B": 243_290_624,
+    "Qwen/Qwen3.5-27B": 424_699_392,
+    "Qwen/Qwen3.5-35B-A3B": 844_640_768,
 }
 
 
 def test_every_published_checkpoint_is_stored():
-    assert stored_checkpoints() == sorted(PUBLISHED)
+    assert stored_checkpoints() == sorted(PUBLISHED) == sorted(FAMILY)
 
 
 @pytest.mark.parametrize("checkpoint", sorted(PUBLISHED))
 def test_parameter_counts_match_the_published_sizes(checkpoint):
+    """What transformers builds plus what it leaves out is the checkpoint, to the parameter."""
     summary = describe_model(f"random:{checkpoint}")
-    assert summary["parameters"] == pytest.approx(PUBLISHED[checkpoint], rel=0.02)
-    assert summary["family"] == ("qwen3_vl" if "Qwen3" in checkpoint else "qwen2_5_vl")
+    spec = checkpoint_spec(f"random:{checkpoint}")
+    assert spec["published_parameters"] == PUBLISHED[checkpoint]
+    assert spec.get("unbuilt_parameters", {}) == ({"mtp": UNBUILT_MTP[checkpoint]} if checkpoint in UNBUILT_MTP else {})
+    assert summary["parameters"] + UNBUILT_MTP.get(checkpoint, 0) == PUBLISHED[checkpoint]
+    assert summary["family"] == FAMILY[checkpoint] == spec["config"]["model_type"]
     assert summary["dtype"] == "float32" and summary["attention"] == "sdpa"  # what a CPU load would use
+    assert summary.get("unbuilt_parameters") == spec.get("unbuilt_parameters")
+    assert ("note" in summary) == (checkpoint in UNBUILT_MTP)
+
+
+@pytest.mark.parametrize("checkpoint", sorted(PUBLISHED))
+def test_each_checkpoint_gets_its_familys_processor_with_its_own_settings(checkpoint):
+    """Qwen3-VL and Qwen3.5, dense and MoE, ship Qwen3-VL's processor; Qwen2.5-VL keeps its own."""
+    spec = checkpoint_spec(f"random:{checkpoint}")
+    tokenizer = build_tokenizer()
+    config = spec_config(spec, tokenizer)
+    processor = spec_processor(spec, config.model_type, tokenizer)
+    qwen2_5 = FAMILY[checkpoint] == "qwen2_5_vl"
+    assert type(processor).__name__ == ("Qwen2_5_VLProcessor" if qwen2_5 else "Qwen3VLProcessor")
+    assert type(processor.video_processor).__name__ == ("Qwen2VLVideoProcessor" if qwen2_5 else "Qwen3VLVideoProcessor")
+    stored = spec["preprocessor"] if qwen2_5 else spec["video_preprocessor"]
+    video, vision = processor.video_processor, spec["config"]["vision_config"]
+    assert (video.patch_size, video.merge_size, video.temporal_patch_size) == (
+        stored["patch_size"], stored["merge_size"], stored["temporal_patch_size"])
+    if not qwen2_5:  # Qwen2.5-VL's file states min/max pixels instead
+        assert video.size == stored["size"]
+    assert (video.patch_size, video.merge_size, video.temporal_patch_size) == (
+        vision["patch_size"], vision["spatial_merge_size"], vision["temporal_patch_size"])
+    # The special-token ids (and the text config's pad/eos, whatever the family names them) are the tokenizer's.
+    tokenizer_ids = special_token_ids(tokenizer)
+    assert {key: getattr(config, key) for key in tokenizer_ids} == tokenizer_ids
+    assert (config.text_config.pad_token_id, config.text_config.eos_token_id) == (
+        tokenizer.pad_token_id, tokenizer.eos_token_id)
 
 
 def test_the_4b_is_the_published_architecture():
@@ -52,13 +110,44 @@ def test_the_4b_is_the_published_architecture():
     assert config["tie_word_embeddings"]
 
 
-def test_describe_on_the_command_line_ends_with_one_json_line():
-    result = subprocess.run([sys.executable, "-m", "engine", "--describe", "--model", "random:Qwen/Qwen3-VL-8B-Instruct"],
+def test_the_qwen3_5_9b_is_the_published_architecture():
+    summary = describe_model("random:Qwen/Qwen3.5-9B")
+    assert (summary["family"], summary["parameters"], summary["vision_parameters"]) == (
+        "qwen3_5", 9_409_813_744, 456_010_480)
+    assert summary["unbuilt_parameters"] == {"mtp": 243_290_624}
+    assert summary["note"] == ("the checkpoint's 9,653,104,368 parameters also hold a 243,290,624-parameter "
+                               "multi-token-prediction head that transformers does not build")
+    config = checkpoint_spec("random:Qwen/Qwen3.5-9B")["config"]
+    text, vision = config["text_config"], config["vision_config"]
+    assert (text["hidden_size"], text["num_hidden_layers"], text["num_attention_heads"], text["num_key_value_heads"],
+            text["head_dim"], text["intermediate_size"], text["vocab_size"], text["mtp_num_hidden_layers"]) == (
+        4096, 32, 16, 4, 256, 12288, 248320, 1)
+    # Hybrid: three Gated DeltaNet (linear attention) layers, then one full-attention layer, eight times over.
+    assert text["layer_types"] == (["linear_attention"] * 3 + ["full_attention"]) * 8
+    assert text["full_attention_interval"] == 4 and text["attn_output_gate"]
+    assert (text["linear_num_key_heads"], text["linear_num_value_heads"], text["linear_key_head_dim"],
+            text["linear_value_head_dim"], text["linear_conv_kernel_dim"]) == (16, 32, 128, 128, 4)
+    assert text["rope_parameters"]["mrope_section"] == [11, 11, 10] and text["rope_parameters"]["mrope_interleaved"]
+    assert text["rope_parameters"]["partial_rotary_factor"] == 0.25
+    assert (vision["depth"], vision["hidden_size"], vision["num_heads"], vision["intermediate_size"],
+            vision["patch_size"], vision["temporal_patch_size"], vision["spatial_merge_size"],
+            vision["out_hidden_size"], vision["deepstack_visual_indexes"]) == (27, 1152, 16, 4304, 16, 2, 2, 4096, [])
+    assert not config["tie_word_embeddings"]
+
+
+@pytest.mark.parametrize("checkpoint", ["Qwen/Qwen3-VL-8B-Instruct", "Qwen/Qwen3.5-9B"])
+def test_describe_on_the_command_line_ends_with_one_json_line(checkpoint):
+    result = subprocess.run([sys.executable, "-m", "engine", "--describe", "--model", f"random:{checkpoint}"],
                             cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     assert {"parameters", "vision_parameters", "family", "dtype", "attention"} <= set(summary)
-    assert summary["parameters"] == PUBLISHED["Qwen/Qwen3-VL-8B-Instruct"]
+    assert summary["parameters"] + UNBUILT_MTP.get(checkpoint, 0) == PUBLISHED[checkpoint]
+    if checkpoint in UNBUILT_MTP:
+        assert summary["unbuilt_parameters"] == {"mtp": UNBUILT_MTP[checkpoint]}
+        assert "multi-token-prediction head" in summary["note"] and f"{PUBLISHED[checkpoint]:,}" in summary["note"]
+    else:
+        assert "unbuilt_parameters" not in summary and "note" not in summary
 
 
 def test_an_unknown_checkpoint_is_one_sentence():
@@ -71,7 +160,7 @@ def test_an_unknown_checkpoint_is_one_sentence():
 
 
 # Each family's real spec with fewer and narrower layers, so the whole path runs on a CPU in seconds: the
-# real vocabulary, processors, patch/merge geometry and (Qwen3-VL) DeepStack stay.
+# real vocabulary, processors, patch/merge geometry, (Qwen3-VL) DeepStack and (Qwen3.5) hybrid layers stay.
 SHRINK = {
     "Qwen/Qwen3-VL-4B-Instruct": dict(
         text=dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
@@ -84,6 +173,23 @@ SHRINK = {
                   intermediate_size=256, rope_scaling={"type": "mrope", "mrope_section": [4, 6, 6]}),
         vision=dict(depth=2, hidden_size=64, num_heads=2, intermediate_size=128, out_hidden_size=128,
                     fullatt_block_indexes=[1])),
+    # Hybrid: one group of three Gated DeltaNet layers and a full-attention one; a quarter of head_dim 32 is
+    # rotary (8 dims -> 4 frequencies, split 2/1/1 and interleaved).
+    "Qwen/Qwen3.5-0.8B": dict(
+        text=dict(hidden_size=128, num_hidden_layers=4, layer_types=["linear_attention"] * 3 + ["full_attention"],
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=32, intermediate_size=256,
+                  linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32, linear_value_head_dim=32,
+                  rope_parameters={"mrope_interleaved": True, "mrope_section": [2, 1, 1], "rope_type": "default",
+                                   "rope_theta": 10000000, "partial_rotary_factor": 0.25}),
+        vision=dict(depth=2, hidden_size=64, num_heads=2, intermediate_size=128, out_hidden_size=128)),
+    "Qwen/Qwen3.5-35B-A3B": dict(
+        text=dict(hidden_size=128, num_hidden_layers=4, layer_types=["linear_attention"] * 3 + ["full_attention"],
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=32, num_experts=4, num_experts_per_tok=2,
+                  moe_intermediate_size=64, shared_expert_intermediate_size=64, linear_num_key_heads=2,
+                  linear_num_value_heads=4, linear_key_head_dim=32, linear_value_head_dim=32,
+                  rope_parameters={"mrope_interleaved": True, "mrope_section": [2, 1, 1], "rope_type": "default",
+                                   "rope_theta": 10000000, "partial_rotary_factor": 0.25}),
+        vision=dict(depth=2, hidden_size=64, num_heads=2, intermediate_size=128, out_hidden_size=128)),
 }
 
 
@@ -113,7 +219,9 @@ def test_a_random_checkpoint_serves_through_the_engine_with_its_real_processor(t
         engine.shutdown()
     spec = checkpoint_spec(f"random:{checkpoint}")
     config = loaded.model.config
-    assert config.text_config.vocab_size == loaded.model.get_input_embeddings().weight.shape[0] == 151936
+    published_vocab = spec["config"].get("text_config", spec["config"])["vocab_size"]  # 151936; Qwen3.5: 248320
+    assert config.text_config.vocab_size == loaded.model.get_input_embeddings().weight.shape[0] == published_vocab
+    assert loaded.family == config.model_type == FAMILY[checkpoint]
     tokenizer_ids = special_token_ids(build_tokenizer())
     assert {key: getattr(config, key) for key in tokenizer_ids} == tokenizer_ids
     video = loaded.processor.video_processor
