@@ -2,6 +2,7 @@
 
     python bench/gpu_check.py                                  # random:Qwen/Qwen3-VL-4B-Instruct, bf16, GPU
     python bench/gpu_check.py --model Qwen/Qwen3-VL-4B-Instruct  # a downloaded checkpoint instead
+    python bench/gpu_check.py --model random:Qwen/Qwen3.5-9B     # a hybrid model (linear-attention state)
     python bench/gpu_check.py --quick --device cpu             # the same code path on a tiny model (CI)
 (`python -m bench.gpu_check ...` from the repository root is the same.)
 
@@ -11,7 +12,9 @@ Prints one table and writes it as JSON (--out):
     tokens" (decode + ViT + EVS + the q = 0 prefill times the prompt-token ratio);
   - one ViT forward over 8 videos against 8 separate forwards;
   - 8 users at once at q = 0 and q = 0.7: mean TTFT, wall time, output tokens/s;
-  - peak GPU memory, the attention kernel of each tower, the driver and CUDA versions.
+  - peak GPU memory, the memory plan (a hybrid model's recurrent state per sequence beside its KV per
+    token), the attention kernel of each tower (and of a hybrid model's linear-attention layers), the
+    driver and CUDA versions.
 Caches are off, so every request decodes, encodes and prefills for itself; answers run to a fixed length
 (EOS ignored). It imports no gradio or plotly: it runs on a bare GPU image with torch, numpy and the few
 wheels the README lists. Exits 1 when a request fails or a stat contradicts EVS, 0 otherwise.
@@ -160,7 +163,7 @@ def print_table(report: dict) -> None:
           else "\npeak GPU memory: n/a (CPU)")
     plan = report["memory_plan"]
     if plan["free_bytes"] is not None:
-        print(f"memory plan: {plan['free_bytes'] / GIB:.1f} GiB free after loading, at most "
+        print(f"memory plan: {plan['free_bytes'] / GIB:.1f} GiB free after loading, {plan['cache_summary']}, at most "
               f"{plan['max_video_tokens']} video tokens per request, {plan['max_running']} decoding together")
 
 
