@@ -198,7 +198,8 @@ def warm_up(engine: Engine) -> dict:
         return {}
     start = time.perf_counter()
     stream = engine.submit(video=WARMUP_CLIP, question="Which way does the shape move?",
-                           params=GenerationParams(pruning_rate=0.7, max_new_tokens=8))
+                           params=GenerationParams(pruning_rate=engine.model_info["default_pruning_rate"],
+                                                   max_new_tokens=8))
     try:
         stats = stream.result(timeout_s=WARMUP_TIMEOUT_S).stats
     except (InputError, TimeoutError) as error:

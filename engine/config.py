@@ -121,11 +121,16 @@ class EngineConfig:
     system_prompt: str | None = None
 
 
+# The pruning rate of a request that names none, unless the checkpoint's config.json says `video_pruning_rate`
+# (Engine.model_info["default_pruning_rate"] is the one in force).
+DEFAULT_PRUNING_RATE = 0.7
+
+
 @dataclass(frozen=True)
 class GenerationParams:
     """Per-request settings. pruning_rate q in [0, 1): the fraction of video tokens EVS drops."""
 
-    pruning_rate: float = 0.7
+    pruning_rate: float = DEFAULT_PRUNING_RATE
     max_new_tokens: int = 128
     temperature: float = 0.0
     top_p: float = 1.0
@@ -135,6 +140,9 @@ class GenerationParams:
     # The done event then carries each generated token's logits, (generated, V) float32: for equivalence
     # tests and research, at V * 4 bytes per token.
     return_logits: bool = False
+    # Think before answering (the chat template's enable_thinking): the thinking streams as "thinking" events
+    # before the answer's "text". A model without the switch (Engine.model_info["thinks"]) ignores it.
+    enable_thinking: bool = False
 
 
 # Every limit a user can hit, and the environment variable that overrides it (README, "Limits").

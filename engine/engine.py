@@ -15,6 +15,7 @@ import torch
 import evs
 
 from .config import (
+    DEFAULT_PRUNING_RATE,
     DEFAULT_SYSTEM_PROMPT,
     EngineConfig,
     GenerationParams,
@@ -32,7 +33,7 @@ from .models import load_model
 from .prompt import prepare_prompt
 from .request import Request
 from .runner import vit_token_budget
-from .sampling import Detokenizer
+from .sampling import SplitDetokenizer
 from .stream import Event, Stream
 from .video import SampledVideo, file_sha256, load_video
 from .worker import Worker
@@ -67,6 +68,8 @@ def check_params(question: str, params: GenerationParams, config: EngineConfig,
         raise InputError("The temperature must be 0 (greedy) or a number of at least 0.01.")
     if not isinstance(params.seed, int):
         raise InputError("The seed must be a whole number.")
+    if not isinstance(params.enable_thinking, bool):
+        raise InputError("Think first must be true or false.")
     if not (isinstance(params.top_p, (int, float)) and 0 < params.top_p <= 1):
         raise InputError("Top-p must be above 0 and at most 1.")
     sampling = params.sampling
@@ -95,6 +98,14 @@ def check_request(video, question: str, params: GenerationParams, history, confi
     return history
 
 
+def think_end_id(family, tokenizer) -> int | None:
+    """The token that ends the model's thinking, or None when the model has no thinking switch."""
+    if family.think_end is None:
+        return None
+    token_id = tokenizer.convert_tokens_to_ids(family.think_end)
+    return None if token_id is None or token_id == tokenizer.unk_token_id else token_id
+
+
 class Engine:
     """Loads the model once and serves every request through one worker thread.
 
@@ -105,6 +116,7 @@ class Engine:
         self.config = config or EngineConfig()
         self.loaded = load_model(self.config.model, self.config.device, self.config.cache_dir)
         self.family = family_for(self.loaded.model)
+        self._think_end = think_end_id(self.family, self.loaded.processor.tokenizer)
         self._ids = itertools.count(1)
         self._admission = threading.BoundedSemaphore(self.config.max_queue)
         self._prepare_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="evs-prepare")
@@ -149,6 +161,13 @@ class Engine:
             # What each tower was built with (transformers may settle on another kernel than asked for).
             "attn_vision": loaded.model.config.vision_config._attn_implementation,
             "attn_text": loaded.model.config.text_config._attn_implementation,
+            "attn_linear": loaded.linear_attention,  # a hybrid model's linear-attention kernels, else None
+            # The checkpoint's own `video_pruning_rate` when its config.json has one, else DEFAULT_PRUNING_RATE.
+            "default_pruning_rate": loaded.video_pruning_rate if loaded.video_pruning_rate is not None
+            else DEFAULT_PRUNING_RATE,
+            # Whether GenerationParams.enable_thinking does anything: the family has the switch and the
+            # tokenizer the token that ends the thinking.
+            "thinks": self._think_end is not None,
             "is_tiny": loaded.is_tiny,
             "random_weights": loaded.random_weights,
             "about": loaded.about,
@@ -202,12 +221,13 @@ class Engine:
         params: GenerationParams | None = None,
         history: list[tuple[str, str]] | tuple = (),
     ) -> Stream:
-        """Queue a question about a video; returns at once with the request's Stream.
+        """Queue a question about a video; returns at once with the request's Stream. Without params, the
+        defaults at the checkpoint's own pruning rate (model_info["default_pruning_rate"]).
 
         Raises InputError for a bad question or parameters and BusyError when the queue is full; problems
         with the video itself (unreadable, too long, too large) arrive through the stream.
         """
-        params = params or GenerationParams()
+        params = params or GenerationParams(pruning_rate=self.model_info["default_pruning_rate"])
         history = check_request(video, question, params, history, self.config, self._sampling_limits)
         self._check_text_tokens(question, history)
         with self._submit_lock:
@@ -285,6 +305,7 @@ class Engine:
             start = time.perf_counter()
             sampling = request.sampling
             request.video = self._sampled_video(request.video_path, sampling)
+            think_end = self._think_end if request.params.enable_thinking else None
             request.prompt = prepare_prompt(
                 self.loaded,
                 self.family,
@@ -293,6 +314,7 @@ class Engine:
                 request.history,
                 self.system_prompt,
                 sampling.max_pixels_per_frame,
+                thinking=think_end is not None,
             )
             T, h, w = request.prompt.grid_thw
             stats = request.stats
@@ -303,7 +325,7 @@ class Engine:
             self._check_context(request.prompt.input_ids.numel(), T * h * w, request.params.max_new_tokens)
             # Refused here, before the ViT, the KV cache or any device memory is touched.
             self._memory_plan.check_request(T * h * w, request.prompt.input_ids.numel(), request.params.max_new_tokens)
-            request.detokenizer = Detokenizer(self.loaded.processor.tokenizer)
+            request.detokenizer = SplitDetokenizer(self.loaded.processor.tokenizer, think_end)
             request.generator = torch.Generator().manual_seed(request.params.seed)
             stream.push(Event("status", f"read {stats.frames_sampled} frames at {stats.sampled_fps:.3g} fps"))
             stream.push(Event("status", "waiting for the GPU"))

@@ -38,6 +38,7 @@ class Family:
     """
 
     name = ""
+    think_end: str | None = None  # the marker that ends the thinking; None: no enable_thinking switch
 
     def __init__(self, temporal_patch: int):
         self.temporal_patch = temporal_patch
@@ -45,6 +46,20 @@ class Family:
     def video_placeholder(self) -> str:
         """Text that the HF processor expands into the video's tokens."""
         raise NotImplementedError
+
+    def message_text(self, text: str) -> str:
+        """A system or user message as the checkpoint's chat template writes it (the video placeholder
+        included, in the first user message)."""
+        return text
+
+    def earlier_answer(self, answer: str) -> str:
+        """An earlier assistant turn as the chat template writes it in the history."""
+        return answer
+
+    def answer_opening(self, thinking: bool) -> str:
+        """What the chat template writes after `<|im_start|>assistant\\n` of the turn to be generated;
+        thinking is its enable_thinking, which a family without the switch ignores."""
+        return ""
 
     def video_runs(self, grid_thw: tuple[int, int, int]) -> list[tuple[int, int]]:
         """(first temporal group, groups in the run) for each contiguous run of video tokens."""
@@ -155,9 +170,26 @@ class Qwen3VL(Family):
 
 class Qwen35(Qwen3VL):
     """Qwen3.5 and Qwen3.6, dense and MoE: Qwen3-VL's prompt, timestamps and positions; no DeepStack in the
-    released configs; a hybrid language model (engine/lm_state.py keeps its recurrent layers' state)."""
+    released configs; a hybrid language model (engine/lm_state.py keeps its recurrent layers' state). The chat
+    template trims messages and has the enable_thinking switch: the answer opens with a think block, which
+    the model fills and closes (thinking) or which comes empty (not)."""
 
     name = "qwen3_5"
+    think_end = "</think>"
+
+    def message_text(self, text):
+        return text.strip()  # the template trims every message (`render_content(...)|trim`)
+
+    def earlier_answer(self, answer):
+        # Before the last question the template writes only what follows an answer's `</think>`, trimmed: no
+        # earlier reasoning and no think block, empty or not (those come after the last question only).
+        answer = answer.strip()
+        return answer.split(self.think_end)[-1].lstrip("\n") if self.think_end in answer else answer
+
+    def answer_opening(self, thinking):
+        # Shipped templates differ only in the default (thinking on from Qwen3.5-4B up, off below); the
+        # switch is always given here, so both write this.
+        return "<think>\n" if thinking else "<think>\n\n</think>\n\n"
 
 
 class Qwen25VL(Family):

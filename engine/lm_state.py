@@ -83,14 +83,15 @@ def _nbytes(*tensors: torch.Tensor) -> int:
 class LMState:
     """Per language-model layer, in model order, a KV or a Recurrent of the same B sequences.
 
-    tokens: the KV's token axis S (0 for a model without attention layers); for a batch, the padded length.
+    tokens: the KV's token axis S (every served model has an attention layer, `layer_kinds`); for a batch, the
+    padded length.
     """
 
     layers: tuple[Layer, ...]
 
     @property
     def tokens(self) -> int:
-        return next((layer.keys.shape[2] for layer in self.layers if isinstance(layer, KV)), 0)
+        return next(layer.keys.shape[2] for layer in self.layers if isinstance(layer, KV))
 
     @property
     def device(self) -> torch.device:
@@ -104,7 +105,7 @@ class LMState:
     def nbytes(self) -> int:
         return sum(_nbytes(*_tensors(layer)) for layer in self.layers)
 
-    def prefix(self, length: int, snapshot: "Snapshot | None" = None) -> "LMState":
+    def prefix(self, length: int, snapshot: Snapshot | None = None) -> "LMState":
         """The state after the first `length` tokens: KV cut back (views), recurrent layers from `snapshot` (taken
         after exactly those tokens), or this state's own when `length` is where it ends. ValueError otherwise:
         a recurrent state cannot be cut back."""
@@ -117,17 +118,17 @@ class LMState:
         """Owned copies, so the state pins no larger batch tensor and later in-place updates leave it alone."""
         return LMState(tuple(type(layer)(*(t.clone() for t in _tensors(layer))) for layer in self.layers))
 
-    def snapshot(self) -> "Snapshot":
+    def snapshot(self) -> Snapshot:
         """Owned copies of the recurrent layers (None at attention layers): what resuming here needs beside KV."""
-        return tuple(Recurrent(l.conv.clone(), l.ssm.clone()) if isinstance(l, Recurrent) else None
-                     for l in self.layers)
+        return tuple(Recurrent(layer.conv.clone(), layer.ssm.clone()) if isinstance(layer, Recurrent) else None
+                     for layer in self.layers)
 
-    def with_recurrent(self, snapshot: "Snapshot") -> "LMState":
+    def with_recurrent(self, snapshot: Snapshot) -> "LMState":
         """This state's KV with the recurrent layers of `snapshot` (taken at this state's token count)."""
         return LMState(tuple(saved if saved is not None else layer for layer, saved in zip(self.layers, snapshot)))
 
     def _map(self, on_kv, on_recurrent) -> "LMState":
-        return LMState(tuple(on_kv(l) if isinstance(l, KV) else on_recurrent(l) for l in self.layers))
+        return LMState(tuple(on_kv(layer) if isinstance(layer, KV) else on_recurrent(layer) for layer in self.layers))
 
     def rows(self, index: torch.Tensor, first_token: int = 0) -> "LMState":
         """The sequences at index (long, on the state's device); KV from token first_token on."""

@@ -1,5 +1,5 @@
-"""What a request's stream receives as it is served: status lines, the EVS picture, answer text, and
-the done event with its final stats. No forwards here; the worker calls these at each stage."""
+"""What a request's stream receives as it is served: status lines, the EVS picture, thinking and answer text,
+and the done event with its final stats. No forwards here; the worker calls these at each stage."""
 
 import time
 
@@ -34,8 +34,8 @@ def pruned(request: Request, temporal_patch: int) -> None:
 
 
 def token(request: Request, token_id: int, logits: torch.Tensor, eos_ids: set[int]) -> bool:
-    """Record one generated token (logits: (V,) float32 it was chosen from) and stream its text;
-    returns True when the answer is complete (end of sequence or the token limit)."""
+    """Record one generated token (logits: (V,) float32 it was chosen from) and stream its text, as thinking
+    or answer; returns True when the answer is complete (end of sequence or the token limit)."""
     now = time.perf_counter()
     if request.first_token_at is None:
         request.first_token_at = now
@@ -44,20 +44,24 @@ def token(request: Request, token_id: int, logits: torch.Tensor, eos_ids: set[in
         request.logits.append(logits.detach().float().cpu())
     is_eos = token_id in eos_ids and not request.params.ignore_eos
     if not is_eos:
-        piece = request.detokenizer.add(token_id)
+        kind, piece = request.detokenizer.add(token_id)
         if piece:
-            request.stream.push(Event("text", piece))
+            request.stream.push(Event(kind, piece))
     request.last_token = token_id
     return is_eos or request.generated >= request.params.max_new_tokens
 
 
 def done(request: Request) -> None:
     """The last event of an answered or cancelled request: the rest of its text, then its stats."""
-    if request.detokenizer is not None and (tail := request.detokenizer.flush()):
-        request.stream.push(Event("text", tail))
+    if request.detokenizer is not None:
+        kind, tail = request.detokenizer.flush()
+        if tail:
+            request.stream.push(Event(kind, tail))
     now = time.perf_counter()
     stats = request.stats
     stats.generated_tokens = request.generated
+    stats.thinking_tokens = request.detokenizer.thinking_tokens if request.detokenizer else 0
+    stats.answer_tokens = stats.generated_tokens - stats.thinking_tokens
     stats.total_s = now - request.submitted_at
     stats.decode_s = now - request.first_token_at if request.first_token_at else 0.0
     if request.pruned is not None:

@@ -21,6 +21,9 @@ class PreparedPrompt:
     input_ids: (L,) long. is_video: (L,) bool, True on the T*h*w video pad tokens.
     positions: (3, L) long MRoPE t/h/w positions of the unpruned prompt.
     prefix_len: tokens of [system + video], up to and including the video's closing marker.
+    reply_start: tokens before the answer's opening (Qwen3.5's think block after `<|im_start|>assistant\n`):
+    a later turn quoting this answer continues the prompt from here, since the template writes an earlier
+    answer without its opening. The prompt's length when the family writes no opening.
     pixel_values: (P, C) float patches; grid_thw_patches: (3,) long patch grid for the vision tower.
     grid_thw: (T, h, w) in LLM tokens. timestamps_s: (T,) centre time of each temporal group.
     """
@@ -29,21 +32,26 @@ class PreparedPrompt:
     is_video: torch.Tensor
     positions: torch.Tensor
     prefix_len: int
+    reply_start: int
     pixel_values: torch.Tensor
     grid_thw_patches: torch.Tensor
     grid_thw: tuple[int, int, int]
     timestamps_s: list[float]
 
 
-def chat_text(family: Family, system: str, question: str, history: list[tuple[str, str]]) -> str:
-    """ChatML conversation: the video opens the first user turn, earlier turns follow, then the question."""
+def chat_text(family: Family, system: str, question: str, history: list[tuple[str, str]],
+              thinking: bool = False) -> str:
+    """ChatML conversation as the checkpoint's chat template writes it: the video opens the first user turn,
+    earlier turns follow, then the question and the opening of the answer (thinking: the template's
+    enable_thinking, for a family that has the switch)."""
     turns = [*history, (question, None)]
-    parts = [f"<|im_start|>system\n{system}<|im_end|>\n"] if system else []
+    parts = [f"<|im_start|>system\n{family.message_text(system)}<|im_end|>\n"] if system else []
     for i, (asked, answered) in enumerate(turns):
         video = family.video_placeholder() if i == 0 else ""
-        parts.append(f"<|im_start|>user\n{video}{asked}<|im_end|>\n<|im_start|>assistant\n")
+        parts.append(f"<|im_start|>user\n{family.message_text(video + asked)}<|im_end|>\n<|im_start|>assistant\n")
         if answered is not None:
-            parts.append(f"{answered}<|im_end|>\n")
+            parts.append(f"{family.earlier_answer(answered)}<|im_end|>\n")
+    parts.append(family.answer_opening(thinking))
     return "".join(parts)
 
 
@@ -98,9 +106,10 @@ def processor_inputs(loaded, video: SampledVideo, text: str, max_pixels_per_fram
 
 
 def prepare_prompt(
-    loaded, family: Family, video: SampledVideo, question: str, history, system: str, max_pixels_per_frame: int
+    loaded, family: Family, video: SampledVideo, question: str, history, system: str, max_pixels_per_frame: int,
+    thinking: bool = False,
 ) -> PreparedPrompt:
-    text = chat_text(family, system, question, history)
+    text = chat_text(family, system, question, history, thinking)
     inputs = processor_inputs(loaded, video, text, max_pixels_per_frame)
     input_ids = inputs["input_ids"][0]
     grid_patches = inputs["video_grid_thw"][0]
@@ -114,11 +123,14 @@ def prepare_prompt(
     if int(input_ids[last_video + 1]) != vision_end:
         raise ValueError("the processor did not close the video with its end marker")
     temporal_patch = family.temporal_patch
+    opening = loaded.processor.tokenizer(family.answer_opening(thinking), add_special_tokens=False)["input_ids"]
+    ends_with_opening = 0 < len(opening) < len(input_ids) and input_ids[-len(opening):].tolist() == opening
     return PreparedPrompt(
         input_ids=input_ids,
         is_video=is_video,
         positions=positions,
         prefix_len=last_video + 2,
+        reply_start=len(input_ids) - len(opening) if ends_with_opening else len(input_ids),
         pixel_values=inputs["pixel_values_videos"],
         grid_thw_patches=grid_patches,
         grid_thw=grid_thw,

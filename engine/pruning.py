@@ -16,7 +16,8 @@ class PrunedPrompt:
 
     input_ids: (L',) long. positions: (4, L') long; row 0 = arange(L'), rows 1-3 the unpruned MRoPE
     positions of the kept tokens. video_mask: (L',) bool where kept video features go.
-    features: the kept rows of every feature level. prefix_len: kept tokens of [system + video].
+    features: the kept rows of every feature level. prefix_len: kept tokens of [system + video]. reply_start:
+    kept tokens before the answer's opening (PreparedPrompt.reply_start; all of it is text, so all kept).
     next_position: MRoPE position of the first generated token (unpruned maximum + 1).
     retention: (T*h*w,) bool EVS mask. dissimilarity: (T, h, w) float32.
     """
@@ -26,6 +27,7 @@ class PrunedPrompt:
     video_mask: torch.Tensor
     features: VideoFeatures
     prefix_len: int
+    reply_start: int
     next_position: int
     retention: torch.Tensor
     dissimilarity: torch.Tensor
@@ -48,6 +50,7 @@ def prune_prompt(prompt: PreparedPrompt, features: VideoFeatures, q: float) -> P
         video_mask=prompt.is_video[keep],
         features=features.select(retention.to(features.embeds.device)),
         prefix_len=int(keep[: prompt.prefix_len].sum()),
+        reply_start=int(keep[: prompt.reply_start].sum()),
         next_position=int(prompt.positions.max()) + 1,
         retention=retention,
         dissimilarity=dissimilarity.cpu(),

@@ -12,7 +12,7 @@ from .families import VideoFeatures
 from .lm_state import Snapshot
 from .prompt import PreparedPrompt
 from .pruning import PrunedPrompt
-from .sampling import Detokenizer
+from .sampling import SplitDetokenizer
 from .scheduler import Stage
 from .stats import Stats
 from .stream import Stream
@@ -36,7 +36,7 @@ class Request:
     prefix_key: tuple | None = None
     features: VideoFeatures | None = None
     pruned: PrunedPrompt | None = None
-    detokenizer: Detokenizer | None = None
+    detokenizer: SplitDetokenizer | None = None  # every generated token; thinking and answer text apart
     generator: torch.Generator | None = None
     kv: Cache | None = None  # its own prompt state between prefill and joining the decode batch
     # Recurrent-state snapshots inside its conversation (token count -> Snapshot), kept with it for follow-ups.

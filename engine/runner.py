@@ -70,45 +70,47 @@ class ModelRunner:
         """Run the request's pruned prompt (its uncached part) through the language model, unpadded and alone,
         into a cache of its own (request.kv); returns the last position's logits, (V,) float32.
 
-        A hybrid model's cold prompt runs in two forwards, [system + video] and the rest, so that a snapshot of
-        its recurrent state at the end of the video lets later questions on the same video resume there."""
+        A hybrid model's prompt runs in segments that end where a later request may continue it: the end of
+        [system + video] (another question on the video) and the start of the answer's opening (a follow-up
+        quoting this answer). The recurrent state at each such end is kept as a snapshot (engine/lm_state.py)."""
         start = time.perf_counter()
         pruned = request.pruned
+        length = pruned.input_ids.numel()
         request.prefix_key = prefix_key(
             request.feature_key, request.params.pruning_rate, pruned.input_ids[: pruned.prefix_len]
         )
         cache, begin, request.snapshots = self.prefix.lookup(request.prefix_key, pruned.input_ids, pruned.prefix_len)
         hit = cache is not None
-        if hit:  # the video lies inside the reused part; the rest is text
-            logits = self._forward_text(cache, pruned, begin)
-        else:
+        if not hit:
             cache = new_cache(self.layer_kinds)
-            embeds = embed_prompt(self.model, pruned.input_ids, pruned.video_mask, pruned.features)
-            split = pruned.prefix_len if LINEAR in self.layer_kinds else pruned.input_ids.numel()
-            batch = LMInput(embeds[None, :split], self._positions(pruned, 0, split), None,
-                            pruned.video_mask[None, :split].to(self.model.device), pruned.features.deepstack)
-            logits = lm_logits(self.model, self.family, batch, cache)
-            if split < pruned.input_ids.numel():
-                request.snapshots = {split: state_of(cache).snapshot()}
-                logits = self._forward_text(cache, pruned, split)
+        resumable = (pruned.prefix_len, pruned.reply_start) if LINEAR in self.layer_kinds else ()
+        ends = sorted({end for end in resumable if begin < end < length} | {length})
+        segment_begin = begin
+        for end in ends:
+            logits = self._forward(cache, pruned, segment_begin, end)
+            if end < length:
+                request.snapshots[end] = state_of(cache).snapshot()
+            segment_begin = end
         stats = request.stats
-        stats.prefix_cache_hit, stats.prefill_tokens = hit, pruned.input_ids.numel() - begin
+        stats.prefix_cache_hit, stats.prefill_tokens = hit, length - begin
         stats.prefill_s, stats.decode_batch_max = time.perf_counter() - start, 1
-        request.tokens_seen = pruned.input_ids.numel()
+        request.tokens_seen = length
         request.next_position = pruned.next_position
         request.kv = cache
         if not hit:  # requests arriving meanwhile on the same video reuse at least this prompt
             self.prefix.store(request.prefix_key, pruned.input_ids, state_of(cache), request.snapshots)
         return logits[0]
 
-    def _positions(self, pruned, begin: int, end: int) -> torch.Tensor:
-        """(4, 1, end - begin) positions of the pruned prompt's tokens begin..end."""
-        return pruned.positions[:, None, begin:end].to(self.model.device)
-
-    def _forward_text(self, cache, pruned, begin: int) -> torch.Tensor:
-        """The pruned prompt's text from token `begin` on (no video there), appended to cache; (1, V) logits."""
-        ids = pruned.input_ids[begin:]
-        batch = LMInput(embed_tokens(self.model, ids)[None], self._positions(pruned, begin, pruned.input_ids.numel()))
+    def _forward(self, cache, pruned, begin: int, end: int) -> torch.Tensor:
+        """The pruned prompt's tokens begin..end appended to cache; (1, V) logits of the last. A segment from
+        the start carries the whole video (a split never falls inside it); any later one is text."""
+        positions = pruned.positions[:, None, begin:end].to(self.model.device)
+        if begin > 0:
+            text = embed_tokens(self.model, pruned.input_ids[begin:end])
+            return lm_logits(self.model, self.family, LMInput(text[None], positions), cache)
+        embeds = embed_prompt(self.model, pruned.input_ids[:end], pruned.video_mask[:end], pruned.features)
+        visual_mask = pruned.video_mask[None, :end].to(self.model.device)
+        batch = LMInput(embeds[None], positions, None, visual_mask, pruned.features.deepstack)
         return lm_logits(self.model, self.family, batch, cache)
 
     def join(self, request: Request) -> None:

@@ -18,8 +18,10 @@ class Stats:
     tokens_kept_per_frame: list[int] | None = None  # one count per temporal group
     prompt_tokens: int | None = None  # tokens the language model saw for the prompt (after pruning)
     prefill_tokens: int | None = None  # of those, the ones prefilled now (the rest came from the prefix KV cache)
-    generated_tokens: int | None = None
-    ttft_s: float | None = None  # submit -> first answer token
+    generated_tokens: int | None = None  # thinking_tokens + answer_tokens
+    thinking_tokens: int | None = None  # up to and including the think-end token; 0 when the request did not think
+    answer_tokens: int | None = None  # after the thinking
+    ttft_s: float | None = None  # submit -> first generated token (thinking or answer)
     total_s: float | None = None  # submit -> done
     decode_video_s: float | None = None  # reading the file + frame sampling + HF processor
     vit_s: float | None = None  # the vision forward this request took part in

@@ -35,15 +35,17 @@ class EvsPicture:
 class Event:
     """One thing that happened to a request.
 
-    kind "status": `text` says what the engine is doing ("reading video", "prefill", ...).
-    kind "evs":    `evs` holds the pruning picture (once, before the first token).
-    kind "text":   `text` is the next piece of the answer.
-    kind "done":   `stats` holds the final stats dict (docs/architecture.md keys) and `token_ids` the generated
-                   token ids (and `logits`, (generated, V) float32, when the request asked for them);
-                   the stream ends after it.
+    kind "status":   `text` says what the engine is doing ("reading video", "prefill", ...).
+    kind "evs":      `evs` holds the pruning picture (once, before the first token).
+    kind "thinking": `text` is the next piece of the model's thinking, which comes before the answer (only
+                     when the request set GenerationParams.enable_thinking and the model thinks).
+    kind "text":     `text` is the next piece of the answer.
+    kind "done":     `stats` holds the final stats dict (docs/architecture.md keys) and `token_ids` the
+                     generated token ids, thinking included (and `logits`, (generated, V) float32, when the
+                     request asked for them); the stream ends after it.
     """
 
-    kind: Literal["status", "evs", "text", "done"]
+    kind: Literal["status", "evs", "thinking", "text", "done"]
     text: str = ""
     evs: EvsPicture | None = None
     stats: dict | None = None
@@ -53,7 +55,8 @@ class Event:
 
 @dataclass
 class Answer:
-    """logits: (generated, V) float32, the distribution each answer token was chosen from, when the
+    """text: the answer; thinking: what the model thought before it ("" when it did not think).
+    logits: (generated, V) float32, the distribution each generated token was chosen from, when the
     request set GenerationParams.return_logits; else None."""
 
     text: str
@@ -61,6 +64,7 @@ class Answer:
     token_ids: tuple[int, ...] = ()
     cancelled: bool = False
     logits: np.ndarray | None = None
+    thinking: str = ""
 
 
 _END = object()
@@ -77,6 +81,7 @@ class Stream:
     _listeners: list = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _text: list[str] = field(default_factory=list)
+    _thinking: list[str] = field(default_factory=list)
     _stats: dict | None = None
     _token_ids: tuple[int, ...] = ()
     _logits: np.ndarray | None = None
@@ -88,6 +93,8 @@ class Stream:
             return
         if event.kind == "text":
             self._text.append(event.text)
+        elif event.kind == "thinking":
+            self._thinking.append(event.text)
         elif event.kind == "done":
             self._stats = event.stats
             self._token_ids = event.token_ids
@@ -169,4 +176,5 @@ class Stream:
             raise TimeoutError(f"request {self.request_id} did not finish in {timeout_s} s")
         if self._error is not None:
             raise self._error
-        return Answer("".join(self._text), self._stats or {}, self._token_ids, self.cancelled, self._logits)
+        return Answer("".join(self._text), self._stats or {}, self._token_ids, self.cancelled, self._logits,
+                      "".join(self._thinking))

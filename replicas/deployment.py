@@ -7,6 +7,7 @@ holds no thread. Messages are those of replicas/wire.py.
 """
 
 import asyncio
+import dataclasses
 import logging
 import os
 import threading
@@ -34,7 +35,7 @@ DEPLOYMENT_NAME = "EngineReplica"
 HEALTH_CHECK_PERIOD_S = 5.0
 HEALTH_CHECK_TIMEOUT_S = 60.0
 WARM_UP_QUESTION = "Which way does the shape move?"
-WARM_UP_PARAMS = GenerationParams(pruning_rate=0.7, max_new_tokens=8)
+WARM_UP_PARAMS = GenerationParams(max_new_tokens=8)  # at the model's own rate (its model_info)
 WARM_UP_TIMEOUT_S = 600.0
 # A model that does not load (missing, too large for the GPU) will not load on a retry either.
 CONSTRUCTOR_RETRIES = 2
@@ -57,7 +58,8 @@ class EngineReplica:
         self.engine = Engine(config)
         if warm_up_clip and Path(warm_up_clip).is_file():
             # A replica that cannot answer this cannot answer users: failing here fails the start.
-            self.engine.submit(warm_up_clip, WARM_UP_QUESTION, WARM_UP_PARAMS).result(WARM_UP_TIMEOUT_S)
+            params = dataclasses.replace(WARM_UP_PARAMS, pruning_rate=self.engine.model_info["default_pruning_rate"])
+            self.engine.submit(warm_up_clip, WARM_UP_QUESTION, params).result(WARM_UP_TIMEOUT_S)
         self.name = serve.get_replica_context().replica_tag
         self.pid = os.getpid()
         self.node = ray.get_runtime_context().get_node_id()

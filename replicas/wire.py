@@ -5,7 +5,7 @@ Ray's object store does not depend on how engine.stream's classes are defined on
 
 Messages a replica yields, in order, for one call:
     {"kind": "hello", "replica": str, "pid": int, "node": str}      once, first: who is answering
-    {"index": i, "kind": "status" | "text", "text": str}
+    {"index": i, "kind": "status" | "thinking" | "text", "text": str}
     {"index": i, "kind": "evs", "evs": {...EvsPicture fields...}}
     {"index": i, "kind": "done", "stats": dict, "token_ids": list[int], "logits": ndarray | None}
     {"index": i, "kind": "error", "error": "input" | "busy" | "runtime", "message": str}
@@ -18,12 +18,13 @@ from engine.stream import Event, EvsPicture
 
 HELLO = "hello"
 ERROR = "error"
+TEXT_KINDS = ("status", "thinking", "text")  # the events that carry only text
 
 
 def event_to_wire(index: int, event: Event, replica: str) -> dict:
     """One engine event of request `index` as plain data; a done event's stats gain `replica`."""
     message = {"index": index, "kind": event.kind}
-    if event.kind in ("status", "text"):
+    if event.kind in TEXT_KINDS:
         message["text"] = event.text
     elif event.kind == "evs":
         picture = event.evs
@@ -44,7 +45,7 @@ def event_to_wire(index: int, event: Event, replica: str) -> dict:
 def event_from_wire(message: dict) -> Event:
     """The engine Event a replica's message stands for (not for hello or error messages)."""
     kind = message["kind"]
-    if kind in ("status", "text"):
+    if kind in TEXT_KINDS:
         return Event(kind, message["text"])
     if kind == "evs":
         picture = message["evs"]

@@ -57,10 +57,10 @@ def free_port() -> int:
 
 
 @contextmanager
-def launched_app(cache_dir: Path, **engine_settings):
+def launched_app(cache_dir: Path, model: str = "tiny-random", **engine_settings):
     """A demo on a free port around a tiny-model engine on CPU, with the OpenAI routes and the MCP server as
     app.py serves them; closed and shut down afterwards. engine_settings: EngineConfig fields (max_queue)."""
-    engine = Engine(EngineConfig(model="tiny-random", device="cpu", cache_dir=cache_dir,
+    engine = Engine(EngineConfig(model=model, device="cpu", cache_dir=cache_dir,
                                  max_video_seconds=MAX_VIDEO_S, **engine_settings))
     spy = SubmitSpy(engine)
     demo = ui.build_demo(spy, max_file_bytes=MAX_FILE_BYTES)

@@ -8,6 +8,7 @@ video) or the batch shape changes: measured up to 5.1e-5 on these logits (of mag
 import pytest
 import torch
 
+from app_harness import wait_until
 from engine import Engine, EngineConfig, GenerationParams
 from engine.config import SamplingParams
 from engine.decode_batch import DecodeBatch
@@ -96,7 +97,7 @@ def text_after_video(name, tiny_models, question, history) -> int:
 
 @pytest.mark.parametrize("name", [DENSE, MOE])
 def test_follow_up_from_the_video_snapshot_equals_cold(name, tiny_models, tiny_cache_dir, videos):
-    history = [("What happens?", "A square moves.")]
+    history = [("Where is it?", "A square moves.")]  # not the question asked first: only the video is shared
     with make_engine(name, tiny_cache_dir) as warm:
         first = warm.submit(videos[0], "What happens?", params(0.6)).result(120)
         follow = warm.submit(videos[0], "Which colour is it?", params(0.6), history=history).result(120)
@@ -104,22 +105,62 @@ def test_follow_up_from_the_video_snapshot_equals_cold(name, tiny_models, tiny_c
         cold = cold_engine.submit(videos[0], "Which colour is it?", params(0.6), history=history).result(120)
     assert not first.stats["prefix_cache_hit"] and follow.stats["prefix_cache_hit"]
     # Resumed exactly at the end of [system + video]: the follow-up prefills only the text after it (its
-    # KV alone would allow more, the shared "What happens?", but the recurrent state cannot stop there).
+    # KV alone would allow a few more, the shared "<|im_start|>user\nWh", but the recurrent state cannot
+    # stop there).
     assert follow.stats["prefill_tokens"] == text_after_video(name, tiny_models, "Which colour is it?", history)
     assert_same(follow, cold, "follow-up against cold", logits=name == DENSE)
 
 
-def test_follow_up_resumes_at_the_end_of_the_finished_turn(tiny_cache_dir, videos):
-    """A one-token answer feeds nothing back, so the stored turn ends with the prompt, and a follow-up quoting
-    that answer continues exactly there: the snapshot at the end of the turn, not the one after the video."""
+def test_follow_up_resumes_where_the_quoted_answer_begins(tiny_cache_dir, videos):
+    """Qwen3.5's template writes an earlier answer without the think block the model answered after, so a
+    follow-up continues the first prompt up to that block: the snapshot there serves it, and the follow-up
+    prefills only the quoted answer and the new question."""
     with make_engine(DENSE, tiny_cache_dir) as warm:
-        first = warm.submit(videos[1], "What happens?", params(0.5, tokens=1)).result(120)
-        answer = warm.loaded.processor.tokenizer.decode(first.token_ids)
-        follow = warm.submit(videos[1], "Why?", params(0.5), history=[("What happens?", answer)]).result(120)
+        first = warm.submit(videos[1], "What happens?", params(0.5)).result(120)
+        tokenizer = warm.loaded.processor.tokenizer
+        opening = len(tokenizer(warm.family.answer_opening(False), add_special_tokens=False)["input_ids"])
+        history = [("What happens?", "A shape moves.")]
+        follow = warm.submit(videos[1], "Why?", params(0.5), history=history).result(120)
     with make_engine(DENSE, tiny_cache_dir) as cold_engine:
-        cold = cold_engine.submit(videos[1], "Why?", params(0.5), history=[("What happens?", answer)]).result(120)
-    assert follow.stats["prefill_tokens"] == follow.stats["prompt_tokens"] - first.stats["prompt_tokens"]
-    assert_same(follow, cold, "follow-up from the end of the turn against cold")
+        cold = cold_engine.submit(videos[1], "Why?", params(0.5), history=history).result(120)
+    assert opening > 0
+    assert follow.stats["prefill_tokens"] == follow.stats["prompt_tokens"] - (first.stats["prompt_tokens"] - opening)
+    assert_same(follow, cold, "follow-up from where the quoted answer begins, against cold")
+
+
+def test_cancel_frees_its_state_and_leaves_the_others_unchanged(tiny_cache_dir, videos, alone):
+    with make_engine(DENSE, tiny_cache_dir) as engine:
+        with engine.paused():
+            victim = engine.submit(videos[1], "What happens?", GenerationParams(pruning_rate=0.5, max_new_tokens=400,
+                                                                                ignore_eos=True))
+            others = {item: engine.submit(videos[item[0]], item[2], params(item[1])) for item in WORKLOAD[:3]}
+        for event in victim:
+            if event.kind == "text":
+                victim.cancel()
+                break
+        cancelled = victim.result(120)
+        results = {item: stream.result(120) for item, stream in others.items()}
+        assert wait_until(lambda: engine.running_requests == 0, timeout_s=10)
+        assert engine._worker.runner.batch.cache is None
+    assert cancelled.cancelled and cancelled.stats["generated_tokens"] < 400
+    for item, result in results.items():
+        assert_same(result, alone[(DENSE, *item)], item)
+
+
+def test_the_prefix_cache_counts_snapshots_in_its_bound(tiny_cache_dir, videos):
+    with make_engine(DENSE, tiny_cache_dir) as probe:
+        probe.submit(videos[0], "What happens?", params(0.5)).result(120)
+        assert wait_until(lambda: len(probe.prefix_cache.lru) == 1, timeout_s=10)
+        stored = probe.prefix_cache.lru.get(next(iter(probe.prefix_cache.lru._entries)))
+        one_entry = probe.prefix_cache.lru.bytes_used
+    assert len(stored.snapshots) == 2  # after the video, and where the answer's opening begins
+    snapshot_bytes = sum(t.nbytes for snap in stored.snapshots.values() for layer in snap if layer is not None
+                         for t in (layer.conv, layer.ssm))
+    assert one_entry == stored.state.nbytes + snapshot_bytes > stored.state.nbytes
+    with make_engine(DENSE, tiny_cache_dir, prefix_cache_bytes=int(one_entry * 1.5)) as engine:
+        for video in videos:
+            engine.submit(video, "What happens?", params(0.5)).result(120)
+            assert engine.prefix_cache.lru.bytes_used <= int(one_entry * 1.5)
 
 
 @pytest.mark.parametrize("name", [DENSE, MOE])

@@ -15,6 +15,7 @@ from transformers.video_utils import VideoMetadata
 from engine import Engine, EngineConfig, GenerationParams, InputError
 from engine.config import (
     CPU_SAMPLING_LIMITS,
+    DEFAULT_PRUNING_RATE,
     GPU_SAMPLING,
     GPU_SAMPLING_LIMITS,
     SamplingParams,
@@ -388,7 +389,8 @@ def test_the_plan_caps_requests_decoding_together(small_plan_engine, clip):
 class GpuLikeEngine:
     """What build_demo reads from an engine, as a GPU engine answers it (no model behind it)."""
 
-    model_info = {"name": "Qwen/Qwen3-VL-4B-Instruct", "device": "cuda:0", "is_tiny": False}
+    model_info = {"name": "Qwen/Qwen3-VL-4B-Instruct", "device": "cuda:0", "is_tiny": False,
+                  "default_pruning_rate": DEFAULT_PRUNING_RATE, "thinks": False}
     default_sampling = GPU_SAMPLING
     sampling_limits = GPU_SAMPLING_LIMITS
 
@@ -405,7 +407,7 @@ def test_sliders_and_api_defaults_follow_the_engines_device():
     parameters = demo.get_api_info()["named_endpoints"]["/ask"]["parameters"]
     names = [p["parameter_name"] for p in parameters]
     assert names == ["video", "question", "pruning_rate", "fps", "max_frames", "max_pixels_per_frame",
-                     "max_new_tokens", "temperature", "compare", "history"]
+                     "max_new_tokens", "temperature", "compare", "history", "enable_thinking"]
     defaults = {p["parameter_name"]: p["parameter_default"] for p in parameters}
     assert (defaults["fps"], defaults["max_frames"], defaults["max_pixels_per_frame"]) == (2.0, 128, 200_704)
 

@@ -278,3 +278,23 @@ def test_resolve_device():
     assert resolve_device("cpu") == torch.device("cpu")
     expected = "cuda" if torch.cuda.is_available() else "cpu"
     assert resolve_device("auto").type == expected
+
+
+@pytest.mark.parametrize("rate, served", [(0.5, 0.5), (0, 0.0), (1.0, 0.7), ("high", 0.7)])
+def test_the_checkpoints_video_pruning_rate_is_the_servers_default(cache_dir, tmp_path, clip, rate, served):
+    """config.json's `video_pruning_rate` sets the default rate (a request without params, the UI's slider);
+    one that is not a rate in [0, 1) is ignored."""
+    import json
+    import shutil
+
+    from engine import Engine, EngineConfig
+    from engine.config import SamplingParams
+
+    folder = shutil.copytree(tiny.ensure_tiny_model("tiny-random-qwen3.5", cache_dir), tmp_path / "checkpoint")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "video_pruning_rate": rate}))
+    sampling = SamplingParams(fps=2.0, max_frames=4, max_pixels_per_frame=64 * 64)
+    with Engine(EngineConfig(model=str(folder), device="cpu", sampling=sampling)) as engine:
+        assert engine.model_info["default_pruning_rate"] == served
+        answer = engine.submit(clip("moving_object", seconds=2.0), "What moves?").result(120)
+    assert answer.stats["pruning_rate"] == served

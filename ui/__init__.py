@@ -14,7 +14,8 @@ API endpoint `/ask` (gradio_client: `client.submit(..., api_name="/ask")`)
 Inputs, in order (all after the first three have defaults):
     video                 file (gradio_client.handle_file(path)); required
     question              str; required
-    pruning_rate          float q in [0, 0.95], the fraction of video tokens EVS drops (default 0.7)
+    pruning_rate          float q in [0, 0.95], the fraction of video tokens EVS drops (default: the model's,
+                          engine.model_info["default_pruning_rate"])
     fps                   float, frames sampled per second of video (default 2.0)
     max_frames            int, cap on sampled frames (default by device: 32 on a CPU, 128 on a GPU)
     max_pixels_per_frame  int, cap on height*width of each frame (default by device: 50176 = 224*224 on a
@@ -26,12 +27,16 @@ Inputs, in order (all after the first three have defaults):
     compare               bool, also answer at q=0 (default False)
     history               list of [question, answer] pairs asked earlier about the same video (default []);
                           the engine then reuses its feature and prefix caches
+    enable_thinking       bool, think before answering (default False), for a model that can
+                          (engine.model_info["thinks"]: Qwen3.5, Qwen3.6); others ignore it
 
 Outputs, streamed as a tuple (answer, stats, figures, frames):
     answer   str: the answer so far at `pruning_rate`.
-    stats    dict: {"status": "<what the engine is doing>"} while the request is under way; in the final
-             update the stats dict with the docs/architecture.md keys (engine.stats.STATS_KEYS). With compare=True it
-             has one more key, "compare": {"pruning_rate": 0.0, "answer": str, "stats": {...same keys...}}.
+    stats    dict: {"status": "<what the engine is doing>"} while the request is under way (while the model
+             thinks, {"status": "thinking", "thinking": "<the thinking so far>"}); in the final update the stats
+             dict with the docs/architecture.md keys (engine.stats.STATS_KEYS). With enable_thinking=True it has
+             one more key, "thinking": str, what the model thought before the answer; with compare=True,
+             "compare": {"pruning_rate": 0.0, "answer": str, "stats": {...same keys...}}.
     figures  dict of two plotly figures as JSON, {"tokens_per_group": ..., "dissimilarity": ...}
              (rebuild with plotly.io.from_json(json.dumps(...))); sent once, before the first token.
     frames   gallery: one image per temporal group, pruned patches dimmed and tinted, captioned

@@ -1,7 +1,8 @@
 """Async generator handlers that bridge Gradio events to the one engine.
 
 Each question becomes one engine request (two in compare mode: q=0 and the chosen q, submitted together
-so they share the ViT forward and decode steps). Engine events are read with `Stream.aevents()`, so a
+so they share the ViT forward and decode steps). With "Think first" on, the model's thinking streams into a
+collapsed block of its own above the answer. Engine events are read with `Stream.aevents()`, so a
 waiting request holds no thread. When Gradio stops iterating a handler (Stop button, closed tab, API
 cancel) the generator is cancelled or closed, and its `finally` cancels the engine requests.
 """
@@ -21,7 +22,6 @@ from ui import figures, frame_files, overlays, stats_panel
 
 log = logging.getLogger(__name__)
 
-DEFAULT_PRUNING_RATE = 0.7
 DEFAULT_MAX_NEW_TOKENS = 128
 DEFAULT_TEMPERATURE = 0.0
 NO_VIDEO = "Please upload a video first."
@@ -30,6 +30,7 @@ EXPIRED_VIDEO = ("This video is no longer on the server (uploads are deleted aft
 BAD_HISTORY = "History must be a list of [question, answer] pairs of text."
 SERVER_FAULT = "Something went wrong on the server; please try again."
 
+THINKING_TITLE = "Thinking"  # the title of the block that holds the model's thinking in the chat
 # Output order of the chat (browser) handler; layout.py wires components by these names.
 CHAT_OUTPUTS = (
     "chat", "question", "status", "stats_html", "stats_json", "bars", "heatmap", "gallery",
@@ -43,6 +44,7 @@ class RunView:
 
     pruning_rate: float
     status: str = "queued"
+    thinking: str = ""
     answer: str = ""
     picture: EvsPicture | None = None
     stats: dict | None = None
@@ -52,6 +54,9 @@ class RunView:
             self.status = event.text
         elif event.kind == "evs":
             self.picture = event.evs
+        elif event.kind == "thinking":
+            self.thinking += event.text
+            self.status = "thinking"
         elif event.kind == "text":
             self.answer += event.text
             self.status = "answering"
@@ -73,30 +78,32 @@ def not_an_mcp_tool(fn):
 
 
 def generation_params(pruning_rate, fps, max_frames, max_pixels_per_frame, max_new_tokens,
-                      temperature) -> GenerationParams:
+                      temperature, enable_thinking=False) -> GenerationParams:
     """Settings from UI / API values; the engine checks ranges and answers with its own sentence."""
     try:
         sampling = SamplingParams(fps=float(fps), max_frames=int(round(float(max_frames))),
                                   max_pixels_per_frame=int(round(float(max_pixels_per_frame))))
         return GenerationParams(pruning_rate=float(pruning_rate), max_new_tokens=int(round(float(max_new_tokens))),
-                                temperature=float(temperature), sampling=sampling)
+                                temperature=float(temperature), sampling=sampling, enable_thinking=enable_thinking)
     except (TypeError, ValueError):
         raise gr.Error("The pruning rate, fps, frame, pixel and token limits and temperature must be numbers.",
                        print_exception=False) from None
 
 
 def api_params(engine, pruning_rate, fps, max_frames, max_pixels_per_frame, max_new_tokens,
-               temperature) -> GenerationParams:
-    """generation_params for API callers, where a sampling setting left out (None) takes the engine's
-    default for its device, as the sliders do."""
+               temperature, enable_thinking=False) -> GenerationParams:
+    """generation_params for API callers, where a pruning rate left out (None) takes the model's
+    (engine.model_info["default_pruning_rate"]) and a sampling setting left out the engine's default for its
+    device, as the sliders do."""
     default = engine.default_sampling
     return generation_params(
-        pruning_rate,
+        engine.model_info["default_pruning_rate"] if pruning_rate is None else pruning_rate,
         default.fps if fps is None else fps,
         default.max_frames if max_frames is None else max_frames,
         default.max_pixels_per_frame if max_pixels_per_frame is None else max_pixels_per_frame,
         max_new_tokens,
         temperature,
+        enable_thinking,
     )
 
 
@@ -210,7 +217,7 @@ class Handlers:
         self,
         video: str | None,
         question: str,
-        pruning_rate: float = DEFAULT_PRUNING_RATE,
+        pruning_rate: float | None = None,
         fps: float | None = None,
         max_frames: int | None = None,
         max_pixels_per_frame: int | None = None,
@@ -218,13 +225,15 @@ class Handlers:
         temperature: float = DEFAULT_TEMPERATURE,
         compare: bool = False,
         history: list | None = None,
+        enable_thinking: bool = False,
     ) -> AsyncIterator[tuple]:
         """The `/ask` API endpoint: streams (answer, stats, figures, frames); see ui/__init__.py.
 
-        A sampling setting left out (None) takes the engine's default for its device, as the sliders do.
+        A pruning rate left out (None) takes the model's, a sampling setting the engine's default for its
+        device, as the sliders do. With enable_thinking, the thinking so far rides in the stats output.
         """
         params = api_params(self.engine, pruning_rate, fps, max_frames, max_pixels_per_frame, max_new_tokens,
-                            temperature)
+                            temperature, enable_thinking)
         params_list = _params_for(bool(compare), params)
         runs = [RunView(p.pruning_rate) for p in params_list]
         chosen = runs[-1]
@@ -236,6 +245,8 @@ class Handlers:
                 continue
             if event.kind == "status":
                 yield chosen.answer, {"status": chosen.status}, gr.skip(), gr.skip()
+            elif event.kind == "thinking":
+                yield chosen.answer, {"status": chosen.status, "thinking": chosen.thinking}, gr.skip(), gr.skip()
             elif event.kind == "evs":
                 figures_json = figures.figures_payload(event.evs)
                 frames = frame_files.saved(overlays.frame_gallery(event.evs))
@@ -243,6 +254,8 @@ class Handlers:
             elif event.kind == "text":
                 yield chosen.answer, gr.skip(), gr.skip(), gr.skip()
         stats = dict(chosen.stats or {})
+        if params.enable_thinking:
+            stats["thinking"] = chosen.thinking
         if compare:
             stats["compare"] = {"pruning_rate": 0.0, "answer": runs[0].answer, "stats": runs[0].stats}
         # The final update repeats every output so that a client's result holds all four values.
@@ -259,11 +272,15 @@ class Handlers:
         max_new_tokens: int,
         temperature: float,
         compare: bool,
+        enable_thinking: bool,
         turns: list,
     ) -> AsyncIterator[tuple]:
-        """The browser's Ask: streams updates of CHAT_OUTPUTS (chat view, status, numbers, pictures)."""
+        """The browser's Ask: streams updates of CHAT_OUTPUTS (chat view, status, numbers, pictures).
+
+        turns: the earlier [question, answer, thinking] of this video's conversation.
+        """
         params = generation_params(pruning_rate, fps, max_frames, max_pixels_per_frame, max_new_tokens,
-                                   temperature)
+                                   temperature, enable_thinking)
         if not video:  # before the question shows up in the chat
             raise gr.Error(NO_VIDEO, print_exception=False)
         turns = list(turns or [])
@@ -272,11 +289,8 @@ class Handlers:
         chosen = runs[-1]
 
         def chat_view() -> list[dict]:
-            messages = [m for q, a in turns for m in (_user(q), _assistant(a))]
-            messages.append(_user(question))
-            if chosen.answer:
-                messages.append(_assistant(chosen.answer))
-            return messages
+            earlier = [m for q, a, thought in turns for m in _turn(q, thought, a, thinking_done=True)]
+            return earlier + _turn(question, chosen.thinking, chosen.answer, thinking_done=chosen.status != "thinking")
 
         def update(**changes) -> tuple:
             return tuple(changes.get(name, gr.skip()) for name in CHAT_OUTPUTS)
@@ -289,21 +303,23 @@ class Handlers:
 
         yield update(chat=chat_view(), question="", status=_status_line(runs), **compare_panels(),
                      compare_summary="")
-        async for index, event in follow(self.engine, video, question, params_list, turns):
+        history = [(q, a) for q, a, _ in turns]
+        async for index, event in follow(self.engine, video, question, params_list, history):
             runs[index].apply(event)
             is_chosen = index == len(runs) - 1
             if event.kind == "evs" and is_chosen:
                 yield update(status=_status_line(runs), bars=figures.tokens_per_group_figure(event.evs),
                              heatmap=figures.dissimilarity_figure(event.evs),
                              gallery=frame_files.saved(overlays.frame_gallery(event.evs)))
-            elif event.kind == "text":
+            elif event.kind in ("thinking", "text"):
                 shown_answer = dict(chat=chat_view()) if is_chosen else {}
                 yield update(**shown_answer, status=_status_line(runs), **compare_panels())
             elif event.kind == "status" or (event.kind == "done" and compare):
                 yield update(status=_status_line(runs), **compare_panels())
         summary = stats_panel.compare_summary(runs[0].stats, chosen.stats) if compare else ""
         yield update(chat=chat_view(), status=_status_line(runs), stats_html=stats_panel.stats_html(chosen.stats),
-                     stats_json=chosen.stats, compare_summary=summary, turns=[*turns, [question, chosen.answer]],
+                     stats_json=chosen.stats, compare_summary=summary,
+                     turns=[*turns, [question, chosen.answer, chosen.thinking]],
                      **compare_panels())
 
     @staticmethod
@@ -315,12 +331,17 @@ class Handlers:
         return tuple(cleared.get(name, gr.skip()) for name in CHAT_OUTPUTS)
 
 
-def _user(text: str) -> dict:
-    return {"role": "user", "content": text}
-
-
-def _assistant(text: str) -> dict:
-    return {"role": "assistant", "content": text}
+def _turn(question: str, thinking: str, answer: str, thinking_done: bool) -> list[dict]:
+    """One question's chat messages: the question, the thinking (a collapsed block, when there is any) and the
+    answer (once it has begun)."""
+    messages = [{"role": "user", "content": question}]
+    if thinking:
+        title = THINKING_TITLE if thinking_done else f"{THINKING_TITLE}…"
+        # status "done" keeps the block closed until the reader opens it, also while it grows
+        messages.append({"role": "assistant", "content": thinking, "metadata": {"title": title, "status": "done"}})
+    if answer:
+        messages.append({"role": "assistant", "content": answer})
+    return messages
 
 
 def _status_line(runs: list[RunView]) -> str:

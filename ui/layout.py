@@ -11,13 +11,7 @@ import gradio as gr
 from assets.make_examples import example_questions
 
 from ui import stats_panel
-from ui.handlers import (
-    CHAT_OUTPUTS,
-    DEFAULT_MAX_NEW_TOKENS,
-    DEFAULT_PRUNING_RATE,
-    DEFAULT_TEMPERATURE,
-    Handlers,
-)
+from ui.handlers import CHAT_OUTPUTS, DEFAULT_MAX_NEW_TOKENS, DEFAULT_TEMPERATURE, Handlers
 from ui.mcp_tool import TOOL_MAX_NEW_TOKENS, VideoQuestionTool
 from ui.sweep import (
     DEFAULT_RATES_TEXT,
@@ -87,7 +81,8 @@ def build_demo(engine, *, banner: str | None = None, delete_cache: tuple[int, in
     handlers = Handlers(engine)
     q_sweep = Sweep(engine)
     tool = VideoQuestionTool(engine, video_policy(max_file_bytes, fetch_video_urls))
-    banner = default_banner(engine.model_info, banner)
+    model_info = engine.model_info
+    banner = default_banner(model_info, banner)
     # Sampling sliders start at the engine's defaults for its device (a GPU samples far more than a CPU).
     sampling, limits = engine.default_sampling, engine.sampling_limits
     with gr.Blocks(title="EVS Video Chat", delete_cache=delete_cache) as demo:
@@ -100,11 +95,15 @@ def build_demo(engine, *, banner: str | None = None, delete_cache: tuple[int, in
                 video = gr.Video(label="Video", sources=["upload"], height=240, elem_id="evs-video")
                 question = gr.Textbox(label="Question", placeholder="What happens in this video?", lines=2,
                                       max_lines=6, elem_id="evs-question")
-                pruning_rate = gr.Slider(0.0, 0.95, value=DEFAULT_PRUNING_RATE, step=0.05,
+                pruning_rate = gr.Slider(0.0, 0.95, value=model_info["default_pruning_rate"], step=0.05,
                                          label="Pruning rate q",
                                          info="Fraction of video tokens EVS drops; 0 keeps them all.",
                                          elem_id="evs-pruning-rate")
                 compare = gr.Checkbox(label="Compare with q = 0 side by side", elem_id="evs-compare")
+                # Off, as the smaller Qwen3.5 templates default: thinking costs many tokens before the answer.
+                think = gr.Checkbox(False, label="Think first", visible=model_info["thinks"], elem_id="evs-think",
+                                    info="The model reasons before it answers; the reasoning shows in a block "
+                                         "above the answer.")
                 with gr.Row(elem_id="evs-actions"):
                     ask = gr.Button("Ask", variant="primary", elem_id="evs-ask", min_width=80)
                     sweep = gr.Button("Sweep", variant="secondary", elem_id="evs-sweep-button", min_width=80)
@@ -172,8 +171,9 @@ def build_demo(engine, *, banner: str | None = None, delete_cache: tuple[int, in
         # The MCP tool's endpoint, also on hidden components.
         tool_video = gr.Textbox(label="video", visible=False)
         tool_question = gr.Textbox(label="question", visible=False)
-        tool_rate = gr.Number(DEFAULT_PRUNING_RATE, label="pruning_rate", visible=False)
+        tool_rate = gr.Number(model_info["default_pruning_rate"], label="pruning_rate", visible=False)
         tool_tokens = gr.Number(TOOL_MAX_NEW_TOKENS, label="max_new_tokens", precision=0, visible=False)
+        tool_think = gr.Checkbox(False, label="enable_thinking", visible=False)
         tool_answer = gr.Textbox(label="answer", visible=False)
         tool_trigger = gr.Button(visible=False)
 
@@ -184,13 +184,13 @@ def build_demo(engine, *, banner: str | None = None, delete_cache: tuple[int, in
         settings = [video, question, pruning_rate, fps, max_frames, max_pixels, max_new_tokens, temperature, compare]
 
         asked = [
-            trigger(handlers.chat, inputs=[*settings, turns], outputs=chat_outputs, api_visibility="private",
+            trigger(handlers.chat, inputs=[*settings, think, turns], outputs=chat_outputs, api_visibility="private",
                     concurrency_limit=None, show_progress="hidden")
             for trigger in (ask.click, question.submit)
         ]
         # /ask and /sweep are public API endpoints but not MCP tools (handlers.not_an_mcp_tool): agents
         # see the one tool below.
-        api_trigger.click(handlers.ask, inputs=[*settings, history],
+        api_trigger.click(handlers.ask, inputs=[*settings, history, think],
                           outputs=[api_answer, api_stats, api_figures, api_frames], api_name="ask",
                           concurrency_limit=None, show_progress="hidden")
         swept = sweep.click(
@@ -199,7 +199,8 @@ def build_demo(engine, *, banner: str | None = None, delete_cache: tuple[int, in
                                       temperature],
                outputs=[sweep_table, sweep_plot, sweep_cards], api_name="sweep", concurrency_limit=None,
                show_progress="hidden")
-        tool_trigger.click(tool.answer_video_question, inputs=[tool_video, tool_question, tool_rate, tool_tokens],
+        tool_trigger.click(tool.answer_video_question,
+                           inputs=[tool_video, tool_question, tool_rate, tool_tokens, tool_think],
                            outputs=tool_answer, api_name="answer_video_question",
                            concurrency_limit=None, show_progress="hidden")
         stop.click(None, cancels=[*asked, swept])

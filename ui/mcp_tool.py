@@ -14,9 +14,9 @@ server named by its link or path, and other URLs only when the operator allows f
 
 import json
 
-
+from engine.config import DEFAULT_PRUNING_RATE
 from engine.errors import InputError
-from ui.handlers import DEFAULT_PRUNING_RATE, RunView, api_params, follow, user_error
+from ui.handlers import RunView, api_params, follow, user_error
 from ui.video_inputs import VideoPolicy, local_video
 
 TOOL_MAX_NEW_TOKENS = 256
@@ -33,8 +33,9 @@ class VideoQuestionTool:
         self,
         video: str,
         question: str,
-        pruning_rate: float = DEFAULT_PRUNING_RATE,
+        pruning_rate: float | None = None,
         max_new_tokens: int = TOOL_MAX_NEW_TOKENS,
+        enable_thinking: bool = False,
     ) -> str:
         """Answer a question about a video with a vision-language model that first drops the video tokens
         that barely change between frames (Efficient Video Sampling, EVS).
@@ -42,13 +43,14 @@ class VideoQuestionTool:
         Args:
             video: The video (mp4, webm, mov, ...): the URL this server gave for an upload (POST /gradio_api/upload, then /gradio_api/file=<path>), the uploaded path itself, or a data:video/mp4;base64,... URL. Other web URLs are fetched only if the server's operator allows it.
             question: The question about the video, in plain text.
-            pruning_rate: EVS pruning rate q, at least 0 and below 1: the fraction of video tokens dropped before the language model reads them; 0 keeps every token, higher answers sooner and may miss detail (default 0.7).
-            max_new_tokens: The most tokens the answer may have (default 256).
+            pruning_rate: EVS pruning rate q, at least 0 and below 1: the fraction of video tokens dropped before the language model reads them; 0 keeps every token, higher answers sooner and may miss detail (default: the model's own, {default_rate:g} unless its checkpoint names another).
+            max_new_tokens: The most tokens the answer may have, thinking included (default {max_new_tokens}).
+            enable_thinking: Think first: the model reasons before it answers, which takes more tokens and time and may answer better; only models that can think do (default false).
 
         Returns:
-            A JSON object: "answer", the model's answer (greedy decoding), and "stats", the request's numbers (video_tokens_total and video_tokens_kept, prompt_tokens, generated_tokens, ttft_s: time to first token, and the time of each stage).
+            A JSON object: "answer", the model's answer (greedy decoding); with enable_thinking, "thinking", what the model thought first; and "stats", the request's numbers (video_tokens_total and video_tokens_kept, prompt_tokens, generated_tokens with thinking_tokens and answer_tokens, ttft_s: time to first token, and the time of each stage).
         """
-        params = api_params(self.engine, pruning_rate, None, None, None, max_new_tokens, 0.0)
+        params = api_params(self.engine, pruning_rate, None, None, None, max_new_tokens, 0.0, enable_thinking)
         try:
             local = await local_video(video, self.policy)
         except InputError as error:
@@ -57,6 +59,11 @@ class VideoQuestionTool:
             run = RunView(params.pruning_rate)
             async for _, event in follow(self.engine, str(local.path), question, [params], []):
                 run.apply(event)
-            return json.dumps({"answer": run.answer, "stats": run.stats or {}})
+            thinking = {"thinking": run.thinking} if params.enable_thinking else {}
+            return json.dumps({"answer": run.answer, **thinking, "stats": run.stats or {}})
         finally:
             local.release()
+
+    # Gradio reads the description from the docstring: the defaults go in from their one definition.
+    answer_video_question.__doc__ = answer_video_question.__doc__.format(
+        default_rate=DEFAULT_PRUNING_RATE, max_new_tokens=TOOL_MAX_NEW_TOKENS)

@@ -3,8 +3,10 @@
 The same engine as the page answers: a conversation about one video (a `video_url` content part in the
 first user message, text parts, earlier user/assistant turns as the engine's history, so a follow-up hits
 the feature and KV caches), streamed as server-sent `chat.completion.chunk` events or answered whole.
-Extra body fields choose EVS per request: `pruning_rate`, `fps`, `max_frames`, `max_pixels_per_frame`.
-`usage` holds the token counts and `evs`, the engine's stats dict.
+Extra body fields choose EVS per request: `pruning_rate`, `fps`, `max_frames`, `max_pixels_per_frame`;
+`chat_template_kwargs: {"enable_thinking": true}` makes a model that can think do so first (as vLLM and
+SGLang take it), its thinking returned as `reasoning_content` beside `content`. `usage` holds the token
+counts (the thinking's in `completion_tokens_details.reasoning_tokens`) and `evs`, the engine's stats dict.
 
 Errors use OpenAI's error body, {"error": {"message", "type", "param", "code"}}, with one sentence:
 400 for what the caller got wrong (the engine's InputError: no video, a bad rate, an unreadable, too long
@@ -30,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from engine.errors import BusyError, InputError
 from engine.stream import Event, Stream
-from ui.handlers import DEFAULT_PRUNING_RATE, SERVER_FAULT, api_params
+from ui.handlers import SERVER_FAULT, api_params
 from ui.video_inputs import DEFAULT_MAX_FILE_BYTES, LocalVideo, VideoPolicy, local_video, video_policy
 
 log = logging.getLogger(__name__)
@@ -41,11 +43,15 @@ DEFAULT_MAX_TOKENS = 512
 DEFAULT_TEMPERATURE = 1.0  # OpenAI's default
 DISCONNECT_POLL_S = 0.5
 BUSY_RETRY_AFTER_S = 5
+# The message (and streamed delta) field of each text event: the thinking goes where other OpenAI-compatible
+# servers put it.
+MESSAGE_FIELDS = {"thinking": "reasoning_content", "text": "content"}
 # Room for the JSON around a data: URL of the largest upload (base64 is 4/3 of the bytes).
 BODY_OVERHEAD_BYTES = 1 << 20
 
 NO_VIDEO = "Please include the video as a video_url content part of the first user message."
 BAD_ORDER = "The messages must alternate user and assistant turns, starting and ending with a user message."
+BAD_THINKING = "chat_template_kwargs.enable_thinking must be true or false."
 
 
 class ApiError(Exception):
@@ -94,6 +100,7 @@ class ChatRequest(BaseModel):
     fps: float | None = None
     max_frames: int | None = None
     max_pixels_per_frame: int | None = None
+    chat_template_kwargs: dict[str, Any] | None = None  # only enable_thinking is read
 
 
 def unsupported(chat: ChatRequest) -> str | None:
@@ -186,7 +193,17 @@ def usage(stats: dict) -> dict:
     prompt, completion = stats.get("prompt_tokens") or 0, stats.get("generated_tokens") or 0
     cached = prompt - (stats.get("prefill_tokens") or prompt)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": max(cached, 0)}, "evs": _jsonable(stats)}
+            "prompt_tokens_details": {"cached_tokens": max(cached, 0)},
+            "completion_tokens_details": {"reasoning_tokens": stats.get("thinking_tokens") or 0},
+            "evs": _jsonable(stats)}
+
+
+def enable_thinking(chat: ChatRequest) -> bool:
+    """The chat template's enable_thinking from `chat_template_kwargs` (off when not given)."""
+    value = (chat.chat_template_kwargs or {}).get("enable_thinking", False)
+    if not isinstance(value, bool):
+        raise ApiError(400, BAD_THINKING, param="chat_template_kwargs.enable_thinking")
+    return value
 
 
 class ChatCompletions:
@@ -272,10 +289,8 @@ class ChatCompletions:
                           DEFAULT_MAX_TOKENS)
         try:
             params = api_params(
-                self.engine,
-                DEFAULT_PRUNING_RATE if chat.pruning_rate is None else chat.pruning_rate,
-                chat.fps, chat.max_frames, chat.max_pixels_per_frame, max_tokens,
-                DEFAULT_TEMPERATURE if chat.temperature is None else chat.temperature,
+                self.engine, chat.pruning_rate, chat.fps, chat.max_frames, chat.max_pixels_per_frame, max_tokens,
+                DEFAULT_TEMPERATURE if chat.temperature is None else chat.temperature, enable_thinking(chat),
             )
         except gr.Error as error:
             raise ApiError(400, error.message) from None
@@ -299,21 +314,23 @@ class Reply:
     async def whole(self, request: Request) -> dict:
         """The plain response; a client that hangs up cancels the engine request."""
         watcher = asyncio.create_task(_cancel_on_disconnect(request, self.stream))
-        text, stats = [], {}
+        pieces, stats = {kind: [] for kind in MESSAGE_FIELDS}, {}
         try:
             async for event in self.events:
-                if event.kind == "text":
-                    text.append(event.text)
+                if event.kind in pieces:
+                    pieces[event.kind].append(event.text)
                 elif event.kind == "done":
                     stats = event.stats or {}
         finally:
             watcher.cancel()
             if not self.stream.finished:
                 self.stream.cancel()
+        message = {"role": "assistant", "content": ""}  # reasoning_content only when the model thought
+        message.update({MESSAGE_FIELDS[kind]: "".join(texts) for kind, texts in pieces.items() if texts})
         return {
             "id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": "".join(text)},
-                         "finish_reason": self.finish_reason(stats), "logprobs": None}],
+            "choices": [{"index": 0, "message": message, "finish_reason": self.finish_reason(stats),
+                         "logprobs": None}],
             "usage": usage(stats),
         }
 
@@ -324,7 +341,7 @@ class Reply:
         try:
             async for event in self.events:
                 seen.append(event)
-                if event.kind in ("evs", "text", "done"):
+                if event.kind in ("evs", "thinking", "text", "done"):
                     break
         except BaseException:
             self.stream.cancel()
@@ -349,8 +366,8 @@ class Reply:
         try:
             yield self._chunk({"role": "assistant", "content": ""})
             async for event in all_events():
-                if event.kind == "text" and event.text:
-                    yield self._chunk({"content": event.text})
+                if event.kind in MESSAGE_FIELDS and event.text:
+                    yield self._chunk({MESSAGE_FIELDS[event.kind]: event.text})
                 elif event.kind == "done":
                     stats = event.stats or {}
             yield self._chunk({}, self.finish_reason(stats))

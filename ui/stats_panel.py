@@ -48,7 +48,7 @@ def stats_html(stats: dict | None) -> str:
         ("Prompt tokens", f"{stats['prompt_tokens']:,}",
          f"{_frames(stats)} · grid {' × '.join(str(n) for n in stats['grid_thw'])}"),
         ("Generated", f"{stats['generated_tokens']:,} tokens",
-         "—" if speed is None else f"{speed:.1f} tokens/s decode"),
+         " · ".join([*_thinking_and_answer(stats), "—" if speed is None else f"{speed:.1f} tokens/s decode"])),
         ("Time to first token", format_seconds(stats["ttft_s"]), f"total {format_seconds(stats['total_s'])}"),
         ("Stages", f"ViT {vit} · EVS {format_seconds(stats['evs_s'])}",
          f"video {format_seconds(stats['decode_video_s'])} · prefill {format_seconds(stats['prefill_s'])}"
@@ -79,6 +79,13 @@ def compare_summary(full: dict, pruned: dict) -> str:
     return (f"At q={pruned['pruning_rate']:.2f} the prompt is **{saved_tokens:,} tokens shorter** "
             f"({pruned['prompt_tokens']:,} vs {full['prompt_tokens']:,}) and the first token came after "
             f"**{format_seconds(pruned['ttft_s'])}** instead of {format_seconds(full['ttft_s'])} ({pace}).")
+
+
+def _thinking_and_answer(stats: dict) -> list[str]:
+    """["12 thinking", "30 answer"] for a request that thought, else nothing."""
+    if not stats.get("thinking_tokens"):
+        return []
+    return [f"{stats['thinking_tokens']:,} thinking", f"{stats['answer_tokens']:,} answer"]
 
 
 def _hit(hit: bool) -> str:
