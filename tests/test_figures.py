@@ -35,15 +35,17 @@ def make_picture(height_px: int = 12, width_px: int = 18) -> EvsPicture:
 
 
 def sample_stats(**overrides) -> dict:
-    stats = dict(
+    """A done event's stats: every key (engine.stats.Stats), these values, None for keys the cards don't use."""
+    values = dict(
         pruning_rate=0.7, frames_sampled=6, sampled_fps=2.0, grid_thw=[3, 2, 3], video_tokens_total=18,
         video_tokens_kept=8, tokens_kept_per_frame=[6, 2, 0], prompt_tokens=40, prefill_tokens=40, generated_tokens=11,
         ttft_s=0.5, total_s=1.5, decode_video_s=0.004, vit_s=0.12, evs_s=0.0021, prefill_s=0.2,
         decode_s=1.0, vit_batch_requests=2, vit_cache_hit=True, prefix_cache_hit=False, decode_batch_max=3,
+        thinking_tokens=0, answer_tokens=11,
     )
-    stats.update(overrides)
-    assert set(stats) == set(STATS_KEYS)
-    return stats
+    values.update(overrides)
+    assert set(values) <= set(STATS_KEYS)
+    return {**dict.fromkeys(STATS_KEYS), **values}
 
 
 def decoded(array_or_list) -> np.ndarray:
