@@ -8,15 +8,15 @@ video) or the batch shape changes: measured up to 5.1e-5 on these logits (of mag
 import pytest
 import torch
 
+import evs
+
 from app_harness import wait_until
 from engine import Engine, EngineConfig, GenerationParams
 from engine.config import SamplingParams
 from engine.decode_batch import DecodeBatch
-from engine.lm import LMInput, embed_prompt, lm_logits
 from engine.lm_state import KV, LMState, Recurrent, cache_of, new_cache, state_of
 from engine.prefix_cache import PrefixCache
 from engine.prompt import chat_text, prepare_prompt, processor_inputs
-from engine.pruning import prune_prompt
 from engine.video import load_video
 
 DENSE, MOE = "tiny-random-qwen3.5", "tiny-random-qwen3.5-moe"
@@ -176,18 +176,24 @@ def test_pruned_equals_the_stock_model_on_the_compacted_sequence(name, tiny_mode
         answer = engine.submit(videos[0], "What moves?", params(0.5)).result(120)
     with torch.inference_mode():
         features = family.encode(loaded.model, prompt.pixel_values, prompt.grid_thw_patches[None])[0]
-        pruned = prune_prompt(prompt, features, 0.5)
-        assert 0 < int(pruned.retention.sum()) < pruned.retention.numel()
+        retention = evs.compute_retention_mask(features.embeds, prompt.grid_thw, 0.5).cpu()  # the EVS choice alone
+        assert 0 < int(retention.sum()) < retention.numel()
+        # The compacted prompt, built here from the unpruned one: every text token, the kept video tokens,
+        # each at its unpruned MRoPE position; then the answer, teacher-forced.
+        keep = torch.ones_like(prompt.is_video)
+        keep[prompt.is_video] = retention
+        kept_ids, length = prompt.input_ids[keep], int(keep.sum())
         fed = torch.tensor(answer.token_ids[:-1])
-        ids = torch.cat([pruned.input_ids, fed])
-        video_mask = torch.cat([pruned.video_mask, torch.zeros(fed.numel(), dtype=torch.bool)])
-        embeds = embed_prompt(loaded.model, ids, video_mask, pruned.features)
+        ids = torch.cat([kept_ids, fed])
+        embeds = loaded.model.model.get_input_embeddings()(ids)
+        embeds[: length][prompt.is_video[keep]] = features.embeds[retention]
         steps = torch.arange(fed.numel())
-        answer_rows = torch.stack([steps + pruned.input_ids.numel(), *[steps + pruned.next_position] * 3])
-        positions = torch.cat([pruned.positions, answer_rows], dim=1)
+        next_position = int(prompt.positions.max()) + 1
+        positions = torch.cat([torch.cat([torch.arange(length)[None], prompt.positions[:, keep]]),
+                               torch.stack([steps + length, *[steps + next_position] * 3])], dim=1)
         out = loaded.model.model.language_model(inputs_embeds=embeds[None], position_ids=positions[:, None])
-        reference = loaded.model.lm_head(out.last_hidden_state[0, pruned.input_ids.numel() - 1:]).float()
-    assert answer.stats["video_tokens_kept"] == int(pruned.retention.sum())
+        reference = loaded.model.lm_head(out.last_hidden_state[0, length - 1:]).float()
+    assert answer.stats["video_tokens_kept"] == int(retention.sum()) and answer.stats["prompt_tokens"] == length
     assert reference.argmax(dim=-1).tolist() == list(answer.token_ids)
     if name == DENSE:
         torch.testing.assert_close(torch.from_numpy(answer.logits), reference, atol=ATOL, rtol=0)
