@@ -104,8 +104,17 @@ def unbuilt_note(spec: dict) -> str | None:
         return None
     parts = " and ".join(f"{_article(count)} {count:,}-parameter {UNBUILT_PARTS.get(part, part)}"
                          for part, count in unbuilt.items())
-    return (f"the checkpoint's {spec['published_parameters']:,} parameters also hold {parts} that transformers "
+    note = (f"the checkpoint's {spec['published_parameters']:,} parameters also hold {parts} that transformers "
             "does not build")
+    index_bytes = spec.get("index_total_size_bytes")
+    if index_bytes is None:
+        return note
+    # The Hub's model.safetensors.index.json gives bytes; halving them, as for bf16, counts every float32
+    # parameter twice, so figures read from it run higher than the headers' counts.
+    extra = index_bytes // 2 - spec["published_parameters"]
+    return (f"{note} (halving the Hub index's total_size gives {index_bytes // 2:,}, and so "
+            f"{sum(unbuilt.values()) + extra:,} for what is not built, as it counts the {extra:,} float32 "
+            "parameters twice)")
 
 
 def _settings(stored: dict) -> dict:

@@ -115,8 +115,10 @@ def test_the_qwen3_5_9b_is_the_published_architecture():
     assert (summary["family"], summary["parameters"], summary["vision_parameters"]) == (
         "qwen3_5", 9_409_813_744, 456_010_480)
     assert summary["unbuilt_parameters"] == {"mtp": 243_290_624}
-    assert summary["note"] == ("the checkpoint's 9,653,104,368 parameters also hold a 243,290,624-parameter "
-                               "multi-token-prediction head that transformers does not build")
+    assert summary["note"] == (
+        "the checkpoint's 9,653,104,368 parameters also hold a 243,290,624-parameter multi-token-prediction head "
+        "that transformers does not build (halving the Hub index's total_size gives 9,653,108,208, and so "
+        "243,294,464 for what is not built, as it counts the 3,840 float32 parameters twice)")
     config = checkpoint_spec("random:Qwen/Qwen3.5-9B")["config"]
     text, vision = config["text_config"], config["vision_config"]
     assert (text["hidden_size"], text["num_hidden_layers"], text["num_attention_heads"], text["num_key_value_heads"],
