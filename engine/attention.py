@@ -20,7 +20,7 @@ for it. So `install` sets the kernel on `config.vision_config` only, after the m
 (transformers would try to fetch any unknown "flash"-named implementation as a Hub kernel at build time).
 """
 
-import importlib.util
+import importlib
 from collections.abc import Callable
 
 import torch
@@ -129,4 +129,10 @@ def linear_attention_kernels(device: torch.device) -> str:
 
 
 def _importable(module: str) -> bool:
-    return importlib.util.find_spec(module) is not None
+    """Whether `module` imports, as transformers tries it (a package that is present but fails to import is
+    not used: transformers falls back to torch)."""
+    try:
+        importlib.import_module(module)
+    except Exception:
+        return False
+    return True

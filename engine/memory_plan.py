@@ -30,8 +30,8 @@ What the plan counts (bytes; N requests decoding together, each with at most V v
   batch, the concatenated tensors and the growable buffers they are copied into are all alive
   (engine/decode_batch.py DecodeBatch.add / remove through lm_state.cache_of); the recurrent states are
   concatenated along the batch axis in the same rebuild, so they count as many times.
-- The prefix cache keeps a hybrid model's state snapshots (at the end of [system + video] and of each
-  finished turn) beside the KV it stores; they count inside its byte bound (engine/prefix_cache.py), which
+- The prefix cache keeps a hybrid model's state snapshots (at the end of [system + video] and where the
+  last answer began) beside the KV it stores; they count inside its byte bound (engine/prefix_cache.py), which
   is part of reserved.
 - Every row is planned at the worst case, q = 0 (nothing pruned; compare mode always sends a q = 0
   request), and left padding makes every row of the batch as long as the longest.

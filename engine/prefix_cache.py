@@ -4,7 +4,9 @@ longest shared start of the latest conversation (earlier question, the answer th
 Causal attention means the KV of a token sequence does not depend on what follows it, and kept tokens
 sit at the same positions whatever follows, so any shared leading run of token ids can reuse its KV.
 A recurrent layer's state cannot be cut back that way: a hybrid model resumes only where a snapshot was
-taken, at the end of [system + video] and at the end of each finished turn (engine/lm_state.py).
+taken: at the end of [system + video], and where an answer begins (a follow-up quoting it continues the
+prompt up to there, as the chat template writes an earlier answer without its think block), or at the end
+of a conversation for a family whose template writes no such opening (engine/lm_state.py).
 """
 
 import hashlib
@@ -67,8 +69,10 @@ class PrefixCache:
         reused = stored.resume_point(shared)
         if reused < min_len:
             return None, 0, {}
-        earlier = {n: snap for n, snap in stored.snapshots.items() if n <= reused}
-        return cache_of(stored.state_at(reused)), reused, earlier
+        # Passed on: the video's end (every later turn may need it) and the resume point itself; the snapshots
+        # of older turns' answers are not, since a follow-up quotes the whole history and continues past them.
+        kept = {n: snap for n, snap in stored.snapshots.items() if n in (min_len, reused)}
+        return cache_of(stored.state_at(reused)), reused, kept
 
     def store(self, key: tuple, token_ids: torch.Tensor, state: LMState, snapshots: dict[int, Snapshot]) -> None:
         """Keep the state after token_ids under key, replacing the conversation stored there, with the

@@ -135,9 +135,7 @@ class ModelRunner:
 
     def leave(self, requests: list[Request], remember: bool) -> None:
         """Requests end: their rows leave the decode batch (one rebuild for all) and their state is freed.
-        With remember, each one's conversation state (prompt + the answer tokens fed back so far; a cancelled
-        one's too, its partial answer is what a follow-up will quote) is stored for a follow-up: its end is
-        where the finished turn's follow-up continues, so a recurrent state resumes there exactly."""
+        With remember, each one's conversation state is stored for a follow-up (`_remember`)."""
         rows = {r.id for r in requests if r.id in self.batch.keys}
         for request in requests:
             state = self.batch.row_state(request.id) if request.id in rows else None
@@ -149,10 +147,20 @@ class ModelRunner:
         self.batch.remove(rows)
 
     def _remember(self, request: Request, state: LMState) -> None:
-        fed_back = request.tokens_seen - request.pruned.input_ids.numel()
-        answer = torch.tensor(request.detokenizer.token_ids[:fed_back], dtype=request.pruned.input_ids.dtype)
-        conversation = torch.cat([request.pruned.input_ids, answer])
-        self.prefix.store(request.prefix_key, conversation, state, request.snapshots)
+        """Store what a follow-up can continue: the prompt and the answer tokens fed back so far (a cancelled
+        request's too: its partial answer is what a follow-up will quote), with `state` after them. Where the
+        family opens the answer with text its chat template leaves out of an earlier turn (Qwen3.5's think
+        block), a follow-up parts from this conversation at the answer's opening, so only the prompt up to
+        `reply_start` is kept, with the state there: none of the answer's state is worth its bytes."""
+        pruned, snapshots = request.pruned, request.snapshots
+        fed_back = request.tokens_seen - pruned.input_ids.numel()
+        answer = torch.tensor(request.detokenizer.token_ids[:fed_back], dtype=pruned.input_ids.dtype)
+        conversation = torch.cat([pruned.input_ids, answer])
+        cut = pruned.reply_start
+        if cut < pruned.input_ids.numel() and (cut in snapshots or not state.has_recurrent):
+            conversation, state = conversation[:cut], state.prefix(cut, snapshots.get(cut))
+            snapshots = {n: snap for n, snap in snapshots.items() if n < cut}
+        self.prefix.store(request.prefix_key, conversation, state, snapshots)
 
     def drop_batch(self) -> None:
         """Forget the decode batch without touching the device (after a fault it may be out of memory)."""

@@ -160,7 +160,7 @@ def build_demo(engine, *, banner: str | None = None, delete_cache: tuple[int, in
             sweep_table = gr.Dataframe(headers=TABLE_HEADERS, label="Per-rate stats", interactive=False,
                                        elem_id="evs-sweep-table")
 
-        turns = gr.State([])  # earlier [question, answer] pairs about the current video
+        turns = gr.State([])  # earlier [question, answer, thinking] turns about the current video
         # `/ask` lives on hidden components: API clients get plain values, the page stays a chat.
         history = gr.JSON([], visible=False)
         api_answer = gr.Textbox(label="answer", visible=False)
