@@ -71,6 +71,22 @@ def test_families_without_the_switch_ignore_it(family):
     assert think_end_id(family, build_tokenizer()) is None
 
 
+def test_a_qwen35_tokenizer_without_the_think_end_token_has_no_switch():
+    """A Qwen3.5 checkpoint built with a tokenizer that lacks `</think>` (the tiny byte-level one without its
+    thinking tokens) cannot end a thinking part: the engine treats every token as answer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    core = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))},
+                                merges=[]))
+    core.pre_tokenizer, core.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    core.add_special_tokens(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
+    without = PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    family = Qwen35(temporal_patch=2)
+    assert think_end_id(family, without) is None
+    assert think_end_id(family, build_tokenizer()) == build_tokenizer().convert_tokens_to_ids("</think>")
+
+
 # --- thinking and answer apart -----------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
