@@ -92,9 +92,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--replicas", type=int, default=_env("EVS_REPLICAS", default="1"),
                         help="engine replicas on Ray Serve, one GPU each (a share of the CPU cores on a CPU); above 1 "
                              "starts a local Ray cluster, or joins the one RAY_ADDRESS names [EVS_REPLICAS]")
+    parser.add_argument("--video-readers", type=int, default=_env("EVS_VIDEO_READERS", default=None),
+                        help="warm video reader processes: uploads read at once, and the most parts a long video "
+                             "is read in; default one per core [EVS_VIDEO_READERS]")
     args = parser.parse_args(argv)
     if args.replicas < 1:
         parser.error("--replicas must be at least 1")
+    if args.video_readers is not None and args.video_readers < 1:
+        parser.error("--video-readers must be at least 1")
     if args.max_file_mb <= 0:
         parser.error("--max-file-mb must be above 0")
     if args.temp_max_age_s <= 0 or args.temp_sweep_s <= 0:
@@ -130,7 +135,8 @@ def build_engine(args: argparse.Namespace, device: str, max_file_bytes: int) -> 
         _fail(f"{error}.", code=2)
 
     def engine_for(model: str) -> Engine:
-        config = EngineConfig(model=model, device=device, max_file_bytes=max_file_bytes, **limits)
+        config = EngineConfig(model=model, device=device, max_file_bytes=max_file_bytes,
+                              video_readers=args.video_readers, **limits)
         if args.replicas == 1:
             return Engine(config)
         if not is_tiny_model(model):

@@ -17,9 +17,11 @@ Modules, one concern each:
   follow_up     a follow-up question's TTFT against a cold one
   vit_timing    timing vision-tower forwards outside the engine (also used by gpu_check)
   vit_batching  one ViT forward over several videos against separate forwards
-  decoding      video decoding time of a long-GOP 1080p file (also `python -m bench.decoding`)
+  reading       one request's reading (waiting for a reader, reading) against the rest of its TTFT
+  decoding      video reading time of a long-GOP 1080p file and a short clip, a reader started per file
+                against a warm pool of one and of one per core (also `python -m bench.decoding`)
   decoding_hook calls the decoding scenario when its module is there, and survives its failure
-  targets       the issue's targets beside the measured ratios
+  targets       the issues' targets beside the measured figures
   environment   machine, device, model, versions, git commit
   runner        runs every scenario and assembles the report
   report        the markdown tables and the JSON file

@@ -1,4 +1,5 @@
-"""Video decoding: the engine's `load_video` on a long-GOP 1080p H.264 file, the slowest common upload.
+"""Video reading: the engine's `load_video` on a long-GOP 1080p H.264 file, the slowest common upload, and
+on a short clip.
 
     python -m bench.decoding [--quick] [--keep DIR]
 
@@ -6,11 +7,14 @@ The file is made here with PyAV (libx264, preset fast, a keyframe every 8 s at 3
 keyframes): a grainy panorama panned across the frame (about 1.2 Mbit/s at 1080p), so every frame
 costs a real decode. Full mode: 2 minutes of 1920x1080, 32 frames sampled at most 224x224 (the CPU
 defaults), as issue 11 measured it; making the file takes about 5 minutes on two cores (`--keep DIR`
-makes it once). Quick mode: 20 s of 960x540 with the same GOP, made and decoded in under 30 s on two
-cores. `load_video` is timed `repeats` times, each in a fresh child process as the engine runs it, the
-median kept (the first, untimed run warms the page cache); beside it, once each in this process: the
-engine's decode with the frames it decoded, every frame decoded from the start (what seeking and
-skipping save), and decord 0.6 (the engine's decoder before issue 11) reading the same frames.
+makes it once). Quick mode: 20 s of 960x540 with the same GOP, made and read in under 30 s on two
+cores. `load_video` is timed `repeats` times each way, the median kept (the first, untimed run warms the
+page cache): with a reader started for the file (every upload before issue 20), with a warm pool of one
+reader, and with a warm pool of one reader per core, which reads the long file in segments at once. Beside
+them, once each in this process: the engine's decode with the frames it decoded, every frame decoded from
+the start (what seeking and skipping save), and decord 0.6 (the engine's decoder before issue 11) reading
+the same frames. The short clip (3 s of 320x240 H.264) is read with a reader started for it and by a warm
+one.
 """
 
 import argparse
@@ -29,8 +33,9 @@ import numpy as np
 if __package__ in (None, ""):  # `python bench/decoding.py`: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from assets.clips import _panorama  # noqa: E402
+from assets.clips import _panorama, write_clip  # noqa: E402
 from engine.config import SamplingParams  # noqa: E402
+from engine.reader_pool import ReaderPool, default_size  # noqa: E402
 from engine.video import load_video  # noqa: E402
 from engine.video_pyav import decode_everything, decode_file  # noqa: E402
 
@@ -83,14 +88,19 @@ def _plane(frame: av.VideoFrame, index: int) -> np.ndarray:
     return rows[:, : plane.width]
 
 
-def time_load_video(path: Path, sampling: SamplingParams, repeats: int) -> tuple[list[float], list[float], object]:
-    """(wall seconds, decoder-process CPU seconds, one per timed run; the last SampledVideo) of the
-    engine's `load_video` on `path`, each run in its own child process as served. CPU seconds are the
-    steadier figure on a machine other jobs share."""
+SHORT_CLIP = {"seconds": 3.0, "fps": 8, "size": (320, 240)}
+
+
+def time_load_video(path: Path, sampling: SamplingParams, repeats: int,
+                    readers: ReaderPool | None = None) -> tuple[list[float], list[float], object]:
+    """(wall seconds, reader-process CPU seconds, one per timed run; the last SampledVideo) of the
+    engine's `load_video` on `path`: through the warm pool `readers`, or (None) with a reader started for
+    each run, as every upload was read before the pool. CPU seconds count only readers that ended (the
+    ones started for a run; 0 through a warm pool); they are the steadier figure on a shared machine."""
     def once():
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.perf_counter()
-        video = load_video(path, sampling, max_seconds=3 * 3600, max_bytes=1 << 40, timeout_s=600)
+        video = load_video(path, sampling, max_seconds=3 * 3600, max_bytes=1 << 40, timeout_s=600, readers=readers)
         wall = time.perf_counter() - start
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), video
@@ -139,28 +149,40 @@ def _seconds(work) -> tuple[float, float]:
     return time.perf_counter() - wall, time.process_time() - cpu
 
 
+def long_gop_file(quick: bool, folder: Path) -> tuple[Path, float]:
+    """(the mode's long-GOP file in `folder`, seconds it took to make; 0 when it was there already)."""
+    spec = QUICK if quick else FULL
+    width, height = spec["size"]
+    path = Path(folder) / f"long_gop_{spec['seconds']}s_{width}x{height}_{spec['fps']}fps_g{spec['gop_s']}s.mp4"
+    if path.is_file():
+        return path, 0.0
+    path.parent.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    partial = path.with_suffix(".part.mp4")
+    write_long_gop_clip(partial, seconds=spec["seconds"], fps=spec["fps"], size=spec["size"], gop_s=spec["gop_s"])
+    partial.rename(path)
+    return path, time.perf_counter() - start
+
+
 def decoding_scenario(quick: bool, keep: Path | None = None) -> dict:
-    """Make the long-GOP file, decode 32 sampled frames with the engine; file facts and seconds.
+    """Make the long-GOP file, read 32 sampled frames with the engine each way; file facts and seconds.
 
     keep: a folder where the file is made (and reused when already there) instead of a temporary one
     (the full file takes minutes to make on two cores).
     """
     spec = QUICK if quick else FULL
     width, height = spec["size"]
-    name = f"long_gop_{spec['seconds']}s_{width}x{height}_{spec['fps']}fps_g{spec['gop_s']}s.mp4"
+    cores = default_size()
     with tempfile.TemporaryDirectory() as scratch:
-        folder = Path(keep) if keep else Path(scratch)
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / name
-        make_s = 0.0
-        if not path.is_file():
-            start = time.perf_counter()
-            partial = path.with_suffix(".part.mp4")
-            write_long_gop_clip(partial, seconds=spec["seconds"], fps=spec["fps"], size=spec["size"],
-                                gop_s=spec["gop_s"])
-            partial.rename(path)
-            make_s = time.perf_counter() - start
+        path, make_s = long_gop_file(quick, Path(keep) if keep else Path(scratch))
+        short = write_clip(Path(scratch) / "short.mp4", "pan", **SHORT_CLIP)
         walls, cpus, video = time_load_video(path, SAMPLING, spec["repeats"])
+        short_cold, _, _ = time_load_video(short, SAMPLING, spec["repeats"])
+        with ReaderPool(1) as one:
+            warm_one, _, _ = time_load_video(path, SAMPLING, spec["repeats"], one)
+            short_warm, _, _ = time_load_video(short, SAMPLING, spec["repeats"], one)
+        with ReaderPool(cores) as pool:
+            warm_all, _, split = time_load_video(path, SAMPLING, spec["repeats"], pool)
         references = time_references(path, SAMPLING)
         size_bytes = path.stat().st_size
     return {
@@ -175,6 +197,16 @@ def decoding_scenario(quick: bool, keep: Path | None = None) -> dict:
         "decode_s": round(statistics.median(walls), 3),
         "decode_runs_s": [round(run, 3) for run in walls],
         "decode_cpu_s": round(statistics.median(cpus), 3),
+        "warm_one_reader_s": round(statistics.median(warm_one), 3),
+        "warm_one_reader_runs_s": [round(run, 3) for run in warm_one],
+        "warm_readers": cores,
+        "warm_readers_used": split.readers,
+        "warm_readers_s": round(statistics.median(warm_all), 3),
+        "warm_readers_runs_s": [round(run, 3) for run in warm_all],
+        "short_clip": f"H.264 {SHORT_CLIP['size'][0]}x{SHORT_CLIP['size'][1]} {SHORT_CLIP['fps']} fps, "
+                      f"{SHORT_CLIP['seconds']:g} s",
+        "short_started_reader_s": round(statistics.median(short_cold), 3),
+        "short_warm_reader_s": round(statistics.median(short_warm), 3),
         "total_frames": video.total_frames,
         **{key: (round(value, 3) if isinstance(value, float) else value) for key, value in references.items()},
         "cpu_cores": os.cpu_count(),
@@ -189,9 +221,14 @@ def markdown(result: dict) -> str:
     ])
     total = result["total_frames"]
     rows = [
-        ["engine `load_video` (child process, median)", cell(result["decode_s"]), cell(result["decode_cpu_s"]),
-         f"{result['frames_decoded']} of {total}, {result['seeks']} seeks",
+        ["`load_video`, a reader started for the file (every upload before the pool; median)", cell(result["decode_s"]),
+         cell(result["decode_cpu_s"]), f"{result['frames_decoded']} of {total}, {result['seeks']} seeks",
          f"runs {', '.join(cell(run) for run in result['decode_runs_s'])}"],
+        ["`load_video`, a warm pool of 1 reader (median)", cell(result["warm_one_reader_s"]), "—",
+         f"{result['frames_decoded']} of {total}", f"runs {', '.join(cell(run) for run in result['warm_one_reader_runs_s'])}"],
+        [f"`load_video`, a warm pool of {result['warm_readers']} readers (median)", cell(result["warm_readers_s"]), "—",
+         f"in {result['warm_readers_used']} segments at once",
+         f"runs {', '.join(cell(run) for run in result['warm_readers_runs_s'])}"],
         ["engine decode, in process", cell(result["planned_s"]), cell(result["planned_cpu_s"]),
          f"{result['frames_decoded']} of {total}", ""],
         ["every frame from the start, nothing skipped", cell(result["in_order_s"]), cell(result["in_order_cpu_s"]),
@@ -199,7 +236,12 @@ def markdown(result: dict) -> str:
         ["decord 0.6 by index (the decoder before)", cell(result["decord_s"]), cell(result["decord_cpu_s"]), "—",
          "not installed" if result["decord_s"] is None else ""],
     ]
-    return facts + "\n\n" + table(["32-frame decode", "wall s", "CPU s", "frames decoded", "notes"], rows)
+    short = table(["short clip", "wall s"], [
+        [f"{result['short_clip']}, a reader started for it", cell(result["short_started_reader_s"])],
+        [f"{result['short_clip']}, a warm reader", cell(result["short_warm_reader_s"])],
+    ])
+    return (facts + "\n\n" + table(["32-frame read", "wall s", "CPU s", "frames decoded", "notes"], rows)
+            + "\n\n" + short)
 
 
 def main() -> None:

@@ -1,7 +1,7 @@
 """HOOK for the video-decoding scenario, which lives in bench/decoding.py (written separately).
 
-bench/decoding.py provides `decoding_scenario(quick: bool) -> dict` (32 frames decoded from a generated
-2-minute 1080p long-GOP H.264 file). Until that module exists the report says the scenario was skipped;
+bench/decoding.py provides `decoding_scenario(quick: bool, keep: Path | None) -> dict` (32 frames read from a
+generated 2-minute 1080p long-GOP H.264 file, made in `keep` unless it is there already). Until that module exists the report says the scenario was skipped;
 when it raises, the report says it failed (and `python -m bench` exits 1 after saving everything else).
 If the module also provides `markdown(result) -> str`, that is its table; otherwise one key/value table.
 """
@@ -16,7 +16,7 @@ SKIPPED = "skipped"  # the result's key when the module is not there
 FAILED = "failed"  # the result's key when the scenario raised: the other scenarios' figures are still saved
 
 
-def decoding_results(quick: bool) -> dict:
+def decoding_results(quick: bool, keep=None) -> dict:
     try:
         module = importlib.import_module(MODULE)
     except ModuleNotFoundError as error:
@@ -24,7 +24,7 @@ def decoding_results(quick: bool) -> dict:
             raise
         return {SKIPPED: "bench/decoding.py is not there yet"}
     try:
-        return module.decoding_scenario(quick)
+        return module.decoding_scenario(quick, keep)
     except Exception as error:
         traceback.print_exc()
         return {FAILED: f"{type(error).__name__}: {error}"}

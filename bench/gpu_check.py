@@ -10,6 +10,8 @@ Prints one table and writes it as JSON (--out):
   - TTFT split by stage (video decode, ViT, EVS, prefill) for q in {0, 0.5, 0.7, 0.9} on a generated
     2-minute 720p clip at the device's default sampling, next to the ideal "prefill scales with the kept
     tokens" (decode + ViT + EVS + the q = 0 prefill times the prompt-token ratio);
+  - reading the video (waiting for a reader, reading) against the rest of TTFT, on an 8-second 640x480
+    clip and on the 2-minute clip (bench/reading.py);
   - one ViT forward over 8 videos against 8 separate forwards;
   - 8 users at once at q = 0 and q = 0.7: mean TTFT, wall time, output tokens/s;
   - peak GPU memory, the memory plan (a hybrid model's recurrent state per sequence beside its KV per
@@ -40,6 +42,7 @@ import evs  # noqa: E402
 from assets.clips import write_clip  # noqa: E402
 from bench.bursts import engine_burst  # noqa: E402
 from bench.environment import machine, versions  # noqa: E402
+from bench.reading import reading_rows  # noqa: E402
 from bench.summary import burst_summary  # noqa: E402
 from bench.ttft_by_rate import ttft_by_rate  # noqa: E402
 from bench.vit_timing import prepared_prompts, vit_forward_s  # noqa: E402
@@ -76,9 +79,10 @@ def workload(quick: bool, engine: Engine) -> dict:
     (on a GPU 2 fps, up to 128 frames, 448x448: ~12.5 k video tokens on Qwen3-VL, the regime EVS exists
     for), or with --quick a CPU-sized stand-in."""
     if quick:
-        return dict(seconds=10.0, fps=8, size=(160, 120),
+        return dict(seconds=10.0, fps=8, size=(160, 120), short_seconds=3.0, short_size=(160, 120),
                     sampling=SamplingParams(fps=2.0, max_frames=8, max_pixels_per_frame=112 * 112))
-    return dict(seconds=120.0, fps=24, size=(1280, 720), sampling=engine.default_sampling)
+    return dict(seconds=120.0, fps=24, size=(1280, 720), short_seconds=8.0, short_size=(640, 480),
+                sampling=engine.default_sampling)
 
 
 def make_clips(folder: Path, work: dict) -> list[Path]:
@@ -93,6 +97,12 @@ def make_clips(folder: Path, work: dict) -> list[Path]:
 
     with ThreadPoolExecutor(max_workers=4) as pool:
         return list(pool.map(write, range(USERS)))
+
+
+def make_short_clip(folder: Path, work: dict) -> Path:
+    """The short clip of the reading table (a size and length people upload from a phone's messenger)."""
+    return write_clip(folder / "short.mp4", "pan", seconds=work["short_seconds"], fps=work["fps"],
+                      size=work["short_size"], options={"preset": "ultrafast", "crf": "23", "threads": "0"})
 
 
 def params(q: float, work: dict, new_tokens: int) -> GenerationParams:
@@ -150,6 +160,11 @@ def print_table(report: dict) -> None:
         print(f"| {r['pruning_rate']} | {r['video_tokens_kept']}/{r['video_tokens_total']} | {r['decode_video_s']:.3f} "
               f"| {r['vit_s']:.3f} | {r['evs_s']:.4f} | {r['prefill_s']:.3f} | {r['ttft_s']:.3f} "
               f"| {r['ideal_ttft_s']:.3f} | {r['ttft_over_ideal']:.2f} |")
+    print("\n| reading, q = 0 | frames | waiting for a reader s | reading s | rest of TTFT s | TTFT s | reading's share |")
+    print("|---|---|---|---|---|---|---|")
+    for r in report["reading"]:
+        print(f"| {r['video']} | {r['frames_sampled']} | {r['read_wait_s']:.4f} | {r['read_s']:.3f} | {r['rest_s']:.3f} "
+              f"| {r['ttft_s']:.3f} | {100 * r['read_share']:.0f} % |")
     vit = report["vit"]
     print(f"\n| ViT over {vit['videos']} videos ({vit['patches_per_video']} patches each) | seconds |\n|---|---|")
     print(f"| one forward | {vit['one_forward_s']:.3f} |\n| {vit['videos']} separate forwards | "
@@ -189,6 +204,10 @@ def run(args: argparse.Namespace) -> tuple[dict, list[str]]:
                 torch.cuda.reset_peak_memory_stats(device)
             rows = ttft_by_rate(engine, clips[0], PRUNING_RATES, QUESTION,
                                 lambda q: params(q, work, args.new_tokens))
+            short = make_short_clip(Path(folder), work)
+            reading = reading_rows(engine, {f"{work['short_seconds']:g}-s {work['short_size'][0]}x{work['short_size'][1]}": short,
+                                            f"{work['seconds']:g}-s {work['size'][0]}x{work['size'][1]}": clips[0]},
+                                   QUESTION, params(0.0, work, args.new_tokens))
             bursts = []
             for q in BURST_RATES:
                 summary, answers = burst(engine, clips, q, work, args.new_tokens)
@@ -208,6 +227,8 @@ def run(args: argparse.Namespace) -> tuple[dict, list[str]]:
         "workload": {"clip_seconds": work["seconds"], "clip_fps": work["fps"], "clip_size": list(work["size"]),
                      "sampling": asdict(work["sampling"]), "new_tokens": args.new_tokens},
         "ttft_by_rate": rows,
+        "reading": reading,
+        "readers": engine.readers.size,
         "vit": vit,
         "bursts": bursts,
         "peak_gpu_memory_gib": peak,

@@ -3,7 +3,7 @@
 import json
 from pathlib import Path
 
-from . import concurrency, decoding_hook, follow_up, targets, ttft_by_rate, users, vit_batching
+from . import concurrency, decoding_hook, follow_up, reading, targets, ttft_by_rate, users, vit_batching
 
 # (report key, heading, table maker), in printing order.
 SECTIONS = (
@@ -13,7 +13,8 @@ SECTIONS = (
     ("concurrency", "Throughput vs concurrency", concurrency.markdown),
     ("follow_up", "Follow-up question vs cold", follow_up.markdown),
     ("vit_batching", "ViT batching", vit_batching.markdown),
-    ("decoding", "Video decoding", decoding_hook.markdown),
+    ("reading", "Reading the video vs the rest of TTFT, one request alone (q = 0)", reading.markdown),
+    ("decoding", "Video reading", decoding_hook.markdown),
     ("targets", "Targets", targets.markdown),
 )
 

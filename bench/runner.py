@@ -11,8 +11,10 @@ from engine import Engine, EngineConfig
 from . import environment, peer
 from .bursts import burst_round, engine_burst, median_run, median_runs
 from .concurrency import concurrency_rows
+from .decoding import long_gop_file
 from .decoding_hook import decoding_results
 from .follow_up import follow_up_rows
+from .reading import reading_rows
 from .targets import target_rows
 from .ttft_by_rate import ttft_by_rate
 from .users import peer_record, users_rows
@@ -26,14 +28,17 @@ def log(message: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
-def run(work: Workload, device: str, mode: str, command: str) -> dict:
-    """Every scenario on `work`: caches off (each request decodes, encodes and prefills for itself) except
-    for the follow-up, which measures them. mode: "full" or "quick"; command: the command line, recorded."""
+def run(work: Workload, device: str, mode: str, command: str, keep: Path | None = None) -> dict:
+    """Every scenario on `work`: caches off (each request reads, encodes and prefills for itself) except
+    for the follow-up, which measures them. mode: "full" or "quick"; command: the command line, recorded;
+    keep: a folder to make the long-GOP file in (or reuse it from) instead of a temporary one."""
     started = datetime.now(timezone.utc)
     start = time.perf_counter()
     report: dict = {"command": command, "mode": mode, "started_at": started.isoformat(timespec="seconds")}
     with tempfile.TemporaryDirectory() as folder:
         clips = make_clips(Path(folder), work.clip_count)
+        log("making the long-GOP file (minutes on two cores in full mode)")
+        long_file, _ = long_gop_file(mode == "quick", keep or Path(folder))
         with Engine(EngineConfig(model=work.model, device=device, sampling=work.sampling, **NO_CACHES)) as engine:
             report["environment"] = environment.describe(engine)
             engine_burst(engine, clips[:2], params(0.5, 2))  # first-request costs, untimed
@@ -51,15 +56,18 @@ def run(work: Workload, device: str, mode: str, command: str) -> dict:
             grid, served = median_runs(rounds), median_run(peer_runs)
             log("ViT batching")
             report["vit_batching"] = vit_batching(engine, clips[:work.vit_videos], work.sampling, work.vit_repeats)
+            log("reading vs the rest of TTFT")
+            report["reading"] = reading_rows(engine, {"short clip (4 s, 224x224)": clips[0], "long-GOP file": long_file},
+                                             QUESTION, params(0.0, work.new_tokens), work.repeats)
         report["users"] = users_rows(grid, served, work.users, work.burst_rates)
         report["peer"] = peer_record(served, work.new_tokens)
         report["concurrency"] = concurrency_rows(grid, work.concurrency, work.burst_rates)
         log("follow-up vs cold")
         with Engine(EngineConfig(model=work.model, device=device, sampling=work.sampling)) as engine:
             report["follow_up"] = follow_up_rows(engine, clips, work.burst_rates, work.new_tokens)
-    log("video decoding")
-    report["decoding"] = decoding_results(mode == "quick")
-    report["targets"] = target_rows(report["users"], report["concurrency"])
+        log("video reading")
+        report["decoding"] = decoding_results(mode == "quick", long_file.parent)
+    report["targets"] = target_rows(report["users"], report["concurrency"], report["reading"], report["decoding"])
     report["workload"] = {**asdict(work), "clips": "224x224, 8 fps, 4-4.75 s, distinct per user"}
     report["duration_s"] = time.perf_counter() - start
     return report

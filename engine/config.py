@@ -79,7 +79,7 @@ DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
 # before decoding, since each decoded frame alone is 50 MB and the decoder holds a dozen.
 MAX_VIDEO_SECONDS = 3 * 3600.0
 MAX_VIDEO_SOURCE_PIXELS = 4096 * 2160
-# Heap and private writable memory of the decoder process (RLIMIT_DATA). Measured on a 2-minute 1080p file:
+# Heap and private writable memory of a reader process while it reads one file (RLIMIT_DATA). Measured on a 2-minute 1080p file:
 # 0.2 GB for 32 frames of 224x224, 0.8 GB at the UI's largest (256 frames of up to 896x896, 0.6 GB of them);
 # a 4K source adds a few hundred MB of reference frames. A file that makes FFmpeg allocate without bound
 # gets a MemoryError in its own process and the user a sentence.
@@ -94,9 +94,12 @@ class EngineConfig:
     sampling: SamplingParams | None = None
     max_video_seconds: float = MAX_VIDEO_SECONDS
     max_video_source_pixels: int = MAX_VIDEO_SOURCE_PIXELS  # width*height of the frames as stored, before resizing
-    decode_memory_bytes: int = DECODE_MEMORY_BYTES  # the decoder process's memory cap (RLIMIT_DATA)
+    decode_memory_bytes: int = DECODE_MEMORY_BYTES  # a reader process's memory cap per file (RLIMIT_DATA)
     max_file_bytes: int = 200 * 1024 * 1024
-    decode_timeout_s: float = 60.0
+    decode_timeout_s: float = 60.0  # reading one upload, once a reader has it (waiting for one is not counted)
+    # Warm reader processes (engine/reader_pool.py): how many uploads are read at once, and how many parts
+    # a long video is read in. None: one per core this process may run on.
+    video_readers: int | None = None
     # Patches (pre-merge rows) in one ViT forward before the batch is split; None picks by device:
     # 65536 on a GPU (bounds activation memory), 4096 on a CPU, where larger batches overflow the caches
     # and turn the elementwise ops memory-bound (2 cores, 8 videos of 1568 patches: one forward 1.18x

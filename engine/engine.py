@@ -31,6 +31,7 @@ from .lru import ByteLRU
 from .memory_plan import Plan, engine_plan
 from .models import load_model
 from .prompt import prepare_prompt
+from .reader_pool import ReaderPool, default_size
 from .request import Request
 from .runner import vit_token_budget
 from .sampling import SplitDetokenizer
@@ -119,7 +120,6 @@ class Engine:
         self._think_end = think_end_id(self.family, self.loaded.processor.tokenizer)
         self._ids = itertools.count(1)
         self._admission = threading.BoundedSemaphore(self.config.max_queue)
-        self._prepare_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="evs-prepare")
         self._closed = False
         self._submit_lock = threading.Lock()  # a submit never races shutdown past the closed check
         self._preparing = 0  # requests submitted and not yet handed to the worker
@@ -147,6 +147,11 @@ class Engine:
         # would be refused.
         self._memory_plan.check_serviceable(min(planned_video_tokens, tokens_of(SamplingParams())))
         self._worker = Worker(self.loaded, self.family, self.config, max_running=self._memory_plan.max_running)
+        # Started last, once nothing above can fail: the readers live until shutdown.
+        self._readers = ReaderPool(self.config.video_readers or default_size())
+        # As many as there are readers (two at least: one hashes or runs the HF processor while another
+        # waits on a reader), so every reader can be busy.
+        self._prepare_pool = ThreadPoolExecutor(max_workers=max(2, self._readers.size), thread_name_prefix="evs-prepare")
         self._worker.start()
 
     @property
@@ -200,6 +205,11 @@ class Engine:
     def vision(self):
         """The vision batcher (its feature cache and forward count), for tests and benchmarks."""
         return self._worker.runner.vision
+
+    @property
+    def readers(self) -> ReaderPool:
+        """The warm reader processes (their pids and how many are idle), for tests and benchmarks."""
+        return self._readers
 
     @property
     def prefix_cache(self):
@@ -304,7 +314,7 @@ class Engine:
             stream.push(Event("status", "reading video"))
             start = time.perf_counter()
             sampling = request.sampling
-            request.video = self._sampled_video(request.video_path, sampling)
+            request.video, read_now = self._sampled_video(request.video_path, sampling)
             think_end = self._think_end if request.params.enable_thinking else None
             request.prompt = prepare_prompt(
                 self.loaded,
@@ -319,6 +329,8 @@ class Engine:
             T, h, w = request.prompt.grid_thw
             stats = request.stats
             stats.decode_video_s = time.perf_counter() - start
+            stats.read_wait_s = request.video.read_wait_s if read_now else 0.0
+            stats.read_s = request.video.read_s if read_now else 0.0
             stats.frames_sampled = len(request.video.frames)
             stats.sampled_fps = request.video.sampled_fps
             stats.grid_thw, stats.video_tokens_total = [T, h, w], T * h * w
@@ -346,13 +358,14 @@ class Engine:
                 f"need {prompt_tokens + max_new_tokens:,} tokens, more than the model's context of {context:,}: "
                 "sample fewer frames or fewer pixels per frame, or start a new conversation.")
 
-    def _sampled_video(self, path: str, sampling) -> SampledVideo:
-        """Decoded frames of an upload, shared: a recent decode is reused, and two requests on the same
-        bytes at once (compare mode, several users) wait for one decode instead of running two."""
+    def _sampled_video(self, path: str, sampling) -> tuple[SampledVideo, bool]:
+        """(sampled frames of an upload, whether they were read for this request), shared: a recent read is
+        reused, and two requests on the same bytes at once (compare mode, several users) wait for one read
+        instead of running two (both count it as theirs)."""
         file = Path(path)
         hashable = file.is_file() and file.stat().st_size <= self.config.max_file_bytes
         if not hashable:  # load_video says what is wrong with it
-            return self._load_video(path, sampling, None)
+            return self._load_video(path, sampling, None), True
         key = (file_sha256(path), sampling)
         with self._decoded_lock:
             video = self._decoded.get(key)
@@ -361,15 +374,15 @@ class Engine:
             if owner:
                 pending = self._decoding[key] = Future()
         if video is not None:
-            return video
+            return video, False
         if not owner:
-            return pending.result()
+            return pending.result(), True
         try:
             video = self._load_video(path, sampling, key[0])
             with self._decoded_lock:
                 self._decoded.put(key, video, video.frames.nbytes)
             pending.set_result(video)
-            return video
+            return video, True
         except BaseException as error:
             pending.set_exception(error)
             raise
@@ -389,6 +402,7 @@ class Engine:
             content_hash=digest,
             max_source_pixels=config.max_video_source_pixels,
             memory_bytes=config.decode_memory_bytes,
+            readers=self._readers,
         )
 
     def shutdown(self) -> None:
@@ -396,6 +410,7 @@ class Engine:
         with self._submit_lock:
             self._closed = True
         self._prepare_pool.shutdown(wait=True)
+        self._readers.shutdown()
         self._worker.stop()
         self._worker.join(timeout=30)
 

@@ -24,6 +24,8 @@ class Stats:
     ttft_s: float | None = None  # submit -> first generated token (thinking or answer)
     total_s: float | None = None  # submit -> done
     decode_video_s: float | None = None  # reading the file + frame sampling + HF processor
+    read_wait_s: float | None = None  # of decode_video_s, waiting for a free reader process (0 on a frame cache hit)
+    read_s: float | None = None  # of decode_video_s, the reader(s) reading the file (0 on a frame cache hit)
     vit_s: float | None = None  # the vision forward this request took part in
     evs_s: float | None = None
     prefill_s: float | None = None

@@ -1,26 +1,20 @@
-"""Validate an uploaded video and sample its frames by time, decoding in a separate process.
+"""Validate an uploaded video and sample its frames by time, reading it in an isolated reader process.
 
-Decoding runs in a fresh Python interpreter so that a malformed file that crashes or hangs the decoder
-costs that process, not the server; the parent kills it after the timeout, and the child's memory is
-capped so that a file that makes the decoder allocate without bound fails alone. It is started with
-subprocess rather than multiprocessing 'spawn' because a spawn child re-imports the parent's main
-module (app.py: gradio, torch) and the engine package (torch, transformers): measured at 14-21 s and
-860 MB per upload, against about 0.5 s and 50 MB for numpy and PyAV alone.
+Reading runs in a child process (engine/reader_pool.py, engine/video_reader.py) so that a malformed file
+that crashes or hangs the decoder costs that process, not the server: the pool kills it after the
+timeout and starts another, and the child's memory is capped so that a file that makes the decoder
+allocate without bound fails alone. The engine keeps a warm pool of readers that have imported PyAV and
+numpy already; `load_video` without one starts a reader for the file alone, as every upload once had.
 
-The child decodes with PyAV (engine/video_pyav.py) rather than decord 0.6, the engine's decoder before:
+The reader decodes with PyAV (engine/video_pyav.py) rather than decord 0.6, the engine's decoder before:
 the frames' presentation times come from the container, so variable-frame-rate files are sampled at the
 right seconds; it reads every codec its FFmpeg has (AV1 included, which decord 0.6 cannot); and it
 decodes the 32 sampled frames of a 2-minute 1080p long-GOP H.264 file with 40% less CPU (seeking only
-where it pays and skipping frames nothing refers to; bench/decoding.py). Small clips cost it about 0.1 s
-more, importing PyAV.
+where it pays and skipping frames nothing refers to; bench/decoding.py).
 """
 
 import hashlib
-import json
 import math
-import os
-import subprocess
-import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -28,24 +22,13 @@ import numpy as np
 
 from engine.config import DECODE_MEMORY_BYTES, MAX_VIDEO_SOURCE_PIXELS, SamplingParams
 from engine.errors import InputError
+from engine.reader_pool import ReaderPool
+from engine.video_segments import assemble
 
 MISSING = "Please upload a video file."
 UNREADABLE = "The file could not be read as a video."
 TOO_SLOW = "Reading the video took too long; try a shorter or smaller file."
 OUT_OF_MEMORY = "Reading the video needed more memory than the server allows; try a smaller file."
-
-# The child imports this module under a bare `engine` package so that engine/__init__.py (torch,
-# transformers) never runs there: argv[1] is the engine folder, argv[2] the request as JSON.
-_CHILD_PROGRAM = """
-import sys, types
-package = types.ModuleType("engine")
-package.__path__ = [sys.argv[1]]
-sys.modules["engine"] = package
-from engine.video import _child_main
-_child_main(sys.argv[2])
-"""
-_ENGINE_DIR = Path(__file__).resolve().parent
-
 
 @dataclass(frozen=True)
 class SampledVideo:
@@ -58,7 +41,9 @@ class SampledVideo:
     the video. duration_s: first frame's start to last frame's end. native_fps: total_frames /
     duration_s, the average rate. sampled_fps: N / duration_s, the rate actually sampled (below the
     asked fps once max_frames caps a long video); Qwen's seconds per temporal group follow from it.
-    content_hash: sha256 hex of the file bytes.
+    content_hash: sha256 hex of the file bytes. read_wait_s: seconds the read waited for a free reader;
+    read_s: seconds the reader(s) took, from the file handed over to the last frame back. readers: how
+    many readers read it at once (more than one for a long video split at keyframes).
     """
 
     frames: np.ndarray
@@ -69,6 +54,9 @@ class SampledVideo:
     duration_s: float
     sampled_fps: float
     content_hash: str
+    read_wait_s: float = 0.0
+    read_s: float = 0.0
+    readers: int = 1
 
 
 def file_sha256(path) -> str:
@@ -91,15 +79,18 @@ def load_video(
     content_hash: str | None = None,
     max_source_pixels: int = MAX_VIDEO_SOURCE_PIXELS,
     memory_bytes: int = DECODE_MEMORY_BYTES,
+    readers: ReaderPool | None = None,
 ) -> SampledVideo:
-    """Check the upload, decode the sampled frames in a child process, and return them.
+    """Check the upload, read the sampled frames in a reader process, and return them.
 
     content_hash: the file's sha256 when the caller already computed it (it is read again otherwise).
     max_source_pixels: most width*height of the file's frames as stored, before any resizing.
-    memory_bytes: the decoder process's cap on heap and private writable memory (RLIMIT_DATA).
+    memory_bytes: the reader process's cap on heap and private writable memory (RLIMIT_DATA).
+    readers: the engine's warm pool, where timeout_s bounds the reading, not the wait for a free reader;
+    None starts one reader for this file alone and stops it after, and timeout_s bounds both.
     Raises InputError (one sentence for the user) when the file is missing, larger than max_bytes,
     not a readable video, longer than max_seconds, larger per frame than max_source_pixels, needs more
-    than memory_bytes, or takes longer than timeout_s to decode.
+    than memory_bytes, or takes longer than timeout_s to read.
     """
     if not path or not Path(path).is_file():
         raise InputError(MISSING)
@@ -109,8 +100,15 @@ def load_video(
         raise InputError(f"The video is {size_text}; the limit is {limit_text}.")
     request = {"path": str(path), "sampling": asdict(sampling), "max_seconds": max_seconds,
                "patch": temporal_patch, "max_source_pixels": max_source_pixels, "memory_bytes": memory_bytes}
-    header, frames = _decode_isolated(request, timeout_s)
+    if readers is None:  # the reader's start counts against the timeout, as a fresh process per file did
+        with ReaderPool(1) as own:
+            read = own.read(request, timeout_s, count_wait=True)
+    else:
+        read = readers.read(request, timeout_s)
+    header = read.header
     status = header["status"]
+    if status == "too_slow":
+        raise InputError(TOO_SLOW)
     if status == "too_long":
         length_text, limit_text = _duration_pair(header["duration_s"], max_seconds)
         raise InputError(f"The video is {length_text} long; the limit is {limit_text}.")
@@ -121,19 +119,40 @@ def load_video(
                          f"the limit is {_number(max_source_pixels / 1e6)} megapixels.")
     if status == "out_of_memory":
         raise InputError(OUT_OF_MEMORY)
-    if status != "ok":
+    assembled = _frames_in_order(header, read.parts) if status == "ok" else None
+    if assembled is None:
         raise InputError(UNREADABLE)
+    frames, frame_indices, timestamps_s = assembled
     duration_s = header["duration_s"]
     return SampledVideo(
         frames=frames,
-        frame_indices=header["frame_indices"],
-        timestamps_s=header["timestamps_s"],
+        frame_indices=frame_indices,
+        timestamps_s=timestamps_s,
         native_fps=header["total_frames"] / duration_s,
         total_frames=header["total_frames"],
         duration_s=duration_s,
         sampled_fps=len(frames) / duration_s,
         content_hash=content_hash or file_sha256(path),
+        read_wait_s=read.wait_s,
+        read_s=read.read_s,
+        readers=read.readers,
     )
+
+
+def _frames_in_order(header: dict, parts: list) -> tuple[np.ndarray, list[int], list[float]] | None:
+    """The readers' frames in sampled order, or None when the answer does not hold up (no frames, a
+    duration or frame count that is not positive, a garbled header)."""
+    try:
+        if not header["duration_s"] > 0 or header["total_frames"] <= 0:
+            return None
+        assembled = assemble(header["wanted"], parts)
+    except (KeyError, TypeError, ValueError, IndexError):
+        return None
+    if assembled is None or len(assembled[0]) != len(header["wanted"]):
+        return None
+    frames = assembled[0]
+    # Writable, so torch.from_numpy downstream does not warn (an array read from a pipe is already).
+    return (frames if frames.flags.writeable else frames.copy()), assembled[1], assembled[2]
 
 
 def sampled_frame_count(duration_s: float, total_frames: int, sampling: SamplingParams, temporal_patch: int = 2) -> int:
@@ -188,70 +207,6 @@ def fit_pixels(height: int, width: int, max_pixels: int) -> tuple[int, int]:
         else:
             new_w = max(1, max_pixels // new_h)
     return new_h, new_w
-
-
-def _decode_isolated(request: dict, timeout_s: float) -> tuple[dict, np.ndarray | None]:
-    """Decode in a child process: (header, frames). A crash or a garbled answer reads as unreadable."""
-    command = [sys.executable, "-c", _CHILD_PROGRAM, str(_ENGINE_DIR), json.dumps(request)]
-    child = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
-    try:
-        output, _ = child.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        raise InputError(TOO_SLOW) from None
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.communicate()
-    if child.returncode != 0:
-        return {"status": "unreadable"}, None
-    return _parse_answer(output)
-
-
-def _parse_answer(output: bytes) -> tuple[dict, np.ndarray | None]:
-    """Split the child's answer: one JSON header line, then (N, H, W, 3) uint8 frame bytes when "ok"."""
-    line, _, payload = output.partition(b"\n")
-    try:
-        header = json.loads(line)
-        if header["status"] != "ok":
-            return header, None
-        # copy(): a writable array, so torch.from_numpy downstream does not warn.
-        frames = np.frombuffer(payload, np.uint8).reshape(header["shape"]).copy()
-        if len(header["frame_indices"]) != len(frames) or len(header["timestamps_s"]) != len(frames):
-            return {"status": "unreadable"}, None
-        if not header["duration_s"] > 0 or header["total_frames"] <= 0:
-            return {"status": "unreadable"}, None
-    except (ValueError, KeyError, TypeError):
-        return {"status": "unreadable"}, None
-    return header, frames
-
-
-def _child_main(request_json: str) -> None:
-    """Body of the decoder process: write the header line and frame bytes to stdout."""
-    import resource
-
-    answer = os.fdopen(os.dup(1), "wb")
-    # Anything the native decoder prints goes to stderr, never into the answer.
-    os.dup2(2, 1)
-    request = json.loads(request_json)
-    from engine.video_pyav import decode_file
-
-    # After the libraries load (their fixed cost), before any decoding: an allocation past the cap fails,
-    # in Python or in FFmpeg. RLIMIT_DATA (heap and private writable mappings) rather than RLIMIT_AS: the
-    # address space also counts the 64 MB malloc arena each decoder thread reserves but barely touches,
-    # so a cap on it would track the core count rather than the memory used.
-    resource.setrlimit(resource.RLIMIT_DATA, (request["memory_bytes"], request["memory_bytes"]))
-    try:
-        sampling = SamplingParams(**request["sampling"])
-        header, frames = decode_file(request["path"], sampling, request["max_seconds"], request["patch"],
-                                     request["max_source_pixels"])
-    except (MemoryError, BlockingIOError):  # EAGAIN: FFmpeg could not start a thread (its stack) under the cap
-        header, frames = {"status": "out_of_memory"}, None
-    except Exception:  # the decoder reports broken input as its own errors
-        header, frames = {"status": "unreadable"}, None
-    answer.write(json.dumps(header).encode() + b"\n")
-    if frames is not None:
-        answer.write(np.ascontiguousarray(frames).data)  # the buffer itself: no second copy of the frames
-    answer.flush()
 
 
 def size_pair(size_bytes: int, limit_bytes: int) -> tuple[str, str]:

@@ -1,4 +1,4 @@
-"""PyAV decoding, run in engine/video.py's child process: the video's timeline from its packets, then the
+"""PyAV decoding, run in a reader process (engine/video_reader.py): the video's timeline from its packets, then the
 sampled frames only, each decoded the cheapest way the file allows.
 
 1. One pass over the packets, without decoding, gives every frame's presentation time (PTS) and which
@@ -26,6 +26,7 @@ import numpy as np
 
 from engine.config import SamplingParams
 from engine.video import fit_pixels, sample_by_time, sampled_frame_count
+from engine.video_segments import assemble
 
 # A seek drops the frames the decoder threads have in flight and restarts at a keyframe: when the next
 # keyframe is only a few frames ahead, decoding through to it costs less.
@@ -67,14 +68,23 @@ class Timeline:
         return float(self.seconds([self.end])[0])
 
 
-def decode_file(path: str, sampling: SamplingParams, max_seconds: float, temporal_patch: int,
-                max_source_pixels: int) -> tuple[dict, np.ndarray | None]:
-    """(header, (N, H, W, 3) uint8 frames or None): the child's answer for one upload.
+@dataclass(frozen=True)
+class Plan:
+    """What to read from one upload: its timeline, the pts of each sampled frame (wanted: N ascending, a pts
+    repeated where two sampled times show the same frame), its frame size as stored and as sampled."""
 
-    header["status"]: "ok" (with shape, frame_indices, timestamps_s, total_frames, duration_s, and what
-    decoding took: decoded_size, the (width, height) the decoder gave before scaling, frames_decoded,
-    seeks, and in_order, True when every frame was decoded from the start), "too_long" (duration_s),
-    "too_many_pixels" (size), or "unreadable".
+    timeline: Timeline
+    wanted: list[int]
+    stored_hw: tuple[int, int]
+    fit_hw: tuple[int, int]
+
+
+def plan_file(path: str, sampling: SamplingParams, max_seconds: float, temporal_patch: int,
+              max_source_pixels: int) -> tuple[dict, Plan | None]:
+    """(header, plan): the file's checks and its sampled frames' pts, from one pass over its packets.
+
+    header["status"]: "ok" (with total_frames and duration_s; the plan goes with it), "too_long"
+    (duration_s), "too_many_pixels" (size), or "unreadable".
     """
     with av.open(path) as container:
         # FFmpeg reads still images (PNG, JPEG, ...) through image demuxers as one-frame videos: not uploads.
@@ -95,42 +105,77 @@ def decode_file(path: str, sampling: SamplingParams, max_seconds: float, tempora
             return {"status": "too_long", "duration_s": timeline.duration_s}, None
     count = sampled_frame_count(timeline.duration_s, len(timeline.pts), sampling, temporal_patch)
     wanted = [int(timeline.pts[i]) for i in sample_by_time(timeline.pts, count)]
-    fit_hw = fit_pixels(height, width, sampling.max_pixels_per_frame)
+    plan = Plan(timeline, wanted, (height, width), fit_pixels(height, width, sampling.max_pixels_per_frame))
+    return {"status": "ok", "total_frames": len(timeline.pts), "duration_s": timeline.duration_s}, plan
+
+
+def read_targets(path: str, plan: Plan, targets: list[int]) -> tuple[list[dict], np.ndarray | None, dict]:
+    """(entries, (K, H, W, 3) uint8 frames or None, work): the frames at the ascending, distinct pts
+    `targets` (all of plan.wanted's or one segment's), decoded the planned way, or in order from the first
+    frame where a seek missed.
+
+    entries: one {"pts": target, "ordinal": the frame shown, "seconds": its time} per frame, in target
+    order; a target past the last frame that decodes has none. work: frames_decoded, seeks, in_order (True
+    when decoded from the start), decoded_size (the (width, height) the decoder gave before scaling).
+    """
+    timeline = plan.timeline
 
     def planned(container, stream, convert):
-        return decode_planned(container, stream, timeline, wanted, convert)
+        return decode_planned(container, stream, timeline, targets, convert)
 
     def in_order(container, stream, convert):
-        return decode_in_order(container, stream, timeline, wanted, convert)
+        return decode_in_order(container, stream, timeline, targets, convert)
 
     try:
-        taken, work = with_fresh_decoder(path, (height, width), fit_hw, planned)
+        taken, work = with_fresh_decoder(path, plan.stored_hw, plan.fit_hw, planned)
     except SeekMissed:
-        taken, work = with_fresh_decoder(path, (height, width), fit_hw, in_order)
+        taken, work = with_fresh_decoder(path, plan.stored_hw, plan.fit_hw, in_order)
     if not taken:
+        return [], None, work
+    order = sorted(taken)
+    shown = [taken[pts][0] for pts in order]
+    ordinals = np.minimum(np.searchsorted(timeline.pts, shown), len(timeline.pts) - 1)
+    work["decoded_size"] = list(taken[order[-1]][2])
+    frames = np.empty((len(order), *taken[order[-1]][1].shape), np.uint8)
+    for row, pts in enumerate(order):
+        frames[row] = taken.pop(pts)[1]  # popped: the frames are held once, not twice, at the peak
+    entries = [{"pts": pts, "ordinal": int(ordinal), "seconds": float(seconds)}
+               for pts, ordinal, seconds in zip(order, ordinals, timeline.seconds(shown))]
+    return entries, frames, work
+
+
+def decode_file(path: str, sampling: SamplingParams, max_seconds: float, temporal_patch: int,
+                max_source_pixels: int) -> tuple[dict, np.ndarray | None]:
+    """(header, (N, H, W, 3) uint8 frames or None): one upload read whole in this process, as one reader
+    reads it.
+
+    header["status"]: "ok" (with shape, frame_indices, timestamps_s, total_frames, duration_s, and what
+    decoding took: read_targets' work), or plan_file's other statuses.
+    """
+    header, plan = plan_file(path, sampling, max_seconds, temporal_patch, max_source_pixels)
+    if plan is None:
+        return header, None
+    entries, frames, work = read_targets(path, plan, sorted(set(plan.wanted)))
+    assembled = assemble(plan.wanted, [(entries, frames)]) if entries else None
+    if assembled is None:
         return {"status": "unreadable"}, None
-    # Frames past the last one that decodes (a count from a damaged file) repeat it.
-    latest = taken[max(taken)]
-    frames = np.empty((len(wanted), *latest[1].shape), np.uint8)
-    shown_pts = []
-    for slot, pts in enumerate(wanted):
-        shown, rgb, _ = taken.get(pts, latest)
-        frames[slot] = rgb
-        shown_pts.append(shown)
-        if slot + 1 == len(wanted) or wanted[slot + 1] != pts:  # wanted ascends: this frame's last slot
-            taken.pop(pts, None)  # so the frames are held once, not twice, at the peak
-    ordinals = np.minimum(np.searchsorted(timeline.pts, shown_pts), len(timeline.pts) - 1)
-    header = {
-        "status": "ok",
-        "shape": list(frames.shape),
-        "frame_indices": [int(i) for i in ordinals],
-        "timestamps_s": [float(t) for t in timeline.seconds(shown_pts)],
-        "total_frames": len(timeline.pts),
-        "duration_s": timeline.duration_s,
-        "decoded_size": list(latest[2]),
-        **work,
-    }
-    return header, frames
+    frames, ordinals, seconds = assembled
+    return {**header, "shape": list(frames.shape), "frame_indices": ordinals, "timestamps_s": seconds, **work}, frames
+
+
+def timeline_message(timeline: Timeline) -> tuple[dict, bytes]:
+    """The timeline as a JSON-ready dict and the bytes of its pts and keyframes (int64), for a reader that
+    reads one segment of the same file (timeline_from_message is the inverse)."""
+    keyframes = np.asarray(timeline.keyframes, dtype=np.int64)
+    meta = {"frames": len(timeline.pts), "keyframes": len(keyframes), "time_base": [timeline.time_base.numerator,
+            timeline.time_base.denominator], "end": int(timeline.end), "by_order": timeline.by_order}
+    return meta, np.ascontiguousarray(timeline.pts, dtype=np.int64).tobytes() + keyframes.tobytes()
+
+
+def timeline_from_message(meta: dict, payload: bytes) -> Timeline:
+    numbers = np.frombuffer(payload, np.int64)
+    pts, keyframes = numbers[:meta["frames"]], numbers[meta["frames"]:meta["frames"] + meta["keyframes"]]
+    return Timeline(pts, [int(key) for key in keyframes], Fraction(*meta["time_base"]), meta["end"], meta["by_order"])
 
 
 def with_fresh_decoder(path: str, stored_hw: tuple[int, int], fit_hw: tuple[int, int], decode):

@@ -187,9 +187,15 @@ def engine_app(config: EngineConfig, replicas: int, *, gpus: bool, cpus_per_repl
                warm_up_clip: str | None = None):
     """The bound Serve application: `replicas` engines, one GPU each when `gpus`, else
     `cpus_per_replica` CPUs each (torch then runs that many threads, at least one), routed by video;
-    each answers `warm_up_clip` once before it takes requests."""
+    each answers `warm_up_clip` once before it takes requests. Unless the config sets video_readers, each
+    replica reads videos with its share of the cores."""
     actor_options = {"num_gpus": 1} if gpus else {"num_cpus": cpus_per_replica}
     cpu_threads = None if gpus else max(1, int(cpus_per_replica))
+    if config.video_readers is None:
+        # Each replica's reader pool takes its share of the host's cores, not all of them: replicas x cores
+        # reader processes would only contend for the same cores.
+        share = cpu_threads or (os.cpu_count() or 1) // replicas
+        config = dataclasses.replace(config, video_readers=max(1, share))
     deployment = serve.deployment(EngineReplica).options(
         name=DEPLOYMENT_NAME,
         num_replicas=replicas,

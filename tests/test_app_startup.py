@@ -122,6 +122,7 @@ def test_flags_win_over_environment(monkeypatch):
     monkeypatch.setenv("GRADIO_SERVER_NAME", "0.0.0.0")
     monkeypatch.delenv("EVS_HOST", raising=False)
     monkeypatch.delenv("EVS_STRICT_MODEL", raising=False)
+    monkeypatch.delenv("EVS_VIDEO_READERS", raising=False)
     args = app.parse_args([])
     assert (args.model, args.port, args.host, args.strict_model) == ("from-env", 9001, "0.0.0.0", False)
     args = app.parse_args(["--model", "tiny-random", "--port", "7000", "--host", "127.0.0.1"])
@@ -131,6 +132,9 @@ def test_flags_win_over_environment(monkeypatch):
     monkeypatch.setenv("EVS_MAX_FILE_MB", "5")
     args = app.parse_args([])
     assert (args.port, args.strict_model, args.max_file_mb) == (9002, True, 5.0)
+    assert args.video_readers is None  # the engine's default: one reader per core
+    monkeypatch.setenv("EVS_VIDEO_READERS", "3")
+    assert app.parse_args([]).video_readers == 3 and app.parse_args(["--video-readers", "5"]).video_readers == 5
 
 
 def test_bad_port_in_environment_is_a_usage_error(monkeypatch, capsys):

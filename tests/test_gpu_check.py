@@ -40,6 +40,7 @@ def test_quick_run_passes_and_prints_one_table(quick_run):
     assert "| q | video tokens kept/total | decode s | ViT s | EVS s | prefill s | TTFT s | ideal s | TTFT/ideal |" in (
         result.stdout)
     assert "| 8 users at once |" in result.stdout
+    assert "| reading, q = 0 | frames | waiting for a reader s | reading s | rest of TTFT s | TTFT s |" in result.stdout
 
 
 def test_quick_run_saves_every_figure(quick_run):
@@ -52,6 +53,11 @@ def test_quick_run_saves_every_figure(quick_run):
     for row in report["ttft_by_rate"]:
         assert row["ttft_s"] >= row["decode_video_s"] + row["vit_s"] + row["prefill_s"] > 0
         assert row["ideal_ttft_s"] > 0
+    assert [row["video"] for row in report["reading"]] == ["3-s 160x120", "10-s 160x120"]
+    for row in report["reading"]:
+        assert row["read_s"] > 0 and row["rest_s"] > 0 and row["read_wait_s"] >= 0
+        assert row["read_wait_s"] + row["read_s"] + row["rest_s"] == pytest.approx(row["ttft_s"])
+    assert report["readers"] >= 1
     assert report["vit"]["videos"] == 8 and report["vit"]["one_forward_s"] > 0
     assert [b["pruning_rate"] for b in report["bursts"]] == [0.0, 0.7]
     assert all(b["users"] == 8 and b["vit_batch_requests_max"] >= 2 for b in report["bursts"])

@@ -12,7 +12,9 @@ What must hold:
 - every request that was not cancelled completes, with every key of engine.STATS_KEYS present and set
   (but PENDING_KEYS, present and not yet filled by the engine);
 - each cancel reaches the engine: that request ends cancelled, mid-answer, and no other is cancelled;
-- the engine ends every round with no running requests and no decoder child processes left;
+- the engine ends every round with no running requests; the reader processes alive (this process's
+  children running engine/video_reader.py, sampled every 20 ms through the rounds) never outnumber the
+  pool's configured size, and at the end of each round they are exactly the pool's;
 - no engine Request outlives its answer (the frames, pixel tensors and KV it holds would be a leak);
 - resident memory after round 3 is within 10 % of after round 1 (round 1 pays for first-use allocations
   and fills the caches; rounds 2 and 3 ask the same and must not add to it);
@@ -27,7 +29,7 @@ as a request that ran on.
 """
 
 import gc
-import os
+import threading
 import time
 from pathlib import Path
 
@@ -37,7 +39,9 @@ from gradio_client.utils import Status
 
 import ui.layout
 from app_harness import launched_app, wait_until
+from reader_processes import reader_children
 from engine import STATS_KEYS
+from engine.reader_pool import default_size
 from engine.request import Request
 
 USERS = 16
@@ -66,21 +70,6 @@ def live_requests() -> int:
     return sum(1 for obj in gc.get_objects() if type(obj) is Request)
 
 
-def decoder_children() -> list[int]:
-    """Pids of this process's children still running engine/video.py's decoder program."""
-    pids = []
-    for status in Path("/proc").glob("[0-9]*/status"):
-        try:
-            fields = dict(line.split(":\t", 1) for line in status.read_text().splitlines() if ":\t" in line)
-            cmdline = (status.parent / "cmdline").read_bytes()
-        except OSError:
-            continue  # ended meanwhile
-        if int(fields.get("PPid", "0").strip()) == os.getpid() and b"_child_main" in cmdline:
-            if fields.get("State", "").strip()[:1] != "Z":
-                pids.append(int(status.parent.name))
-    return pids
-
-
 def temp_files(folder: Path) -> dict[str, int]:
     """Every file under the app's temp folder, relative path -> size."""
     return {str(p.relative_to(folder)): p.stat().st_size for p in folder.rglob("*") if p.is_file()}
@@ -106,9 +95,23 @@ def user_clips(clip):
     return clips
 
 
-def run_round(clients: list[Client], clips: list[Path], spy, round_number: int) -> list[dict]:
+class ReaderCount(threading.Thread):
+    """Counts this engine's reader processes every 50 ms, from /proc (not from the pool's own books):
+    `most` is the largest count seen. others: readers of other engines in this process."""
+
+    def __init__(self, others: set[int]):
+        super().__init__(daemon=True)
+        self.others, self.most, self.stopped = others, 0, threading.Event()
+
+    def run(self) -> None:
+        while not self.stopped.wait(0.05):
+            self.most = max(self.most, len(reader_children() - self.others))
+
+
+def run_round(clients: list[Client], clips: list[Path], spy, round_number: int, others: set[int]) -> list[dict]:
     """All users ask at once; the cancellers cancel once their first words arrive. Returns the stats of
-    the answers that completed, and checks the engine side of each request."""
+    the answers that completed, and checks the engine side of each request. others: readers of other
+    engines in this process."""
     first_stream = len(spy.streams)
     jobs = []
     for user, (client, video) in enumerate(zip(clients, clips)):
@@ -152,7 +155,8 @@ def run_round(clients: list[Client], clips: list[Path], spy, round_number: int) 
         generated = stream.result().stats["generated_tokens"]
         assert 1 <= generated < CANCEL_TOKENS // 2, f"round {round_number}: a cancelled request made {generated}"
     assert wait_until(lambda: spy.engine.running_requests == 0, timeout_s=30), "requests still running"
-    assert wait_until(lambda: not decoder_children(), timeout_s=10), "decoder processes left running"
+    readers = spy.engine.readers
+    assert wait_until(lambda: reader_children() - others == readers.pids(), timeout_s=10), "a reader outside the pool"
     return stats
 
 
@@ -178,13 +182,18 @@ def test_sixteen_users_three_rounds_with_cancels_stay_bounded(loaded_app, user_c
     downloads = temp_dir.parent / "client-downloads"  # clients' copies of the frame pictures, kept apart
     clients = [Client(running.url, verbose=False, download_files=str(downloads)) for _ in range(USERS)]
 
+    readers = spy.engine.readers
+    assert wait_until(lambda: readers.idle == readers.size, timeout_s=60)
+    others = reader_children() - readers.pids()
+    count = ReaderCount(others)
+    count.start()
     gc.collect()
     earlier = live_requests()  # what earlier tests in this process still hold is not this app's to answer for
     after = []
     try:
         for round_number in range(1, ROUNDS + 1):
             start = time.monotonic()
-            stats = run_round(clients, user_clips, spy, round_number)
+            stats = run_round(clients, user_clips, spy, round_number, others)
             assert len(stats) == USERS - len(CANCELLERS)
             # The worker drops its last iteration's locals on its next idle step (every 0.1 s): wait for
             # that rather than count a request it is still letting go of; a leaked one never goes.
@@ -196,8 +205,11 @@ def test_sixteen_users_three_rounds_with_cancels_stay_bounded(loaded_app, user_c
                   f"{after[-1]['requests']} live requests, {len(after[-1]['files'])} temp files "
                   f"({sum(after[-1]['files'].values()) / 2**10:.0f} KiB)")
     finally:
+        count.stopped.set()
         for client in clients:
             client.close()
+    count.join()
+    assert 0 < count.most <= readers.size == (spy.engine.config.video_readers or default_size()), count.most
 
     live = [a["requests"] for a in after]
     assert live == [0] * ROUNDS, f"engine Requests still reachable after each round: {live}"

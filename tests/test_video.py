@@ -6,10 +6,9 @@ and skips: tests/test_video_decoding.py.
 
 import hashlib
 import math
-import os
 import shutil
-import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,6 +21,7 @@ from fractions import Fraction
 import av
 
 from assets.clips import write_clip
+from engine import reader_pool
 from engine.config import EngineConfig, SamplingParams
 from engine.errors import InputError
 from engine.video import (
@@ -37,6 +37,8 @@ from engine.video import (
     sample_by_time,
     sample_frame_indices,
 )
+
+from reader_processes import alive, faulty_program
 
 LIMITS = dict(max_seconds=600.0, max_bytes=200 * 1024 * 1024, timeout_s=30.0)
 
@@ -263,39 +265,41 @@ def test_timeout(clips):
         _load(clips["moving_object"], timeout_s=0.001)
 
 
-def _fake_python(tmp_path, monkeypatch, body: str):
-    """Make the decoder child a shell script: stands in for a file that hangs or crashes the decoder."""
-    script = tmp_path / "fake_python.sh"
-    script.write_text(f"#!/bin/sh\necho $$ > {tmp_path / 'child.pid'}\n{body}\n")
-    script.chmod(0o755)
-    monkeypatch.setattr(sys, "executable", str(script))
-    return tmp_path / "child.pid"
+def _faulty_copy(clip, folder, prefix: str):
+    """A valid clip under a name that makes tests/reader_processes.py's faulty reader misbehave."""
+    path = folder / f"{prefix}{clip.name}"
+    shutil.copyfile(clip, path)
+    return path
 
 
-def test_hung_decoder_is_killed_and_server_survives(tmp_path, monkeypatch, clips):
-    pid_file = _fake_python(tmp_path, monkeypatch, "exec sleep 60")
+@pytest.fixture
+def faulty_readers(monkeypatch):
+    monkeypatch.setattr(reader_pool, "READER_PROGRAM", faulty_program())
+
+
+def test_hung_reader_is_killed_and_server_survives(tmp_path, faulty_readers, clips):
+    path = _faulty_copy(clips["moving_object"], tmp_path, "hang_")
     start = time.monotonic()
     with pytest.raises(InputError, match=f"^{TOO_SLOW}$"):
-        _load(clips["moving_object"], timeout_s=1.0)
-    assert time.monotonic() - start < 5
-    with pytest.raises(ProcessLookupError):  # killed and reaped
-        os.kill(int(pid_file.read_text()), 0)
-    monkeypatch.undo()
+        _load(path, timeout_s=3.0)
+    assert time.monotonic() - start < 8
+    assert not alive(int(Path(f"{path}.child").read_text()))  # killed and reaped
     assert _load(clips["moving_object"]).frames.shape[0] == 8
 
 
-def test_crashed_decoder_is_unreadable_and_server_survives(tmp_path, monkeypatch, clips):
-    _fake_python(tmp_path, monkeypatch, "kill -SEGV $$")
+def test_crashed_reader_is_unreadable_and_server_survives(tmp_path, faulty_readers, clips):
+    path = _faulty_copy(clips["moving_object"], tmp_path, "crash_")
     with pytest.raises(InputError, match=f"^{UNREADABLE}$"):
-        _load(clips["moving_object"])
-    monkeypatch.undo()
+        _load(path)
+    assert Path(f"{path}.child").exists()
     assert _load(clips["moving_object"]).frames.shape[0] == 8
 
 
-def test_garbled_answer_is_unreadable(tmp_path, monkeypatch, clips):
-    _fake_python(tmp_path, monkeypatch, """printf '{"status": "ok", "shape": [2, 4, 4, 3]}\\nshort'""")
+def test_garbled_answer_is_unreadable(tmp_path, faulty_readers, clips):
+    path = _faulty_copy(clips["moving_object"], tmp_path, "garbled_")
     with pytest.raises(InputError, match=f"^{UNREADABLE}$"):
-        _load(clips["moving_object"])
+        _load(path)
+    assert Path(f"{path}.child").exists()
 
 
 @given(
