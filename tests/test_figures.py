@@ -156,6 +156,12 @@ def test_stats_cards_show_the_headline_numbers():
         assert fragment in html, fragment
 
 
+def test_the_video_stage_splits_reading_from_waiting_for_a_reader():
+    html = stats_panel.stats_html(sample_stats(decode_video_s=0.05, read_s=0.032, read_wait_s=0.0012))
+    assert "video 50 ms (read 32 ms, waited 1.2 ms)" in html
+    assert "(read" not in stats_panel.stats_html(sample_stats(read_s=0.0, read_wait_s=0.0))  # a cache hit
+
+
 def test_stage_times_show_the_vit_time_when_the_features_were_not_cached():
     assert "ViT 120 ms · EVS" in stats_panel.stats_html(sample_stats(vit_cache_hit=False))
 

@@ -30,6 +30,15 @@ def decode_tokens_per_s(stats: dict) -> float | None:
     return after_first / stats["decode_s"]
 
 
+def _reading(stats: dict) -> str:
+    """" (read 32 ms, waited 1 ms)": of the video stage, reading the file and waiting for a reader process;
+    nothing when the frames came from the cache of recent uploads (both 0) or the stats predate the keys."""
+    read, wait = stats.get("read_s"), stats.get("read_wait_s")
+    if not read and not wait:
+        return ""
+    return f" (read {format_seconds(read)}, waited {format_seconds(wait)})"
+
+
 def _frames(stats: dict) -> str:
     """"32 frames at 0.05 fps": the rate says how sparsely a long video was sampled."""
     rate = stats.get("sampled_fps")
@@ -51,7 +60,7 @@ def stats_html(stats: dict | None) -> str:
          " · ".join([*_thinking_and_answer(stats), "—" if speed is None else f"{speed:.1f} tokens/s decode"])),
         ("Time to first token", format_seconds(stats["ttft_s"]), f"total {format_seconds(stats['total_s'])}"),
         ("Stages", f"ViT {vit} · EVS {format_seconds(stats['evs_s'])}",
-         f"video {format_seconds(stats['decode_video_s'])} · prefill {format_seconds(stats['prefill_s'])}"
+         f"video {format_seconds(stats['decode_video_s'])}{_reading(stats)} · prefill {format_seconds(stats['prefill_s'])}"
          f" · decode {format_seconds(stats['decode_s'])}"),
         ("Batching", f"ViT × {stats['vit_batch_requests']} · decode × {stats['decode_batch_max']}",
          "requests sharing the ViT forward · most in one decode step"),
