@@ -11,7 +11,10 @@ seeds from it on are never trained on.
 Why these choices: a plain background and a shape 35-45 % of the frame side are what a 2 M-parameter
 model learns from scratch in minutes on a CPU (a textured background with a small shape did not train).
 8 s at 8 fps, sampled at 2 fps, gives 16 frames = 8 temporal groups of 2x2 tokens at 64x64 pixels, so
-EVS has a real choice to make and a direction question needs more than the first group.
+EVS has a real choice to make and a direction question needs more than the first group. The shape holds
+still for the first 1-5 whole seconds: each temporal group spans one second, so the first group that moves
+is the "start" answer, and the still groups before it are exactly what EVS drops (they equal group 0),
+leaving only the kept tokens' positions and the `<t seconds>` text to say when.
 """
 
 from dataclasses import dataclass
@@ -34,20 +37,27 @@ QUESTIONS = {
     "colour": "What colour is the shape?",
     "direction": "Which way does the shape move?",
     "shape": "What shape is it?",
+    "start": "When does the shape start moving?",
 }
+STILL_SECONDS = (1, 2, 3, 4, 5)  # how long a clip holds the shape still before it moves
 
 
 @dataclass(frozen=True)
 class ShapeClip:
-    """frames: (N, H, W, 3) uint8 RGB at FPS; the answers to each question type."""
+    """frames: (N, H, W, 3) uint8 RGB at FPS; the answers to each question type.
+
+    still_s: whole seconds the shape holds still before it moves; the "start" answer is it as digits.
+    """
 
     frames: np.ndarray
     colour: str
     shape: str
     direction: str
+    still_s: int
 
     def answer(self, kind: str) -> str:
-        return {"colour": self.colour, "direction": self.direction, "shape": self.shape}[kind]
+        return {"colour": self.colour, "direction": self.direction, "shape": self.shape,
+                "start": str(self.still_s)}[kind]
 
     def questions(self) -> list[tuple[str, str]]:
         """(question, answer) for every question type, in QUESTIONS order."""
@@ -67,7 +77,8 @@ def _mask(shape: str, side_px: int) -> np.ndarray:
 
 
 def shape_clip(seed: int, size_px: int = SIZE_PX, seconds: float = SECONDS, fps: int = FPS) -> ShapeClip:
-    """The clip of `seed`: a shape of random colour and kind crossing the frame in one direction."""
+    """The clip of `seed`: a shape of random colour and kind that holds still for a whole number of seconds,
+    then crosses the frame in one direction by the last frame."""
     rng = np.random.default_rng(seed)
     colour = list(COLOURS)[rng.integers(len(COLOURS))]
     shape = SHAPES[rng.integers(len(SHAPES))]
@@ -77,18 +88,22 @@ def shape_clip(seed: int, size_px: int = SIZE_PX, seconds: float = SECONDS, fps:
     # start near one edge, end near the other; the cross-axis position is random
     start, end = rng.uniform(0, 0.15) * travel, rng.uniform(0.85, 1.0) * travel
     across = rng.uniform(0, travel)
+    # Drawn last, so a seed's colour, shape, direction and path are what they were before clips held still.
+    still_s = int(STILL_SECONDS[rng.integers(len(STILL_SECONDS))])
+    still_frames = still_s * fps
     footprint = _mask(shape, side)
     num_frames = max(1, round(seconds * fps))
     frames = np.empty((num_frames, size_px, size_px, 3), np.uint8)
     frames[:] = BACKGROUND_RGB
     for index in range(num_frames):
-        along = start + (end - start) * index / max(1, num_frames - 1)
+        moved = max(0, index - still_frames) / max(1, num_frames - 1 - still_frames)
+        along = start + (end - start) * moved
         if direction in ("left", "up"):
             along = travel - along
         x, y = (along, across) if direction in ("left", "right") else (across, along)
         top, left = int(round(y)), int(round(x))
         frames[index, top:top + side, left:left + side][footprint] = COLOURS[colour]
-    return ShapeClip(frames=frames, colour=colour, shape=shape, direction=direction)
+    return ShapeClip(frames=frames, colour=colour, shape=shape, direction=direction, still_s=still_s)
 
 
 def write_shape_clip(path, seed: int, size_px: int = SIZE_PX) -> Path:

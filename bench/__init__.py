@@ -3,7 +3,7 @@
     python -m bench [--quick]              # every serving scenario: tables, one JSON, one PNG
     python -m bench --plot RESULT.json     # redraw the PNG of a saved run
     python -m bench.gpu_check              # the first thing to run on new GPU hardware
-    python -m bench.accuracy               # answer accuracy of tiny-trained against q
+    python -m bench.accuracy               # answer accuracy of the shapes models against q
 (`python bench/gpu_check.py` and `python bench/accuracy.py` work as well.)
 
 Modules, one concern each:

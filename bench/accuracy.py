@@ -1,13 +1,14 @@
 """Answer accuracy against the EVS pruning rate, on held-out clips of the synthetic shapes family.
 
-    python bench/accuracy.py [--model tiny-trained] [--seed 0] [--per-type 100] [--rates 0,0.5,0.7,0.9]
-                             [--plot assets/accuracy.svg] [--json]
+    python bench/accuracy.py [--model tiny-trained [--model tiny-trained-plain ...]] [--seed 0]
+                             [--per-type 100] [--rates 0,0.3,0.5,0.7,0.9] [--plot assets/accuracy.svg] [--json]
     (`python -m bench.accuracy ...` from the repository root is the same.)
 
 Each held-out clip (assets/shapes.py, never trained on) is written as an H.264 MP4 and asked every
 question type through the Engine, greedy, at each rate; an answer counts when it is exactly the expected
-word. Prints one markdown table (question type x rate); --json also prints one JSON object as the last
-line: {"0.0": {"colour": 1.0, "direction": 0.99, "shape": ...}, "0.5": {...}, ...}.
+answer ("blue", "left", "3"). Prints one markdown table (question type x rate) per model;
+--plot draws every model in one chart; --json also prints one JSON object as the last line:
+{"tiny-trained": {"0.0": {"colour": 1.0, "direction": 0.99, ...}, "0.3": {...}, ...}, ...}.
 """
 
 import argparse
@@ -43,20 +44,26 @@ def accuracy(engine: Engine, clips: dict[int, Path], rates: list[float]) -> dict
     return table
 
 
-def run(model: str, seed: int, per_type: int, rates: list[float], device: str = "cpu") -> dict:
+def run(models: list[str], seed: int, per_type: int, rates: list[float], device: str = "cpu") -> dict:
+    """{model: accuracy table} on the same held-out clips."""
     with tempfile.TemporaryDirectory() as folder:
         clips = {s: write_shape_clip(Path(folder) / f"{s}.mp4", s) for s in held_out_seeds(seed, per_type)}
-        # Caches stay on: a clip's features are reused across rates, which changes no answer.
-        with Engine(EngineConfig(model=model, device=device, max_queue=len(clips) * len(QUESTIONS))) as engine:
-            return accuracy(engine, clips, rates)
+        tables = {}
+        for model in models:
+            # Caches stay on: a clip's features are reused across rates, which changes no answer.
+            with Engine(EngineConfig(model=model, device=device, max_queue=len(clips) * len(QUESTIONS))) as engine:
+                tables[model] = accuracy(engine, clips, rates)
+        return tables
 
 
-PLOT_COLOURS = {"colour": "#0f766e", "direction": "#e11d48", "shape": "#6366f1"}
+PLOT_COLOURS = {"colour": "#0f766e", "direction": "#e11d48", "shape": "#6366f1", "start": "#d97706"}
+DASHES = ("", "6 4", "2 3")  # one per model: the first solid
 
 
-def svg_plot(table: dict[str, dict[str, float]], title: str) -> str:
-    """Accuracy (0-1, y) against q (0-1, x), one line per question type, as a standalone SVG."""
-    width, height, left, right, top, bottom = 480, 300, 50, 110, 30, 40
+def svg_plot(tables: dict[str, dict[str, dict[str, float]]], title: str) -> str:
+    """Accuracy (0-1, y) against q (0-1, x) as a standalone SVG: one colour per question type, one dash
+    pattern per model (tables: {model: {rate: {question type: accuracy}}}, at most len(DASHES) models)."""
+    width, height, left, right, top, bottom = 560, 320, 50, 190, 30, 40
     plot_w, plot_h = width - left - right, height - top - bottom
 
     def point(q: float, accuracy: float) -> str:
@@ -71,17 +78,26 @@ def svg_plot(table: dict[str, dict[str, float]], title: str) -> str:
         parts.append(f'<text x="{left - 8}" y="{y + 4:.1f}" text-anchor="end">{tick:g}</text>')
         parts.append(f'<text x="{x:.1f}" y="{top + plot_h + 16}" text-anchor="middle">{tick:g}</text>')
     parts.append(f'<text x="{left + plot_w / 2}" y="{height - 6}" text-anchor="middle">pruning rate q</text>')
+    legend_x = width - right + 12
+    for model, dash in zip(tables, DASHES):
+        for kind in QUESTIONS:
+            table, colour = tables[model], PLOT_COLOURS[kind]
+            points = " ".join(point(float(rate), scores[kind]) for rate, scores in table.items())
+            parts.append(f'<polyline points="{points}" fill="none" stroke="{colour}" stroke-width="2" '
+                         f'stroke-dasharray="{dash}"/>')
+            for rate, scores in table.items():
+                x, y = point(float(rate), scores[kind]).split(",")
+                parts.append(f'<circle cx="{x}" cy="{y}" r="3" fill="{colour}"/>')
     for row, kind in enumerate(QUESTIONS):
-        points = " ".join(point(float(rate), scores[kind]) for rate, scores in table.items())
-        colour = PLOT_COLOURS.get(kind, "#111827")
-        parts.append(f'<polyline points="{points}" fill="none" stroke="{colour}" stroke-width="2"/>')
-        for rate, scores in table.items():
-            x, y = point(float(rate), scores[kind]).split(",")
-            parts.append(f'<circle cx="{x}" cy="{y}" r="3" fill="{colour}"/>')
         legend_y = top + 10 + 18 * row
-        parts.append(f'<line x1="{width - right + 12}" y1="{legend_y}" x2="{width - right + 32}" y2="{legend_y}" '
-                     f'stroke="{colour}" stroke-width="2"/>')
-        parts.append(f'<text x="{width - right + 38}" y="{legend_y + 4}">{kind}</text>')
+        parts.append(f'<line x1="{legend_x}" y1="{legend_y}" x2="{legend_x + 20}" y2="{legend_y}" '
+                     f'stroke="{PLOT_COLOURS[kind]}" stroke-width="2"/>')
+        parts.append(f'<text x="{legend_x + 26}" y="{legend_y + 4}">{kind}</text>')
+    for row, (model, dash) in enumerate(zip(tables, DASHES)):
+        legend_y = top + 10 + 18 * (len(QUESTIONS) + 1 + row)
+        parts.append(f'<line x1="{legend_x}" y1="{legend_y}" x2="{legend_x + 20}" y2="{legend_y}" '
+                     f'stroke="#111827" stroke-width="2" stroke-dasharray="{dash}"/>')
+        parts.append(f'<text x="{legend_x + 26}" y="{legend_y + 4}">{model}</text>')
     parts.append("</svg>")
     return "\n".join(parts) + "\n"
 
@@ -97,22 +113,27 @@ def markdown(table: dict[str, dict[str, float]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python bench/accuracy.py", description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="tiny-trained")
+    parser.add_argument("--model", action="append", help="a model to measure (repeat for several); "
+                        "default tiny-trained")
     parser.add_argument("--device", default="cpu", choices=["auto", "cuda", "cpu"])
     parser.add_argument("--seed", type=int, default=0, help="first held-out clip")
     parser.add_argument("--per-type", type=int, default=100, help="held-out clips, each asked every question")
-    parser.add_argument("--rates", type=parse_rates, default=[0.0, 0.5, 0.7, 0.9])
+    parser.add_argument("--rates", type=parse_rates, default=[0.0, 0.3, 0.5, 0.7, 0.9])
     parser.add_argument("--plot", type=Path, help="also draw the table as an SVG line chart to this file")
     parser.add_argument("--json", action="store_true", help="also print the table as one JSON line, last")
     args = parser.parse_args(argv)
-    table = run(args.model, args.seed, args.per_type, args.rates, args.device)
-    print(f"{args.model}: {args.per_type} held-out clips per question type from seed {args.seed}, greedy, exact match\n")
-    print(markdown(table))
+    models = args.model or ["tiny-trained"]
+    if len(models) > len(DASHES):
+        parser.error(f"at most {len(DASHES)} models")
+    tables = run(models, args.seed, args.per_type, args.rates, args.device)
+    for model, table in tables.items():
+        print(f"{model}: {args.per_type} held-out clips per question type from seed {args.seed}, greedy, exact match\n")
+        print(markdown(table) + "\n")
     if args.plot:
-        args.plot.write_text(svg_plot(table, f"{args.model}: accuracy on {args.per_type} held-out clips per type"))
+        args.plot.write_text(svg_plot(tables, f"Accuracy on {args.per_type} held-out clips per question type"))
         print(f"saved {args.plot}")
     if args.json:
-        print(json.dumps(table))
+        print(json.dumps(tables))
     return 0
 
 

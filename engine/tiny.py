@@ -37,7 +37,8 @@ from transformers import (
 log = logging.getLogger(__name__)
 
 # Tiny models trained by a script in the repo (train/), shipped as weights: name -> folder.
-TRAINED_MODELS = {"tiny-trained": Path(__file__).resolve().parent.parent / "assets" / "models" / "tiny-trained"}
+TRAINED_MODELS = {name: Path(__file__).resolve().parent.parent / "assets" / "models" / name
+                  for name in ("tiny-trained", "tiny-trained-plain")}
 # What a trained model's folder says about itself (engine.models reads it): its system prompt and a
 # sentence for the app's banner.
 MODEL_NOTES_FILE = "evs_model.json"

@@ -1,13 +1,21 @@
-"""Train `tiny-trained`, a 2 M-parameter Qwen3-VL that answers questions about assets/shapes.py clips.
+"""Train the offline shapes models: `tiny-trained` with EVS in the loop, `tiny-trained-plain` without.
 
-    python -m train.tiny_trained [--steps 2500] [--seed 1] [--out assets/models/tiny-trained]
+    python -m train.tiny_trained --evs --out assets/models/tiny-trained
+    python -m train.tiny_trained --out assets/models/tiny-trained-plain
 
-CPU only, seeded, one thread by default. Every step draws fresh clips from the training seeds, builds
-the prompt exactly as the engine does at inference (chat text without a system turn, the real HF
-processor on the 16 frames the engine samples from an 8-second 8 fps upload, the same timestamps) and
-learns the answer plus <|im_end|> by teacher forcing. Recipe (what trained in feasibility runs): AdamW
-(0.9, 0.98), lr 1e-3, weight decay 0.01, 50 warm-up steps then cosine, gradient clip 1.0, batch 16,
-init std 0.02. The app and CI never train: the result is committed and loads through from_pretrained.
+Both fine-tune the committed base (assets/models/tiny-trained-base: a 2 M-parameter Qwen3-VL that this
+script's earlier version trained from scratch to answer colour, direction and shape on unpruned clips that
+moved from the first frame) with one recipe, one seed and one thread; the only difference is --evs.
+The recipe is the defaults: 2,400 steps of 16 examples, AdamW (0.9, 0.98), lr 1e-3 with 50 warm-up steps
+then cosine, weight decay 0.01, gradient clip 1.0 (44 minutes each on one thread of a shared 2-core box).
+Every step draws fresh clips from the training seeds of assets/shapes.py and builds each example exactly
+as the engine serves it: the chat text without a system turn, the real HF processor on the 16 frames
+the engine samples from an 8-second 8 fps upload with the same timestamps, the vision tower, then the
+engine's own `prune_prompt` at the example's q (with --evs drawn from TRAIN_RATES, else 0): the kept
+features, the same mask, the positions of the unpruned layout. The answer plus <|im_end|> is learned by
+teacher forcing at the positions the engine's decode steps would give it.
+`--init ''` starts from random weights instead (init std 0.02). The app and CI never train: the results
+are committed and load through from_pretrained.
 """
 
 import argparse
@@ -19,24 +27,32 @@ from pathlib import Path
 
 import torch
 from transformers import GenerationConfig
-from transformers.video_utils import VideoMetadata
 
 from assets.shapes import FPS, HELD_OUT_FROM, QUESTIONS, SECONDS, held_out_seeds, shape_clip
 from engine.config import SamplingParams
-from engine.families import family_for
-from engine.models import LoadedModel, processor_video_kwargs
-from engine.prompt import chat_text
+from engine.families import Family, family_for
+from engine.lm import embed_prompt
+from engine.models import LoadedModel, load_model
+from engine.prompt import prepare_prompt
+from engine.pruning import PrunedPrompt, prune_prompt
 from engine.tiny import MODEL_NOTES_FILE, build_tokenizer, qwen3_vl_layout
-from engine.video import sample_frame_indices
+from engine.video import SampledVideo, sample_frame_indices
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_OUT = REPO_ROOT / "assets" / "models" / "tiny-trained"
+BASE = REPO_ROOT / "assets" / "models" / "tiny-trained-base"
 SAMPLING = SamplingParams()  # the engine's CPU default: 2 fps, so 16 of the clip's 64 frames
+TRAIN_RATES = (0.0, 0.3, 0.5, 0.7, 0.9)  # each --evs example is pruned at one of these, drawn uniformly
+EVAL_RATES = (0.0, 0.7)  # q = 0.7 is the app's default
 INIT_STD = 0.02
 # Saved beside the weights; the engine reads them (engine.models): trained without a system turn, so it
 # is served without one, and the app's banner says what it can answer.
-NOTES = {"system_prompt": "",
-         "about": "a tiny model trained on synthetic clips of moving shapes: ask about colour, direction or shape"}
+ABOUT = "a tiny model trained on synthetic clips of moving shapes: ask about colour, direction, shape or " \
+        "when it starts moving"
+NOTES = {  # keyed by --evs
+    True: {"system_prompt": "", "about": ABOUT + "; trained with EVS in the loop, it keeps colour, direction and "
+                                                 "shape at the default pruning rate"},
+    False: {"system_prompt": "", "about": ABOUT + "; trained without EVS, it loses direction and start as q grows"},
+}
 
 
 def build(seed: int) -> LoadedModel:
@@ -52,41 +68,84 @@ def build(seed: int) -> LoadedModel:
                        is_tiny=True, random_weights=False)
 
 
-def sampled_frames(seed: int):
-    """The frames the engine would sample from the clip's MP4, with their metadata."""
+def start_model(init: str, seed: int) -> LoadedModel:
+    """The model training starts from: the folder `init` loaded as the engine loads it, or random weights."""
+    loaded = load_model(init, device="cpu") if init else build(seed)
+    loaded.model.requires_grad_(True)
+    loaded.model.train()
+    return loaded
+
+
+def sampled_video(seed: int) -> SampledVideo:
+    """The clip of `seed` as the engine reads its constant-rate MP4: the sampled frames at their times."""
     frames = shape_clip(seed).frames
     indices = sample_frame_indices(SECONDS, len(frames), SAMPLING)
-    metadata = VideoMetadata(total_num_frames=len(frames), fps=float(FPS), frames_indices=indices,
-                             duration=SECONDS, height=frames.shape[1], width=frames.shape[2])
-    return frames[indices], metadata
+    return SampledVideo(frames=frames[indices], frame_indices=indices, timestamps_s=[i / FPS for i in indices],
+                        native_fps=float(FPS), total_frames=len(frames), duration_s=SECONDS,
+                        sampled_fps=len(indices) / SECONDS, content_hash="")
 
 
-def batch(loaded: LoadedModel, examples: list[tuple[int, str]]) -> dict:
-    """Model inputs with labels on the answer and <|im_end|> only, for (seed, question type) pairs."""
-    family = family_for(loaded.model)
-    texts, videos, metadata = [], [], []
-    for seed, kind in examples:
-        frames, meta = sampled_frames(seed)
-        answer = shape_clip(seed).answer(kind)
-        texts.append(chat_text(family, "", QUESTIONS[kind], []) + answer + "<|im_end|>")
-        videos.append(frames)
-        metadata.append(meta)
-    inputs = loaded.processor(text=texts, videos=videos, video_metadata=metadata, do_sample_frames=False,
-                              padding=True, return_tensors="pt",
-                              **processor_video_kwargs(loaded, len(videos[0]), SAMPLING.max_pixels_per_frame))
-    tokenizer = loaded.processor.tokenizer
-    im_start = tokenizer.convert_tokens_to_ids("<|im_start|>")
-    assistant_len = len(tokenizer("assistant\n")["input_ids"])
-    labels = torch.full_like(inputs["input_ids"], -100)
-    for row, ids in enumerate(inputs["input_ids"]):
-        answer_start = int(torch.nonzero(ids == im_start).max()) + 1 + assistant_len
-        answer_end = int(inputs["attention_mask"][row].sum())  # right padding
-        labels[row, answer_start:answer_end] = ids[answer_start:answer_end]
-    inputs["labels"] = labels
-    return inputs
+def served_prompts(loaded: LoadedModel, family: Family, videos: list[SampledVideo], questions: list[str],
+                   rates: list[float]) -> list[PrunedPrompt]:
+    """What the engine's language model receives for each (video, question, q): the prompt prepared as the
+    engine prepares it, the videos encoded in one vision forward (with gradients when training), pruned by
+    the engine's own prune_prompt."""
+    prompts = [prepare_prompt(loaded, family, video, question, [], "", SAMPLING.max_pixels_per_frame)
+               for video, question in zip(videos, questions)]
+    features = family.encode(loaded.model, torch.cat([p.pixel_values for p in prompts]),
+                             torch.stack([p.grid_thw_patches for p in prompts]))
+    return [prune_prompt(prompt, feats, q) for prompt, feats, q in zip(prompts, features, rates)]
 
 
-def learning_rate(step: int, steps: int, peak: float, warmup: int = 50) -> float:
+def answer_ids(loaded: LoadedModel, answer: str) -> torch.Tensor:
+    """(A,) long: the answer's tokens and <|im_end|>, what greedy decoding should produce."""
+    return loaded.processor.tokenizer(answer + "<|im_end|>", add_special_tokens=False, return_tensors="pt")[
+        "input_ids"][0]
+
+
+def teacher_forced_logits(loaded: LoadedModel, family: Family, pruned: list[PrunedPrompt],
+                          answers: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits predicting each answer token after its pruned prompt, and those tokens.
+
+    Each row is the pruned prompt followed by its answer, at the positions the engine's decode steps give
+    the answer (1-D position = tokens so far, MRoPE t/h/w = next_position onwards). Rows are right-padded:
+    attention is causal, so pads after a row's last token change nothing before it.
+    Returns (N, V) float logits and (N,) long targets, N = all answer tokens of the batch.
+    """
+    model = loaded.model
+    length = max(p.input_ids.numel() + a.numel() for p, a in zip(pruned, answers))
+    embeds, positions, visual, predicting, targets = [], [], [], [], []
+    for prompt, answer in zip(pruned, answers):
+        prompt_len, pad = prompt.input_ids.numel(), length - prompt.input_ids.numel() - answer.numel()
+        steps = torch.arange(answer.numel() + pad)
+        video_mask = torch.cat([prompt.video_mask, torch.zeros(answer.numel() + pad, dtype=torch.bool)])
+        ids = torch.cat([prompt.input_ids, answer, answer.new_zeros(pad)])
+        embeds.append(embed_prompt(model, ids, video_mask, prompt.features))
+        decode = torch.stack([steps + prompt_len, *[steps + prompt.next_position] * 3])
+        positions.append(torch.cat([prompt.positions, decode], dim=1))
+        visual.append(video_mask)
+        # the token at position i is predicted by the logits at i - 1
+        predicting.append(torch.arange(answer.numel()) + prompt_len - 1 + len(predicting) * length)
+        targets.append(answer)
+    visual_mask = torch.stack(visual)
+    deepstack = [torch.cat(levels) for levels in zip(*(p.features.deepstack for p in pruned))]
+    out = model.model.language_model(inputs_embeds=torch.stack(embeds), position_ids=torch.stack(positions, dim=1),
+                                     use_cache=False, **family.language_kwargs(visual_mask, deepstack))
+    hidden = out.last_hidden_state.flatten(0, 1)[torch.cat(predicting)]
+    return model.lm_head(hidden), torch.cat(targets)
+
+
+def example_loss(loaded: LoadedModel, family: Family, examples: list[tuple[int, str, float]]) -> torch.Tensor:
+    """Mean cross-entropy over the answer tokens of (seed, question type, q) examples."""
+    videos = [sampled_video(seed) for seed, _, _ in examples]
+    pruned = served_prompts(loaded, family, videos, [QUESTIONS[kind] for _, kind, _ in examples],
+                            [q for _, _, q in examples])
+    answers = [answer_ids(loaded, shape_clip(seed).answer(kind)) for seed, kind, _ in examples]
+    logits, targets = teacher_forced_logits(loaded, family, pruned, answers)
+    return torch.nn.functional.cross_entropy(logits, targets)
+
+
+def learning_rate(step: int, steps: int, peak: float, warmup: int) -> float:
     if step < warmup:
         return peak * (step + 1) / warmup
     progress = (step - warmup) / max(1, steps - warmup)
@@ -94,17 +153,18 @@ def learning_rate(step: int, steps: int, peak: float, warmup: int = 50) -> float
 
 
 @torch.no_grad()
-def teacher_forced_accuracy(loaded: LoadedModel, seeds: list[int]) -> dict[str, float]:
-    """Share of held-out clips whose whole answer is the argmax at every answer position, per type."""
+def teacher_forced_accuracy(loaded: LoadedModel, family: Family, seeds: list[int]) -> dict[str, float]:
+    """{"<type>@<q>": share of clips whose whole answer is the argmax at every answer token} over EVAL_RATES."""
     loaded.model.eval()
     scores = {}
-    for kind in QUESTIONS:
-        inputs = batch(loaded, [(seed, kind) for seed in seeds])
-        labels = inputs.pop("labels")
-        logits = loaded.model(**inputs).logits[:, :-1]
-        targets = labels[:, 1:]
-        right = (logits.argmax(-1) == targets) | (targets == -100)
-        scores[kind] = right.all(dim=1).float().mean().item()
+    for q in EVAL_RATES:
+        for kind in QUESTIONS:
+            pruned = served_prompts(loaded, family, [sampled_video(s) for s in seeds], [QUESTIONS[kind]] * len(seeds),
+                                    [q] * len(seeds))
+            answers = [answer_ids(loaded, shape_clip(s).answer(kind)) for s in seeds]
+            logits, targets = teacher_forced_logits(loaded, family, pruned, answers)
+            right = (logits.argmax(-1) == targets).split([a.numel() for a in answers])
+            scores[f"{kind}@{q:g}"] = sum(bool(r.all()) for r in right) / len(seeds)
     loaded.model.train()
     return scores
 
@@ -112,25 +172,24 @@ def teacher_forced_accuracy(loaded: LoadedModel, seeds: list[int]) -> dict[str, 
 def train(args: argparse.Namespace) -> dict:
     torch.set_num_threads(args.threads)
     rng = random.Random(args.seed)
-    loaded = build(args.seed)
-    model = loaded.model
-    model.train()
+    loaded = start_model(args.init, args.seed)
+    model, family = loaded.model, family_for(loaded.model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98), weight_decay=0.01)
-    kinds = list(QUESTIONS)
-    eval_seeds = held_out_seeds(900_000, 32)  # far from bench/accuracy.py's held-out seeds
+    kinds, rates = list(QUESTIONS), TRAIN_RATES if args.evs else (0.0,)
+    eval_seeds = held_out_seeds(900_000, args.eval_clips)  # far from bench/accuracy.py's held-out seeds
     log = []
     start = time.perf_counter()
     for step in range(args.steps):
         for group in optimizer.param_groups:
-            group["lr"] = learning_rate(step, args.steps, args.lr)
-        examples = [(rng.randrange(HELD_OUT_FROM), rng.choice(kinds)) for _ in range(args.batch)]
-        loss = model(**batch(loaded, examples)).loss
+            group["lr"] = learning_rate(step, args.steps, args.lr, args.warmup)
+        examples = [(rng.randrange(HELD_OUT_FROM), rng.choice(kinds), rng.choice(rates)) for _ in range(args.batch)]
+        loss = example_loss(loaded, family, examples)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         if step % args.eval_every == 0 or step == args.steps - 1:
-            accuracy = teacher_forced_accuracy(loaded, eval_seeds)
+            accuracy = teacher_forced_accuracy(loaded, family, eval_seeds)
             elapsed = time.perf_counter() - start
             log.append({"step": step, "loss": loss.item(), "elapsed_s": elapsed, **accuracy})
             print(f"step {step:5d}  loss {loss.item():.4f}  {elapsed:7.1f} s  " +
@@ -139,24 +198,34 @@ def train(args: argparse.Namespace) -> dict:
     args.out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(args.out)
     loaded.processor.save_pretrained(args.out)
-    (args.out / MODEL_NOTES_FILE).write_text(json.dumps(NOTES, indent=2))
-    summary = {"steps": args.steps, "batch": args.batch, "lr": args.lr, "seed": args.seed, "threads": args.threads,
+    (args.out / MODEL_NOTES_FILE).write_text(json.dumps(NOTES[args.evs], indent=2))
+    summary = {"init": Path(args.init).name if args.init else None, "evs": args.evs,
+               "rates": list(rates), "steps": args.steps, "batch": args.batch, "lr": args.lr,
+               "warmup": args.warmup, "seed": args.seed, "threads": args.threads,
                "train_s": time.perf_counter() - start,
                "parameters": sum(p.numel() for p in model.parameters()), "log": log}
     (args.out / "training.json").write_text(json.dumps(summary, indent=2))
     return summary
 
 
-def main(argv: list[str] | None = None) -> None:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m train.tiny_trained", description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=2500)
+    parser.add_argument("--evs", action="store_true", help=f"prune each example at a q drawn from {TRAIN_RATES}")
+    parser.add_argument("--init", default=str(BASE), help="model folder to start from; '' for random weights")
+    parser.add_argument("--steps", type=int, default=2400)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--warmup", type=int, default=50)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--eval-every", type=int, default=100)
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    summary = train(parser.parse_args(argv))
+    parser.add_argument("--eval-clips", type=int, default=32)
+    parser.add_argument("--out", type=Path, required=True)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    summary = train(parser().parse_args(argv))
     print(f"trained {summary['parameters']} parameters for {summary['steps']} steps in {summary['train_s']:.0f} s")
 
 

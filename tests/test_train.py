@@ -1,0 +1,84 @@
+"""train/tiny_trained.py learns on exactly what the engine serves, and its loss falls.
+
+The served-prompt test runs one pruned request through the Engine, keeps what the engine pruned, and
+checks that the training path builds the same tokens, mask and positions from the same frames, and that
+its teacher-forced logits pick the tokens the engine generated.
+"""
+
+import json
+
+import pytest
+import torch
+
+import engine.runner
+from assets.shapes import QUESTIONS, held_out_seeds, write_shape_clip
+from engine import Engine, EngineConfig, GenerationParams
+from engine.families import family_for
+from engine.models import load_model
+from engine.tiny import MODEL_NOTES_FILE
+from train import tiny_trained
+
+Q = 0.7
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, request):
+    """(request's sampled video, the engine's PrunedPrompt, generated token ids) for one held-out clip."""
+    seen = []
+    serve = engine.runner.ModelRunner.prune
+
+    def recording(runner, req):
+        serve(runner, req)
+        seen.append((req.video, req.pruned, req))
+
+    patch = pytest.MonkeyPatch()
+    request.addfinalizer(patch.undo)
+    patch.setattr(engine.runner.ModelRunner, "prune", recording)
+    clip = write_shape_clip(tmp_path_factory.mktemp("clip") / "clip.mp4", held_out_seeds(0, 1)[0])
+    config = EngineConfig(model="tiny-trained", device="cpu", cache_dir=tmp_path_factory.mktemp("models"))
+    with Engine(config) as running:
+        running.submit(clip, QUESTIONS["direction"], GenerationParams(pruning_rate=Q, max_new_tokens=8)).result()
+    video, pruned, req = seen[0]
+    return video, pruned, list(req.detokenizer.token_ids)
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    return load_model("tiny-trained", device="cpu")
+
+
+def test_training_prunes_what_the_engine_serves(served, loaded):
+    video, engine_pruned, _ = served
+    ours = tiny_trained.served_prompts(loaded, family_for(loaded.model), [video], [QUESTIONS["direction"]], [Q])[0]
+    assert engine_pruned.tokens_kept_per_group.count(0) > 0, "the clip should drop whole groups at this q"
+    for field in ("input_ids", "positions", "video_mask", "retention"):
+        assert torch.equal(getattr(ours, field), getattr(engine_pruned, field)), field
+    assert (ours.next_position, ours.prefix_len) == (engine_pruned.next_position, engine_pruned.prefix_len)
+    torch.testing.assert_close(ours.features.embeds, engine_pruned.features.embeds)
+
+
+def test_teacher_forcing_predicts_what_the_engine_generated(served, loaded):
+    """The answer's positions are the decode steps' (a wrong one moves the logits): the argmax at each answer
+    position is the token the engine generated there, also when a longer row pads the batch."""
+    video, engine_pruned, generated = served
+    family = family_for(loaded.model)
+    other = tiny_trained.served_prompts(loaded, family, [tiny_trained.sampled_video(5)], [QUESTIONS["shape"]], [0.0])
+    answer = torch.tensor(generated)
+    with torch.no_grad():
+        logits, targets = tiny_trained.teacher_forced_logits(loaded, family, [engine_pruned, *other],
+                                                            [answer, answer])
+    assert torch.equal(targets[: len(generated)], answer)
+    assert logits[: len(generated)].argmax(-1).tolist() == generated
+
+
+def test_a_few_training_steps_lower_the_loss_and_save_a_loadable_model(tmp_path):
+    out = tmp_path / "model"
+    summary = tiny_trained.train(tiny_trained.parser().parse_args(
+        ["--evs", "--init", "", "--steps", "8", "--batch", "4", "--lr", "2e-3", "--warmup", "1",
+         "--eval-every", "1", "--eval-clips", "1", "--out", str(out)]))
+    losses = [entry["loss"] for entry in summary["log"]]
+    assert losses[-1] < losses[0] - 1.0, losses
+    assert json.loads((out / MODEL_NOTES_FILE).read_text())["system_prompt"] == ""
+    assert json.loads((out / "training.json").read_text())["rates"] == list(tiny_trained.TRAIN_RATES)
+    assert load_model(str(out), device="cpu").model.config.model_type == "qwen3_vl"
+
