@@ -6,8 +6,9 @@ EVS_FETCH_VIDEO_URLS=1, EVS_REPLICAS; the limits of engine/config.py LIMIT_ENV (
 variables only.
 
 Start-up: check the host first (a GPU that torch cannot use, or --device cuda without one, ends the start
-with one line), load the model once (falling back to the offline tiny-trained when the checkpoint cannot be
-fetched, or when it is too large for the CPU that --device auto found, unless strict), answer one warm-up
+with one line), load the model once (falling back to the offline tiny-trained, with a banner saying why in
+one sentence, when the checkpoint cannot be fetched, is not a family the app runs, leaves the GPU too little
+memory or is too large for the CPU that --device auto found, unless strict), answer one warm-up
 request on a built-in clip, log what runs where, then serve the UI, GET /healthz, the OpenAI-compatible
 /v1/chat/completions and /v1/models, and the MCP server at /gradio_api/mcp/.
 """
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from fastapi.routing import APIRoute
+from huggingface_hub.errors import GatedRepoError, HFValidationError, LocalEntryNotFoundError, RepositoryNotFoundError
 
 from engine import Engine, EngineConfig, GenerationParams, InputError
 from engine.config import limits_from_env
@@ -79,8 +81,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-file-mb", type=float, default=_env("EVS_MAX_FILE_MB", default="200"),
                         help="largest upload accepted, in MB [EVS_MAX_FILE_MB]")
     parser.add_argument("--strict-model", action="store_true", default=_env_flag("EVS_STRICT_MODEL"),
-                        help="exit instead of falling back to tiny-trained when the model cannot be fetched "
-                             "or is too large for the CPU [EVS_STRICT_MODEL=1]")
+                        help="exit instead of falling back to tiny-trained when the model cannot be served "
+                             "(not fetched, not a supported family, too little GPU memory, too large for the "
+                             "CPU) [EVS_STRICT_MODEL=1]")
     parser.add_argument("--temp-max-age-s", type=int, default=_env("EVS_TEMP_MAX_AGE_S", default=str(TEMP_MAX_AGE_S)),
                         help="uploads and generated images older than this are deleted [EVS_TEMP_MAX_AGE_S]")
     parser.add_argument("--temp-sweep-s", type=int, default=_env("EVS_TEMP_SWEEP_S", default=str(TEMP_SWEEP_S)),
@@ -107,27 +110,74 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def too_large_for_cpu(model: str) -> str | None:
-    """Why `model` should not be served on a CPU that --device auto settled for, or None when it may be.
+class TooLargeForCpu(RuntimeError):
+    """--device auto found no usable GPU, and the checkpoint has too many parameters to serve on the CPU."""
+
+    def __init__(self, parameters: int):
+        super().__init__(f"no usable GPU was found and it has {parameters / 1e9:.1f} B parameters, too many to "
+                         f"serve on a CPU; pass --device cpu to run it there anyway")
+        self.parameters = parameters
+
+
+def check_fits_cpu(model: str) -> None:
+    """TooLargeForCpu when `model` should not be served on a CPU that --device auto settled for.
 
     Counts parameters from the config alone (instant, nothing large is read); raises ModelUnavailable
     when not even the config can be had.
     """
     if is_tiny_model(model):
-        return None
+        return
     parameters = describe_model(model)["parameters"]
-    if parameters <= CPU_PARAMETER_LIMIT:
-        return None
-    return (f"no usable GPU was found and {model} has {parameters / 1e9:.1f} B parameters, too many to serve "
-            f"on a CPU (pass --device cpu to run it there anyway)")
+    if parameters > CPU_PARAMETER_LIMIT:
+        raise TooLargeForCpu(parameters)
+
+
+# Why the app falls back instead of serving the configured model; every other error is a bug and ends the start.
+CANNOT_SERVE = (ModelUnavailable, UnsupportedModel, InsufficientMemory, TooLargeForCpu)
+# What the Hub client's error beneath a ModelUnavailable means, in a user's words; the first match wins
+# (a gated repository is also a RepositoryNotFoundError).
+UNAVAILABLE_REASONS = (
+    (GatedRepoError, "is gated on the Hugging Face Hub, and this server has no token for it"),
+    ((RepositoryNotFoundError, HFValidationError),
+     "was found neither on this machine nor on the Hugging Face Hub, or it is private"),
+    (LocalEntryNotFoundError, "could not be downloaded: no network connection, and no copy on this machine"),
+)
+
+
+def _causes(error: BaseException) -> list[BaseException]:
+    """`error` and the errors it was raised from (`raise ... from`), outermost first."""
+    chain = [error]
+    while (cause := chain[-1].__cause__) is not None and cause not in chain:
+        chain.append(cause)
+    return chain
+
+
+def fallback_reason(model: str, error: BaseException) -> str:
+    """Why `model` cannot be served (one of CANNOT_SERVE), as one sentence for the page.
+
+    Made from the error's kind alone: the Hub client's messages carry URLs and advice meant for a
+    developer, and would widen a phone's page; the log has them (one_line).
+    """
+    if isinstance(error, TooLargeForCpu):
+        return (f"No usable GPU was found, and {model} ({error.parameters / 1e9:.1f} B parameters) is too large "
+                f"to run on a CPU.")
+    if isinstance(error, InsufficientMemory):
+        return f"The GPU has too little free memory to run {model}."
+    if isinstance(error, UnsupportedModel):
+        return f"The model {model} is not a kind of model this app can run."
+    causes = _causes(error)
+    reason = next((reason for kinds, reason in UNAVAILABLE_REASONS
+                   if any(isinstance(cause, kinds) for cause in causes)), "could not be downloaded or read")
+    return f"The model {model} {reason}."
 
 
 def build_engine(args: argparse.Namespace, device: str, max_file_bytes: int) -> tuple[Engine, str | None]:
     """The engine for `args.model` on `device` ("cuda" | "cpu", already checked), or for the offline
-    FALLBACK_MODEL with a banner saying why and what it knows.
+    FALLBACK_MODEL with a banner saying why (fallback_reason) and what it knows; the cause's own message
+    goes to the log.
 
-    Exits with EXIT_MODEL_UNAVAILABLE (one message on stderr, no traceback) when the model is unavailable
-    or too large for the CPU and strict, or when the checkpoint is not a supported family.
+    When strict, a model that cannot be served (CANNOT_SERVE) exits instead, with one message on stderr and
+    no traceback: EXIT_DEVICE_UNAVAILABLE for too little GPU memory, else EXIT_MODEL_UNAVAILABLE.
     """
     try:
         limits = limits_from_env()
@@ -148,33 +198,24 @@ def build_engine(args: argparse.Namespace, device: str, max_file_bytes: int) -> 
         except ReplicasUnavailable as error:
             _fail(one_line(error), EXIT_DEVICE_UNAVAILABLE)
 
-    def fall_back(why: str) -> tuple[Engine, str]:
-        try:
-            engine = engine_for(FALLBACK_MODEL)
-        except (ModelUnavailable, UnsupportedModel, OSError) as error:  # e.g. weights checked out as LFS pointers
-            _fail(f"{why}, and the offline {FALLBACK_MODEL} could not be loaded either ({one_line(error)}).")
-        about = engine.model_info["about"] or "a tiny offline model"
-        banner = f"{why}, so this app runs {FALLBACK_MODEL}, {about}."
-        log.warning("falling back to %s: %s", FALLBACK_MODEL, banner)
-        return engine, banner
-
     try:
-        reason = too_large_for_cpu(args.model) if device == "cpu" and args.device == "auto" else None
-        if reason:
-            if args.strict_model:
-                _fail(f"{reason}; EVS_STRICT_MODEL is set, so the app does not fall back to {FALLBACK_MODEL}.")
-            return fall_back(reason[0].upper() + reason[1:])
+        if device == "cpu" and args.device == "auto":
+            check_fits_cpu(args.model)
         return engine_for(args.model), None
-    except UnsupportedModel as error:
-        _fail(f"cannot serve model {args.model}: {one_line(error)}")
-    except InsufficientMemory as error:
-        _fail(one_line(error), EXIT_DEVICE_UNAVAILABLE)
-    except ModelUnavailable as error:
-        cause = one_line(error.__cause__ or error)
+    except CANNOT_SERVE as error:
+        detail = f"model {args.model} cannot be served ({one_line(error.__cause__ or error)})"
         if args.strict_model:
-            _fail(f"model {args.model} could not be loaded ({cause}); EVS_STRICT_MODEL is set, so the app "
-                  f"does not fall back to {FALLBACK_MODEL}.")
-        return fall_back(f"Model {args.model} could not be loaded ({cause})")
+            _fail(f"{detail}; EVS_STRICT_MODEL is set, so the app does not fall back to {FALLBACK_MODEL}.",
+                  EXIT_DEVICE_UNAVAILABLE if isinstance(error, InsufficientMemory) else EXIT_MODEL_UNAVAILABLE)
+        why = fallback_reason(args.model, error)
+    # Loaded only past the except block: its traceback holds the failed model, and on a GPU its memory.
+    log.warning("falling back to %s: %s", FALLBACK_MODEL, detail)
+    try:
+        engine = engine_for(FALLBACK_MODEL)
+    except (ModelUnavailable, UnsupportedModel, OSError) as error:  # e.g. weights checked out as LFS pointers
+        _fail(f"{detail}, and the offline {FALLBACK_MODEL} could not be loaded either ({one_line(error)}).")
+    about = engine.model_info["about"] or "a tiny offline model"
+    return engine, f"{why} This app runs {FALLBACK_MODEL} instead, {about}."
 
 
 def _fail(message: str, code: int = EXIT_MODEL_UNAVAILABLE) -> NoReturn:

@@ -51,3 +51,14 @@ def app(tiny_cache_dir):
 
     with launched_app(tiny_cache_dir) as running:
         yield running
+
+
+@pytest.fixture(scope="session")
+def fallback_app(tmp_path_factory):
+    """`python app.py` started as a user would, offline, with a checkpoint it cannot fetch: tiny-trained on the
+    CPU and the banner saying why; shared by the start-up and browser tests."""
+    from test_app_startup import UNREACHABLE_MODEL, app_process
+
+    with app_process(tmp_path_factory.mktemp("fallback-app"), "--model", UNREACHABLE_MODEL,
+                     "--device", "cpu") as started:
+        yield started

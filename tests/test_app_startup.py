@@ -8,14 +8,23 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
+import httpx2
 import pytest
+from huggingface_hub.errors import GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError
 
+import app
 from engine.hardware import MIN_DRIVER_FOR_CUDA_MAJOR
+from engine.memory_plan import InsufficientMemory
+from engine.models import ModelUnavailable, UnsupportedModel
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "Qwen/Qwen3-VL-4B-Instruct"
+# A Hub id that cannot be fetched offline, its name one unbreakable word wider than a phone's screen.
+UNREACHABLE_MODEL = "evs-test/Qwen3VL4BInstructFineTunedOnEveryShapeClipTheTrainingScriptMakes"
 START_TIMEOUT_S = 240.0
 
 
@@ -71,31 +80,45 @@ def stop(proc: subprocess.Popen) -> None:
             proc.wait(timeout=10)
 
 
-def test_unreachable_model_falls_back_to_tiny_trained_with_a_banner(tmp_path):
+@dataclass
+class StartedApp:
+    url: str
+    health: dict
+    log: Path  # its stdout and stderr
+
+
+@contextmanager
+def app_process(home: Path, *flags: str):
+    """`python app.py FLAGS` on a free port as a user starts it, offline (offline_env); yields once /healthz
+    answers, and stops it afterwards."""
     port = free_port()
-    log_path = tmp_path / "app.log"
+    log_path = home / "app.log"
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "app.py", "--model", MODEL, "--device", "cpu", "--port", str(port)],
-            cwd=ROOT,
-            env=offline_env(tmp_path),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+        proc = subprocess.Popen([sys.executable, "app.py", *flags, "--port", str(port)], cwd=ROOT,
+                                env=offline_env(home), stdout=log, stderr=subprocess.STDOUT)
         try:
             health = wait_for_health(proc, port)
-            status, page = get(f"http://127.0.0.1:{port}/")
-            _, config = get(f"http://127.0.0.1:{port}/config")
+            yield StartedApp(url=f"http://127.0.0.1:{port}/", health=health, log=log_path)
         finally:
             stop(proc)
-    output = log_path.read_text()
-    assert health == {"status": "ok", "model": "tiny-trained", "device": "cpu", "fallback": True, "replicas": 1}
+
+
+def test_unreachable_model_falls_back_to_tiny_trained_with_a_banner(fallback_app):
+    status, page = get(fallback_app.url)
+    _, config = get(f"{fallback_app.url}config")
+    output = fallback_app.log.read_text()
+    assert fallback_app.health == {"status": "ok", "model": "tiny-trained", "device": "cpu", "fallback": True,
+                                   "replicas": 1}
     assert status == 200 and "<html" in page.lower()
-    assert f"falling back to tiny-trained: Model {MODEL} could not be loaded" in output
+    # The Hub client's own words go to the log, on one line.
+    assert (f"falling back to tiny-trained: model {UNREACHABLE_MODEL} cannot be served (We couldn't connect to "
+            "'http://127.0.0.1:9'") in output
     assert "warm-up done" in output
     assert "attention: vision tower sdpa, language model sdpa" in output
-    # The banner reaches the page a user sees.
-    assert f"Model {MODEL} could not be loaded" in config
+    # The page a user sees says why in one sentence, and what the offline model knows.
+    assert (f"The model {UNREACHABLE_MODEL} could not be downloaded: no network connection, and no copy on this "
+            "machine. This app runs tiny-trained instead, a tiny model trained on synthetic clips") in config
+    assert "couldn" not in config and "offline-mode" not in config
 
 
 def test_strict_model_exits_with_one_clear_message(tmp_path):
@@ -108,14 +131,13 @@ def test_strict_model_exits_with_one_clear_message(tmp_path):
         timeout=START_TIMEOUT_S,
     )
     assert result.returncode == 3
-    assert f"error: model {MODEL} could not be loaded (" in result.stderr
+    assert f"error: model {MODEL} cannot be served (We couldn't connect" in result.stderr
     assert "EVS_STRICT_MODEL" in result.stderr
     assert "Traceback" not in result.stderr + result.stdout
     assert "tiny-trained" not in result.stdout
 
 
 def test_flags_win_over_environment(monkeypatch):
-    import app
     monkeypatch.setenv("EVS_MODEL", "from-env")
     monkeypatch.setenv("EVS_PORT", "9001")
     monkeypatch.setenv("GRADIO_SERVER_PORT", "9002")
@@ -138,7 +160,6 @@ def test_flags_win_over_environment(monkeypatch):
 
 
 def test_bad_port_in_environment_is_a_usage_error(monkeypatch, capsys):
-    import app
     monkeypatch.setenv("EVS_PORT", "seventy")
     with pytest.raises(SystemExit) as exit_info:
         app.parse_args([])
@@ -203,22 +224,15 @@ def checkpoint_folder(tmp_path: Path, checkpoint: str) -> Path:
 def test_auto_on_a_cpu_serves_a_4b_checkpoint_only_when_asked(tmp_path):
     """--device auto without a GPU starts on tiny-trained with a banner instead of a 4B model in float32."""
     folder = checkpoint_folder(tmp_path, MODEL)
-    port = free_port()
-    log_path = tmp_path / "app.log"
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen([sys.executable, "app.py", "--model", str(folder), "--port", str(port)], cwd=ROOT,
-                                env=offline_env(tmp_path), stdout=log, stderr=subprocess.STDOUT)
-        try:
-            health = wait_for_health(proc, port)
-            _, config = get(f"http://127.0.0.1:{port}/config")
-        finally:
-            stop(proc)
-    output = log_path.read_text()
-    assert health == {"status": "ok", "model": "tiny-trained", "device": "cpu", "fallback": True, "replicas": 1}
-    reason = f"no usable gpu was found and {folder} has 4.4 b parameters, too many to serve on a cpu".lower()
-    assert reason in output.lower() and reason in config.lower()
-    assert "pass --device cpu to run it there anyway" in config
-    assert "so this app runs tiny-trained, a tiny model trained on synthetic clips" in config
+    with app_process(tmp_path, "--model", str(folder)) as started:
+        _, config = get(f"{started.url}config")
+        output = started.log.read_text()
+    assert started.health == {"status": "ok", "model": "tiny-trained", "device": "cpu", "fallback": True,
+                              "replicas": 1}
+    assert (f"model {folder} cannot be served (no usable GPU was found and it has 4.4 B parameters, too many to "
+            "serve on a CPU; pass --device cpu to run it there anyway)") in output
+    assert (f"No usable GPU was found, and {folder} (4.4 B parameters) is too large to run on a CPU. This app runs "
+            "tiny-trained instead, a tiny model trained on synthetic clips") in config
     assert "attention: vision tower sdpa, language model sdpa" in output
 
 
@@ -227,4 +241,93 @@ def test_auto_on_a_cpu_with_a_4b_checkpoint_exits_when_strict(tmp_path):
     result = run_app(tmp_path, "--model", str(folder), EVS_STRICT_MODEL="1")
     assert result.returncode == 3
     [line] = error_lines(result)
-    assert f"{folder} has 4.4 B parameters" in line and "EVS_STRICT_MODEL is set" in line
+    assert f"model {folder} cannot be served (no usable GPU was found and it has 4.4 B parameters" in line
+    assert "EVS_STRICT_MODEL is set" in line
+
+
+# ---- the banner's sentence ----------------------------------------------------------------------
+
+# What the Hub client says when it cannot connect: a developer's advice and a URL wider than a phone.
+HUB_MESSAGE = ("We couldn't connect to 'https://huggingface.co' to load the files, and couldn't find them in the "
+               "cached files. Check your internet connection or see how to run the library in offline mode at "
+               "'https://huggingface.co/docs/transformers/installation#offline-mode'.")
+
+
+def chained(*errors: BaseException) -> BaseException:
+    """The first of `errors` raised from the second, that from the third, ... as engine.models raises
+    ModelUnavailable from the Hub client's errors."""
+    for outer, inner in zip(errors, errors[1:]):
+        outer.__cause__ = inner
+    return errors[0]
+
+
+def unavailable(hub_error: BaseException) -> ModelUnavailable:
+    return chained(ModelUnavailable(f"Model '{MODEL}' is unavailable: OSError: {HUB_MESSAGE}"),
+                   OSError(HUB_MESSAGE), hub_error)
+
+
+def hub_refusal(kind: type, status: int) -> BaseException:
+    response = httpx2.Response(status, request=httpx2.Request("GET", f"https://huggingface.co/api/models/{MODEL}"))
+    return kind(f"{status} Client Error. Repository Not Found for url: {response.request.url}.", response=response)
+
+
+@pytest.mark.parametrize("error, why", [
+    (unavailable(LocalEntryNotFoundError("Cannot find the requested files in the disk cache and outgoing traffic "
+                                         "has been disabled.")),
+     f"The model {MODEL} could not be downloaded: no network connection, and no copy on this machine."),
+    (unavailable(hub_refusal(RepositoryNotFoundError, 404)),
+     f"The model {MODEL} was found neither on this machine nor on the Hugging Face Hub, or it is private."),
+    (unavailable(hub_refusal(GatedRepoError, 403)),
+     f"The model {MODEL} is gated on the Hugging Face Hub, and this server has no token for it."),
+    # No Hub error beneath it: an unknown random:<id>, or weights checked out as LFS pointers.
+    (ModelUnavailable(f"Model '{MODEL}' is unavailable: OSError: {HUB_MESSAGE}"),
+     f"The model {MODEL} could not be downloaded or read."),
+    (app.TooLargeForCpu(4_437_815_808),
+     f"No usable GPU was found, and {MODEL} (4.4 B parameters) is too large to run on a CPU."),
+    (InsufficientMemory("After loading the model the GPU has 1.0 GiB free, room for 0 video tokens per request, "
+                        "fewer than the 256 of a small clip: use a GPU with more memory or a smaller checkpoint."),
+     f"The GPU has too little free memory to run {MODEL}."),
+    (UnsupportedModel(f"Model '{MODEL}' has model_type 'llava'; only ['qwen3_vl'] checkpoints are supported."),
+     f"The model {MODEL} is not a kind of model this app can run."),
+], ids=["offline", "not-found", "gated", "unreadable", "cpu-too-small", "gpu-memory", "unsupported"])
+def test_the_banner_says_why_in_one_sentence_a_person_can_read(error, why):
+    assert isinstance(error, app.CANNOT_SERVE)
+    sentence = app.fallback_reason(MODEL, error)
+    assert sentence == why
+    # One line of prose: no URL, no exception class, nothing of the raw message.
+    assert len(sentence) <= 120 and sentence.endswith(".") and ". " not in sentence
+    assert "http" not in sentence and "Error" not in sentence and "'" not in sentence
+    assert not any(kind.__name__ in sentence for kind in app.CANNOT_SERVE)
+
+
+@pytest.mark.parametrize("strict", [False, True], ids=["falls-back", "strict"])
+def test_too_little_gpu_memory_falls_back_unless_strict(monkeypatch, capsys, strict):
+    """The memory plan's refusal on a small GPU, faked: tiny-trained and a banner, or exit 4 when strict."""
+    real_engine = app.Engine
+
+    def engine(config):
+        if config.model == MODEL:
+            raise InsufficientMemory("After loading the model the GPU has 1.0 GiB free, room for 0 video tokens.")
+        return real_engine(config)
+
+    monkeypatch.setattr(app, "Engine", engine)
+    for name in ("EVS_STRICT_MODEL", "EVS_VIDEO_READERS", "EVS_REPLICAS"):
+        monkeypatch.delenv(name, raising=False)
+    # Asked for cuda, served on the CPU here: the fake stands in for the GPU, and no parameter count is fetched.
+    args = app.parse_args(["--model", MODEL, "--device", "cuda", "--video-readers", "1",
+                           *(["--strict-model"] if strict else [])])
+    if strict:
+        with pytest.raises(SystemExit) as exit_info:
+            app.build_engine(args, "cpu", max_file_bytes=1_000_000)
+        assert exit_info.value.code == app.EXIT_DEVICE_UNAVAILABLE
+        assert capsys.readouterr().err == (f"error: model {MODEL} cannot be served (After loading the model the GPU "
+                                           "has 1.0 GiB free, room for 0 video tokens.); EVS_STRICT_MODEL is set, so "
+                                           "the app does not fall back to tiny-trained.\n")
+        return
+    served, banner = app.build_engine(args, "cpu", max_file_bytes=1_000_000)
+    try:
+        assert served.model_info["name"] == "tiny-trained"
+        assert banner.startswith(f"The GPU has too little free memory to run {MODEL}. This app runs tiny-trained "
+                                 "instead, a tiny model trained on synthetic clips")
+    finally:
+        served.shutdown()

@@ -167,6 +167,26 @@ def test_a_phone_gets_one_column_and_never_scrolls_sideways(browser, app, clip):
         context.close()
 
 
+def test_the_fallback_banner_fits_a_phone(browser, fallback_app):
+    """The app as a user starts it when its checkpoint cannot be fetched: the banner says why in words, and a
+    model id wider than the screen wraps instead of widening the page."""
+    context = browser.new_context(**PHONE)
+    phone = context.new_page()
+    phone.set_default_timeout(TIMEOUT_MS)
+    try:
+        phone.goto(fallback_app.url)
+        phone.wait_for_selector("#evs-ask")
+        banner = phone.locator("#evs-banner").inner_text()
+        assert "could not be downloaded: no network connection, and no copy on this machine" in banner
+        assert "This app runs tiny-trained instead" in banner and "http" not in banner
+        width = PHONE["viewport"]["width"]
+        assert phone.evaluate("document.documentElement.scrollWidth") <= width
+        left, right = horizontal_extent(phone, "#evs-banner")
+        assert 0 <= left and right <= width, (left, right)
+    finally:
+        context.close()
+
+
 def test_clicking_an_example_fills_the_inputs(page):
     examples = page.locator("#evs-examples")
     if not examples.count():

@@ -45,8 +45,9 @@ HEADER_HTML = """
 def default_banner(model_info: dict, banner: str | None = None) -> str | None:
     """The warning line above the page, or None when there is nothing to warn about.
 
-    `banner` (e.g. app.py's "model X could not be loaded, ...") takes the place of the model's own note
-    (random words, or what a trained tiny model knows); a full-size model on the CPU is noted either way.
+    `banner` (app.py's fallback: why the configured model cannot be served, and what runs instead) takes
+    the place of the model's own note (random words, or what a trained tiny model knows); a full-size
+    model on the CPU is noted either way.
     """
     notes = [banner] if banner else []
     if not banner and model_info.get("random_weights"):
