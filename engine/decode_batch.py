@@ -41,8 +41,9 @@ class DecodeBatch:
         mask = torch.zeros(len(self.keys) + 1, length, dtype=torch.long, device=old_mask.device)
         mask[:-1, length - old_mask.shape[1] :] = old_mask
         mask[-1, length - new_len :] = 1
-        self.keys.append(key)
+        # Built first, so that a failed rebuild (out of memory) leaves the batch as it was.
         self.cache = cache_of(LMState.stack([old, new], length), owned=True)
+        self.keys.append(key)
         self.attention_mask = mask
 
     def row_state(self, key: object) -> LMState:
