@@ -166,6 +166,15 @@ def test_ask_and_the_tool_endpoint_think_when_asked(thinking_app, clip):
     assert reply["thinking"] and reply["stats"]["thinking_tokens"] == TOKENS
 
 
+def test_a_sweep_thinks_first_at_every_rate_when_asked(thinking_app, clip):
+    client, video = thinking_app.client, clip("scene_cut")
+    client.predict(handle_file(str(video)), "What changes?", "0, 0.7", max_new_tokens=TOKENS, enable_thinking=True,
+                   api_name="/sweep")
+    stats = [stream.result().stats for stream in thinking_app.spy.streams[-2:]]
+    assert sorted(s["pruning_rate"] for s in stats) == [0.0, 0.7]
+    assert all((s["thinking_tokens"], s["answer_tokens"]) == (TOKENS, 0) for s in stats)
+
+
 def test_openai_route_returns_the_thinking_as_reasoning_content(thinking_app, clip):
     client = openai.OpenAI(base_url=f"{thinking_app.url}v1", api_key="unused", max_retries=0, timeout=120)
     messages = [{"role": "user", "content": [{"type": "video_url", "video_url": {"url": data_url(clip("pan"))}},

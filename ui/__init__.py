@@ -50,7 +50,8 @@ API endpoint `/sweep` (gradio_client: `client.predict(video, question, api_name=
 The question answered at several pruning rates as one burst (one decode of the video, one ViT forward,
 the answers decoding together). Inputs: video, question, then with defaults rates ("0, 0.3, 0.5, 0.7, 0.9",
 or a list of numbers; at most 8), fps, max_frames, max_pixels_per_frame (None: the device's defaults),
-max_new_tokens (128), temperature (0.0). Streams (table, figure, answers_html); the final result holds:
+max_new_tokens (128), temperature (0.0), enable_thinking (False: a model that can think does so first at
+every rate). Streams (table, figure, answers_html); the final result holds:
     table         {"headers": [...], "data": [[q, answer, video tokens kept, video tokens total, prompt
                   tokens, TTFT (s), prefill (s), ViT (s), requests in the ViT forward, total (s)], ...]}
     figure        the plot of kept tokens and TTFT against q ({"type": "plotly", "plot": "<json>"})

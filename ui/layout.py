@@ -197,7 +197,7 @@ def build_demo(engine, *, banner: str | None = None, delete_cache: tuple[int, in
         swept = sweep.click(
             question_to_sweep, inputs=[question, turns], outputs=question, api_visibility="private", queue=False,
         ).then(q_sweep.sweep, inputs=[video, question, sweep_rates, fps, max_frames, max_pixels, max_new_tokens,
-                                      temperature],
+                                      temperature, think],
                outputs=[sweep_table, sweep_plot, sweep_cards], api_name="sweep", concurrency_limit=None,
                show_progress="hidden")
         tool_trigger.click(tool.answer_video_question,

@@ -98,13 +98,16 @@ class Sweep:
         max_pixels_per_frame: int | None = None,
         max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
         temperature: float = DEFAULT_TEMPERATURE,
+        enable_thinking: bool = False,
     ) -> AsyncIterator[tuple]:
         """The `/sweep` endpoint: streams (table, figure, answers_html); see ui/__init__.py.
 
         rates: pruning rates as "0, 0.3, 0.5" (or a list of numbers). A sampling setting left out (None)
-        takes the engine's default for its device.
+        takes the engine's default for its device. enable_thinking: every rate thinks first (the page's
+        "Think first"); the cards show the answers, the stats count the thinking.
         """
-        params = api_params(self.engine, 0.0, fps, max_frames, max_pixels_per_frame, max_new_tokens, temperature)
+        params = api_params(self.engine, 0.0, fps, max_frames, max_pixels_per_frame, max_new_tokens, temperature,
+                            enable_thinking)
         rates = parse_rates(rates)
         runs = [RunView(q) for q in rates]
         yield gr.skip(), gr.skip(), answer_cards(runs)
