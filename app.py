@@ -9,8 +9,8 @@ Start-up: check the host first (a GPU that torch cannot use, or --device cuda wi
 with one line), load the model once (falling back to the offline tiny-trained, with a banner saying why in
 one sentence, when the checkpoint cannot be fetched, is not a family the app runs, leaves the GPU too little
 memory or is too large for the CPU that --device auto found, unless strict), answer one warm-up
-request on a built-in clip, log what runs where, then serve the UI, GET /healthz, the OpenAI-compatible
-/v1/chat/completions and /v1/models, and the MCP server at /gradio_api/mcp/.
+request on a built-in clip, log what runs where, then serve the UI, GET /healthz, GET /metrics, the
+OpenAI-compatible /v1/chat/completions and /v1/models, and the MCP server at /gradio_api/mcp/.
 """
 
 import argparse
@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import NoReturn
 
+from fastapi import Response
 from fastapi.routing import APIRoute
 from huggingface_hub.errors import GatedRepoError, HFValidationError, LocalEntryNotFoundError, RepositoryNotFoundError
 
@@ -288,6 +289,17 @@ def health_route(engine: Engine, fallback: bool) -> APIRoute:
     return APIRoute("/healthz", healthz, methods=["GET"])
 
 
+def metrics_route(engine: Engine) -> APIRoute:
+    """GET /metrics -> the engine's counters in Prometheus' text format (engine/metrics.py); an Engine's
+    or, with --replicas, the ReplicatedEngine client's."""
+
+    def metrics() -> Response:
+        body, content_type = engine.metrics.exposition()
+        return Response(body, media_type=content_type)
+
+    return APIRoute("/metrics", metrics, methods=["GET"])
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
@@ -312,6 +324,7 @@ def main(argv: list[str] | None = None) -> int:
         app_kwargs = dict(launch_kwargs.pop("app_kwargs", None) or {})
         # FastAPI(routes=...) puts these ahead of every route Gradio adds.
         app_kwargs["routes"] = [*app_kwargs.get("routes", []), health_route(engine, banner is not None),
+                                metrics_route(engine),
                                 *ui.openai_routes(engine, max_file_bytes, fetch_video_urls=args.fetch_video_urls)]
         # Docker stop and Space restarts send SIGTERM: end like Ctrl-C so Gradio closes its server cleanly.
         signal.signal(signal.SIGTERM, signal.default_int_handler)

@@ -29,6 +29,7 @@ from .errors import QUEUE_FULL, RESTARTING, BusyError, InputError
 from .families import family_for
 from .lru import ByteLRU
 from .memory_plan import Plan, engine_plan
+from .metrics import Metrics
 from .models import load_model
 from .prompt import prepare_prompt
 from .reader_pool import ReaderPool, default_size
@@ -147,6 +148,9 @@ class Engine:
         # would be refused.
         self._memory_plan.check_serviceable(min(planned_video_tokens, tokens_of(SamplingParams())))
         self._worker = Worker(self.loaded, self.family, self.config, max_running=self._memory_plan.max_running)
+        cuda = self.loaded.device.type == "cuda"
+        self.metrics = Metrics(running=lambda: self.running_requests, queued=lambda: self.queued_requests,
+                               gpu_bytes=(lambda: torch.cuda.memory_allocated(self.loaded.device)) if cuda else None)
         # Started last, once nothing above can fail: the readers live until shutdown.
         self._readers = ReaderPool(self.config.video_readers or default_size())
         # As many as there are readers (two at least: one hashes or runs the HF processor while another
@@ -224,6 +228,12 @@ class Engine:
     def running_requests(self) -> int:
         return len(self._worker.scheduler.running)
 
+    @property
+    def queued_requests(self) -> int:
+        """Submitted and not yet taken by the worker: being read, on their way to it, or waiting there.
+        Read from other threads without a lock, so a scrape may be off by a request in motion."""
+        return self._preparing + self._worker.inbox.qsize() + len(self._worker.scheduler.waiting)
+
     def submit(
         self,
         video: str | Path | None,
@@ -237,15 +247,19 @@ class Engine:
         Raises InputError for a bad question or parameters and BusyError when the queue is full; problems
         with the video itself (unreadable, too long, too large) arrive through the stream.
         """
-        params = params or GenerationParams(pruning_rate=self.model_info["default_pruning_rate"])
-        history = check_request(video, question, params, history, self.config, self._sampling_limits)
-        self._check_text_tokens(question, history)
-        with self._submit_lock:
-            if self._closed:
-                raise BusyError(RESTARTING)
-            if not self._admission.acquire(blocking=False):
-                raise BusyError(QUEUE_FULL)
-            return self._accept(video, question, params, history)
+        try:
+            params = params or GenerationParams(pruning_rate=self.model_info["default_pruning_rate"])
+            history = check_request(video, question, params, history, self.config, self._sampling_limits)
+            self._check_text_tokens(question, history)
+            with self._submit_lock:
+                if self._closed:
+                    raise BusyError(RESTARTING)
+                if not self._admission.acquire(blocking=False):
+                    raise BusyError(QUEUE_FULL)
+                return self._accept(video, question, params, history)
+        except (InputError, BusyError):
+            self.metrics.refused()
+            raise
 
     def _check_text_tokens(self, question: str, history: list[tuple[str, str]]) -> None:
         """Question and history counted in the model's tokens (characters say little across languages)."""
@@ -260,7 +274,7 @@ class Engine:
                              f"{self.config.max_history_tokens:,}: please start a new conversation.")
 
     def _accept(self, video, question: str, params: GenerationParams, history) -> Stream:
-        stream = Stream(next(self._ids))
+        stream = Stream(next(self._ids), on_end=self.metrics.ended)
         request = Request(
             stream=stream,
             video_path=str(video),

@@ -8,7 +8,7 @@ import asyncio
 import queue
 import threading
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Iterator, Literal
+from typing import AsyncIterator, Callable, Iterator, Literal
 
 import numpy as np
 
@@ -72,9 +72,11 @@ _END = object()
 
 @dataclass
 class Stream:
-    """Handle the caller keeps for one submitted request."""
+    """Handle the caller keeps for one submitted request. on_end: called once, with the stream, when it
+    ends (done or error), before its readers see the end; the engine's metrics count requests there."""
 
     request_id: int
+    on_end: Callable[["Stream"], None] | None = None
     _events: "queue.Queue[object]" = field(default_factory=queue.Queue)
     _cancelled: threading.Event = field(default_factory=threading.Event)
     _finished: threading.Event = field(default_factory=threading.Event)
@@ -111,6 +113,8 @@ class Stream:
         self._close()
 
     def _close(self) -> None:
+        if self.on_end is not None:  # first: whoever sees the stream finished also sees it counted
+            self.on_end(self)
         self._deliver(_END)
         self._finished.set()
 
@@ -133,6 +137,16 @@ class Stream:
     @property
     def finished(self) -> bool:
         return self._finished.is_set()
+
+    @property
+    def error(self) -> BaseException | None:
+        """What the request failed with, once it has ended; None while running or when it ended with done."""
+        return self._error
+
+    @property
+    def stats(self) -> dict | None:
+        """The done event's stats, once it has come."""
+        return self._stats
 
     def cancel(self) -> None:
         """Ask the engine to drop this request; it leaves the batch at the next step."""

@@ -34,6 +34,7 @@ from engine.config import EngineConfig, GenerationParams, SamplingLimits, Sampli
 from engine.engine import check_request
 from engine.errors import QUEUE_FULL, RESTARTING, BusyError, InputError
 from engine.memory_plan import Plan
+from engine.metrics import Metrics
 from engine.stats import Stats
 from engine.stream import Event, Stream
 
@@ -141,6 +142,9 @@ class ReplicatedEngine:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="evs-replica-calls", daemon=True)
         self._thread.start()
+        # Counted here, where this client's streams end: every request it hands out, whichever replica
+        # answers it. Queue depth and GPU memory are each replica's own and are not gathered.
+        self.metrics = Metrics(running=lambda: self.running_requests)
 
     def _start(self, address: str | None, ship_bytes: bool | None, cpus_per_replica: float | None,
                spill_after: int, warm_up_clip) -> None:
@@ -228,14 +232,20 @@ class ReplicatedEngine:
         the ones that need the model's tokenizer (question and history length in tokens) run on the
         replica, and their InputError arrives through the stream.
         """
-        params = params or GenerationParams()
-        history = check_request(video, question, params, history, self.config, self.sampling_limits)
+        try:
+            params = params or GenerationParams()
+            history = check_request(video, question, params, history, self.config, self.sampling_limits)
+            with self._lock:
+                if self._closed:
+                    raise BusyError(RESTARTING)
+                if not self._admission.acquire(blocking=False):
+                    raise BusyError(QUEUE_FULL)
+        except (InputError, BusyError):
+            self.metrics.refused()
+            raise
         with self._lock:
-            if self._closed:
-                raise BusyError(RESTARTING)
-            if not self._admission.acquire(blocking=False):
-                raise BusyError(QUEUE_FULL)
-            job = _Job(Stream(next(self._ids)), str(video), question.strip(), params, history)
+            job = _Job(Stream(next(self._ids), on_end=self.metrics.ended), str(video), question.strip(), params,
+                       history)
             if self._held is not None:
                 self._held.append(job)
                 return job.stream

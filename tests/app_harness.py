@@ -6,9 +6,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 from gradio_client import Client
+from prometheus_client.parser import text_string_to_metric_families
 
 import ui
+from app import metrics_route
 from engine import Engine, EngineConfig, Stream
 
 MAX_FILE_BYTES = 1_000_000
@@ -34,6 +37,10 @@ class SubmitSpy:
     def sampling_limits(self):
         return self.engine.sampling_limits
 
+    @property
+    def metrics(self):
+        return self.engine.metrics
+
     def paused(self, *args, **kwargs):
         return self.engine.paused(*args, **kwargs)
 
@@ -58,14 +65,14 @@ def free_port() -> int:
 
 @contextmanager
 def launched_app(cache_dir: Path, model: str = "tiny-random", **engine_settings):
-    """A demo on a free port around a tiny-model engine on CPU, with the OpenAI routes and the MCP server as
-    app.py serves them; closed and shut down afterwards. engine_settings: EngineConfig fields (max_queue)."""
+    """A demo on a free port around a tiny-model engine on CPU, with /metrics, the OpenAI routes and the MCP
+    server as app.py serves them; closed and shut down afterwards. engine_settings: EngineConfig fields (max_queue)."""
     engine = Engine(EngineConfig(model=model, device="cpu", cache_dir=cache_dir,
                                  max_video_seconds=MAX_VIDEO_S, **engine_settings))
     spy = SubmitSpy(engine)
     demo = ui.build_demo(spy, max_file_bytes=MAX_FILE_BYTES)
     try:
-        routes = ui.openai_routes(spy, MAX_FILE_BYTES)
+        routes = [metrics_route(spy), *ui.openai_routes(spy, MAX_FILE_BYTES)]
         _, url, _ = demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=free_port(),
                                 quiet=True, app_kwargs={"routes": routes}, **ui.launch_kwargs(MAX_FILE_BYTES))
         assert demo.mcp_server, demo.mcp_error  # Gradio only prints why its MCP server did not start
@@ -82,3 +89,22 @@ def wait_until(condition, timeout_s: float = 20.0) -> bool:
             return True
         time.sleep(0.05)
     return condition()
+
+
+def parse_metrics(text: str) -> dict[tuple, float]:
+    """A /metrics body as {(sample name, sorted (label, value) pairs): value}."""
+    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples}
+
+
+def scrape_metrics(url: str) -> dict[tuple, float]:
+    """GET /metrics of a launched app, checked to be served as Prometheus text, parsed."""
+    response = httpx.get(f"{url.rstrip('/')}/metrics", timeout=10)
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain; version=")
+    return parse_metrics(response.text)
+
+
+def outcomes(samples: dict[tuple, float]) -> dict[str, float]:
+    """evs_requests_total of a scrape, by outcome."""
+    return {dict(labels)["outcome"]: value for (name, labels), value in samples.items() if name == "evs_requests_total"}

@@ -19,6 +19,7 @@ What must hold:
 - resident memory after round 3 is within 10 % of after round 1 (round 1 pays for first-use allocations
   and fills the caches; rounds 2 and 3 ask the same and must not add to it);
 - the temp folder does not grow after round 1 (see test docstring for why that is the bound).
+- a scrape of the app's /metrics counts every request of the three rounds by how it ended.
 
 Sizing: the engine's admission queue (64) and Gradio's queue (64) both hold all 16 users, and 16 is the
 engine's max_running, so no user is answered "busy"; the test checks that precondition instead of
@@ -38,7 +39,7 @@ from gradio_client import Client, handle_file
 from gradio_client.utils import Status
 
 import ui.layout
-from app_harness import launched_app, wait_until
+from app_harness import launched_app, outcomes, scrape_metrics, wait_until
 from reader_processes import reader_children
 from engine import STATS_KEYS
 from engine.reader_pool import default_size
@@ -221,3 +222,8 @@ def test_sixteen_users_three_rounds_with_cancels_stay_bounded(loaded_app, user_c
     new_files = sorted(set(last["files"]) - set(first["files"]))
     assert not new_files, f"{len(new_files)} temp files appeared after round 1, e.g. {new_files[:3]}"
     assert sum(last["files"].values()) <= sum(first["files"].values())
+
+    # The server's own numbers say the same: every request of every round, by how it ended.
+    served = outcomes(scrape_metrics(running.url))
+    assert served == {"answered": (USERS - len(CANCELLERS)) * ROUNDS, "refused": 0,
+                      "cancelled": len(CANCELLERS) * ROUNDS, "failed": 0}, served

@@ -266,6 +266,61 @@ def test_cancel_reaches_the_replica(replicated, videos):
     assert short.stats["decode_batch_max"] == 1
 
 
+def test_metrics_count_every_request_the_client_hands_out_exactly(replicated, videos, tmp_path):
+    """GET /metrics behind --replicas: the client counts where its streams end, whichever replica answered
+    (tests/test_metrics.py is the single engine's twin). Counted as differences: the module's engine is shared."""
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from app import metrics_route
+    from app_harness import outcomes, parse_metrics
+
+    http = TestClient(FastAPI(routes=[metrics_route(replicated)]))
+
+    def scrape() -> dict[tuple, float]:
+        response = http.get("/metrics")
+        assert response.status_code == 200
+        return parse_metrics(response.text)
+
+    assert wait_until_idle(replicated)
+    before = scrape()
+    long = replicated.submit(videos.take(), "Tell me everything.", params(new_tokens=4000))
+    wait_for_text(replicated, long)
+    long.cancel()
+    assert long.result(TIMEOUT_S).cancelled
+    with pytest.raises(InputError):  # refused by the client at submit
+        replicated.submit(videos.take(), "What moves?", params(q=1.5))
+    junk = tmp_path / "junk.mp4"
+    junk.write_bytes(os.urandom(4096))
+    with pytest.raises(InputError):  # refused by a replica, through the stream
+        replicated.submit(junk, "What moves?", params()).result(TIMEOUT_S)
+    # Answered last, one on each replica: a cancelled call may still count on its replica for a moment,
+    # and the next test needs the replicas' queues empty; an answer is delivered once its call has ended.
+    for stream in [replicated.submit(video, "What moves?", params(new_tokens=2)) for video in videos.pair()]:
+        stream.result(TIMEOUT_S)
+    assert wait_until_idle(replicated)  # the client's calls close a moment after their last stream ends
+    after = scrape()
+
+    counted = {outcome: after_value - outcomes(before)[outcome] for outcome, after_value in outcomes(after).items()}
+    assert counted == {"answered": 2, "refused": 2, "cancelled": 1, "failed": 0}
+    grew = {name: after[(name, ())] - before[(name, ())]
+            for name in ("evs_ttft_seconds_count", "evs_answer_seconds_count")}
+    assert grew["evs_answer_seconds_count"] == 2
+    # The cancelled request's TTFT is counted when the replica's done event, with its stats, reaches the
+    # client before the client ends the stream itself with stats not measured (client.py, _end_cancelled).
+    assert grew["evs_ttft_seconds_count"] in (2, 3)
+    assert after[("evs_running_requests", ())] == 0
+    assert ("evs_queue_depth", ()) not in after  # each replica's own, not gathered by the client
+
+
+def wait_until_idle(replicated, timeout_s: float = TIMEOUT_S) -> bool:
+    """No request of an earlier test still open on the client."""
+    deadline = time.monotonic() + timeout_s
+    while replicated.running_requests and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not replicated.running_requests
+
+
 def test_a_busy_home_sends_the_next_request_to_the_other_replica(replicated, videos):
     video = videos.take()
     home = videos.home[video]
