@@ -119,6 +119,9 @@ class Engine:
         self.loaded = load_model(self.config.model, self.config.device, self.config.cache_dir)
         self.family = family_for(self.loaded.model)
         self._think_end = think_end_id(self.family, self.loaded.processor.tokenizer)
+        # The checkpoint's own `video_pruning_rate` when its config.json has one, else DEFAULT_PRUNING_RATE.
+        rate = self.loaded.video_pruning_rate
+        self._default_pruning_rate = DEFAULT_PRUNING_RATE if rate is None else rate
         self._ids = itertools.count(1)
         self._admission = threading.BoundedSemaphore(self.config.max_queue)
         self._closed = False
@@ -171,9 +174,7 @@ class Engine:
             "attn_vision": loaded.model.config.vision_config._attn_implementation,
             "attn_text": loaded.model.config.text_config._attn_implementation,
             "attn_linear": loaded.linear_attention,  # a hybrid model's linear-attention kernels, else None
-            # The checkpoint's own `video_pruning_rate` when its config.json has one, else DEFAULT_PRUNING_RATE.
-            "default_pruning_rate": loaded.video_pruning_rate if loaded.video_pruning_rate is not None
-            else DEFAULT_PRUNING_RATE,
+            "default_pruning_rate": self._default_pruning_rate,
             # Whether GenerationParams.enable_thinking does anything: the family has the switch and the
             # tokenizer the token that ends the thinking.
             "thinks": self._think_end is not None,
@@ -248,7 +249,7 @@ class Engine:
         with the video itself (unreadable, too long, too large) arrive through the stream.
         """
         try:
-            params = params or GenerationParams(pruning_rate=self.model_info["default_pruning_rate"])
+            params = params or GenerationParams(pruning_rate=self._default_pruning_rate)
             history = check_request(video, question, params, history, self.config, self._sampling_limits)
             self._check_text_tokens(question, history)
             with self._submit_lock:

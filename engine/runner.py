@@ -18,6 +18,7 @@ from .request import Request
 from .scheduler import WorkWeights
 from .vision import VisionEncoder
 
+
 def vit_token_budget(config, device: torch.device) -> int:
     """Patches per vision forward: on a CPU, batches past ~2 short clips overflow the caches (measured
     1.18x the separate forwards for 8 clips against 0.97x for 2); on a GPU one forward per burst pays."""
