@@ -4,8 +4,10 @@ PyAV and numpy (engine/video_reader.py), one file at a time per child.
 Isolation is what a fresh child per file gave: a file that hangs the decoder past its timeout, crashes
 it, or makes it allocate past its memory cap costs that child and its own request only. The pool kills
 that reader in the request's own thread and orders a replacement, which starts in the background; no
-other request waits on either. Frames come back through the reader's stdout pipe as raw bytes read
-straight into the array that holds them (no pickling, no second copy).
+other request waits on either. A reader that dies of a SIGKILL the pool did not send (the kernel's
+out-of-memory killer, an operator) was not killed by its file: the file goes to one more reader.
+Frames come back through the reader's stdout pipe as raw bytes read straight into the array that holds
+them (no pickling, no second copy).
 
 Readers are started by one keeper thread, because Linux's parent-death signal (which each reader asks
 for) fires when the thread that started a child ends, not only the process: the keeper lives as long as
@@ -24,6 +26,7 @@ import json
 import logging
 import os
 import select
+import signal
 import subprocess
 import sys
 import threading
@@ -51,6 +54,9 @@ serve(int(sys.argv[2]))
 """
 _ENGINE_DIR = Path(__file__).resolve().parent
 READY_TIMEOUT_S = 120.0  # a reader's start-up (importing PyAV and numpy): ~0.3 s, seconds on a busy host
+# The status of an exchange whose reader died of a SIGKILL the pool did not send: the kernel's out-of-memory
+# killer or an operator, not the file, so the file gets one more reader before it is called unreadable.
+KILLED = "killed"
 
 
 def default_size() -> int:
@@ -195,10 +201,10 @@ class ReaderPool:
         deadline = time.monotonic() + timeout_s - (started - asked if count_wait else 0.0)
         readers = [first]
         try:
-            with self._lock:
-                parts = 1 + len(self._idle)
-            header, body = self._ask(first, {**request, "op": "read", "parts": parts,
-                                             "split_min_pixels": self.split_min_pixels}, None, deadline)
+            header, body = self._ask_to_read(first, request, deadline)
+            if header["status"] == KILLED and (second := self._take(deadline, timeout_s + READY_TIMEOUT_S)):
+                readers = [second]
+                header, body = self._ask_to_read(second, request, deadline)
             found = [(header.get("entries"), body)]
             if header["status"] == "split":
                 readers += self._take_idle(len(header["units"]) - 1)
@@ -206,7 +212,15 @@ class ReaderPool:
         finally:
             for reader in readers:
                 self._give_back(reader)
+        if header["status"] == KILLED:
+            header, found = {"status": "unreadable"}, []
         return Read(header, found, started - asked, time.perf_counter() - started, len(readers))
+
+    def _ask_to_read(self, reader: Reader, request: dict, deadline: float) -> tuple[dict, np.ndarray | None]:
+        with self._lock:
+            parts = 1 + len(self._idle)
+        return self._ask(reader, {**request, "op": "read", "parts": parts, "split_min_pixels": self.split_min_pixels},
+                         None, deadline)
 
     def _read_segments(self, readers: list[Reader], request: dict, header: dict, timeline_bytes: np.ndarray,
                        deadline: float) -> tuple[dict, list]:
@@ -244,14 +258,25 @@ class ReaderPool:
             self._discard(reader)
             return {"status": "too_slow"}, None
         except (OSError, ValueError, ReaderGone):  # ValueError: a pipe closed under it by shutdown
+            killed = self._killed_from_outside(reader)
             self._discard(reader)
-            return {"status": "unreadable"}, None
+            return {"status": KILLED if killed else "unreadable"}, None
         if not isinstance(header.get("status"), str):
             self._discard(reader)
             return {"status": "unreadable"}, None
         if header.get("retire"):
             self._discard(reader)
         return header, body
+
+    def _killed_from_outside(self, reader: Reader) -> bool:
+        """Whether a reader whose pipe failed died of a SIGKILL the pool did not send. A decoder that dies
+        on a malformed file aborts or faults (SIGABRT, SIGSEGV); a reader that lives on answered garbage."""
+        try:
+            code = reader.process.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            return False
+        with self._lock:
+            return code == -signal.SIGKILL and not reader.gone and not self._closed
 
     def _take(self, deadline: float | None, stall_s: float) -> Reader | None:
         """A free reader, waiting for one until `deadline` (time.monotonic(); None: no end) or until no

@@ -9,6 +9,8 @@ that a reader, before reading a file, looks at its name:
 - `hungry_*`: writes the marker, then allocates 64 MB at a time without end (a file that makes the
   decoder allocate without bound; the reader's memory cap turns it into a MemoryError);
 - `garbled_*`: writes the marker, then answers frames that do not fill the shape it gives;
+- `killed_*`: the first reader to see it writes the marker, then dies of SIGKILL (as the kernel's
+  out-of-memory killer or an operator would kill it); a later reader finds the marker and reads it;
 - anything else: reads the file for real.
 The faulty files are valid clips, so nothing but the reader is at fault; the markers prove the fault ran
 in a reader (the tests fail on a missing marker if the seam moves, or here if READER_PROGRAM changes).
@@ -20,13 +22,17 @@ from pathlib import Path
 from engine import reader_pool
 
 FAULTS = '''
-import os as _os, time as _time
+import os as _os, signal as _signal, time as _time
 import engine.video_reader as _reader
 _real_read = _reader._read
 
 
 def _faulty_read(request):
     name = _os.path.basename(request["path"])
+    if name.startswith("killed_") and not _os.path.exists(request["path"] + ".child"):
+        with open(request["path"] + ".child", "w") as marker:
+            marker.write(str(_os.getpid()))
+        _os.kill(_os.getpid(), _signal.SIGKILL)
     if name.startswith(("hang_", "crash_", "hungry_", "garbled_")):
         with open(request["path"] + ".child", "w") as marker:
             marker.write(str(_os.getpid()))

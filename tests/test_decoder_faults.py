@@ -4,7 +4,7 @@ warm one (issue 11, item 6; issue 20).
 
 The engine reads every upload in a warm reader process from its pool (engine/reader_pool.py). The
 engine here runs tests/reader_processes.py's faulty readers (READER_PROGRAM, the pool's seam, set before
-the engine starts), which misbehave on files named `hang_*`, `crash_*` and `hungry_*` and read anything
+the engine starts), which misbehave on files named `hang_*`, `crash_*`, `hungry_*` and `killed_*` and read anything
 else for real.
 
 Each fault goes to the engine together with a normal request on another clip. What must hold: the
@@ -123,6 +123,17 @@ def test_a_crashing_reader_fails_only_its_own_request(engine, clip, tmp_path):
     assert_answered(normal)
     assert wait_until(lambda: engine.running_requests == 0, 10)
     assert_replaced(engine, int(Path(f"{crash}.child").read_text()), clip("pan", seconds=2.5, size=(128, 96)))
+
+
+def test_a_reader_killed_from_outside_mid_read_blames_no_file(engine, clip, tmp_path):
+    """A reader killed with SIGKILL while it holds a file (the kernel's out-of-memory killer, an operator)
+    says nothing about the file: it goes to another reader and is answered; the killed one is replaced."""
+    victim = faulty_copy(clip("scene_cut", seconds=2.5), tmp_path, "killed_")
+    stats = assert_answered(engine.submit(victim, "What moves?", FAST))
+    assert Path(f"{victim}.child").exists(), "no reader was killed"
+    assert stats["read_s"] > 0
+    assert wait_until(lambda: engine.running_requests == 0, 10)
+    assert_replaced(engine, int(Path(f"{victim}.child").read_text()), clip("static", seconds=3.0))
 
 
 def test_a_memory_hungry_file_fails_only_its_own_request(engine, clip, tmp_path):
