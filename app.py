@@ -29,12 +29,14 @@ from fastapi import Response
 from fastapi.routing import APIRoute
 from huggingface_hub.errors import GatedRepoError, HFValidationError, LocalEntryNotFoundError, RepositoryNotFoundError
 
-from engine import Engine, EngineConfig, GenerationParams, InputError
-from engine.config import limits_from_env
+from engine import Engine, EngineConfig, InputError
+from engine.config import MAX_FILE_BYTES, limits_from_env
 from engine.errors import one_line
+from engine.front_door import request_params
 from engine.hardware import DeviceUnavailable, choose_device, probe_host
-from engine.memory_plan import InsufficientMemory
+from engine.memory_plan import GIB, InsufficientMemory
 from engine.models import ModelUnavailable, UnsupportedModel, describe_model, is_tiny_model
+from engine.serving import Serving
 
 
 DEFAULT_MODEL = "Qwen/Qwen3-VL-4B-Instruct"
@@ -47,9 +49,10 @@ EXIT_DEVICE_UNAVAILABLE = 4
 # Above this a checkpoint runs on the CPU only when asked for with --device cpu: float32 on a CPU serves
 # a 4B model at a few tokens a minute, or runs out of memory.
 CPU_PARAMETER_LIMIT = 1_000_000_000
-# Gradio keeps uploads and generated images forever unless told otherwise; uploads here reach 200 MB.
+# Gradio keeps uploads and generated images forever unless told otherwise, and uploads reach --max-file-mb each.
 TEMP_MAX_AGE_S = 3600
 TEMP_SWEEP_S = 1800
+MB = 1 << 20  # --max-file-mb's unit
 
 log = logging.getLogger("app")
 
@@ -79,7 +82,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="[EVS_HOST, GRADIO_SERVER_NAME]")
     parser.add_argument("--port", type=int, default=_env("EVS_PORT", "GRADIO_SERVER_PORT", default="7860"),
                         help="[EVS_PORT, GRADIO_SERVER_PORT]")
-    parser.add_argument("--max-file-mb", type=float, default=_env("EVS_MAX_FILE_MB", default="200"),
+    parser.add_argument("--max-file-mb", type=float, default=_env("EVS_MAX_FILE_MB", default=f"{MAX_FILE_BYTES / MB:g}"),
                         help="largest upload accepted, in MB [EVS_MAX_FILE_MB]")
     parser.add_argument("--strict-model", action="store_true", default=_env_flag("EVS_STRICT_MODEL"),
                         help="exit instead of falling back to tiny-trained when the model cannot be served "
@@ -172,7 +175,7 @@ def fallback_reason(model: str, error: BaseException) -> str:
     return f"The model {model} {reason}."
 
 
-def build_engine(args: argparse.Namespace, device: str, max_file_bytes: int) -> tuple[Engine, str | None]:
+def build_engine(args: argparse.Namespace, device: str, max_file_bytes: int) -> tuple[Serving, str | None]:
     """The engine for `args.model` on `device` ("cuda" | "cpu", already checked), or for the offline
     FALLBACK_MODEL with a banner saying why (fallback_reason) and what it knows; the cause's own message
     goes to the log.
@@ -185,7 +188,7 @@ def build_engine(args: argparse.Namespace, device: str, max_file_bytes: int) -> 
     except ValueError as error:
         _fail(f"{error}.", code=2)
 
-    def engine_for(model: str) -> Engine:
+    def engine_for(model: str) -> Serving:
         config = EngineConfig(model=model, device=device, max_file_bytes=max_file_bytes,
                               video_readers=args.video_readers, **limits)
         if args.replicas == 1:
@@ -235,7 +238,7 @@ def check_host(requested: str) -> str:
         _fail(str(error), EXIT_DEVICE_UNAVAILABLE)
 
 
-def warm_up(engine: Engine) -> dict:
+def warm_up(engine: Serving) -> dict:
     """One request on the built-in clip so the first user's TTFT is not a cold start; returns its stats.
 
     A warm-up that fails (the memory plan refuses even the built-in clip, a timeout) ends the start with
@@ -246,8 +249,7 @@ def warm_up(engine: Engine) -> dict:
         return {}
     start = time.perf_counter()
     stream = engine.submit(video=WARMUP_CLIP, question="Which way does the shape move?",
-                           params=GenerationParams(pruning_rate=engine.model_info["default_pruning_rate"],
-                                                   max_new_tokens=8))
+                           params=request_params(engine, max_new_tokens=8))
     try:
         stats = stream.result(timeout_s=WARMUP_TIMEOUT_S).stats
     except (InputError, TimeoutError) as error:
@@ -257,7 +259,7 @@ def warm_up(engine: Engine) -> dict:
     return stats
 
 
-def log_runtime(engine: Engine) -> None:
+def log_runtime(engine: Serving) -> None:
     """Device, dtype, attention implementation and memory in use, once, after the warm-up."""
     info = engine.model_info
     log.info("model %s (%s) on %s, dtype %s, attention: vision tower %s, language model %s%s", info["name"],
@@ -266,9 +268,8 @@ def log_runtime(engine: Engine) -> None:
     if info["device"].startswith("cuda") and "replicas" not in info:  # replicas hold the GPUs, not this process
         import torch
 
-        gib = 1024**3
         log.info("GPU %s: %.2f GiB allocated, %.2f GiB peak (after warm-up)", torch.cuda.get_device_name(),
-                 torch.cuda.memory_allocated() / gib, torch.cuda.max_memory_allocated() / gib)
+                 torch.cuda.memory_allocated() / GIB, torch.cuda.max_memory_allocated() / GIB)
         if info["attn_vision"] == "sdpa":
             absent = importlib.util.find_spec("flash_attn") is None
             log.warning("flash-attn %s and no varlen kernel is available: the vision tower runs sdpa, one call "
@@ -277,7 +278,7 @@ def log_runtime(engine: Engine) -> None:
     log.info("host memory: %.2f GiB peak resident", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2)
 
 
-def health_route(engine: Engine, fallback: bool) -> APIRoute:
+def health_route(engine: Serving, fallback: bool) -> APIRoute:
     """GET /healthz -> {"status": "ok", "model": ...}; registered at launch, i.e. only once warm."""
     info = engine.model_info
     body = {"status": "ok", "model": info["name"], "device": info["device"], "fallback": fallback,
@@ -289,7 +290,7 @@ def health_route(engine: Engine, fallback: bool) -> APIRoute:
     return APIRoute("/healthz", healthz, methods=["GET"])
 
 
-def metrics_route(engine: Engine) -> APIRoute:
+def metrics_route(engine: Serving) -> APIRoute:
     """GET /metrics -> the engine's counters in Prometheus' text format (engine/metrics.py); an Engine's
     or, with --replicas, the ReplicatedEngine client's."""
 
@@ -303,7 +304,7 @@ def metrics_route(engine: Engine) -> APIRoute:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
-    max_file_bytes = int(args.max_file_mb * 1024 * 1024)
+    max_file_bytes = int(args.max_file_mb * MB)
     log.info("starting: model %s, device %s, %s:%d", args.model, args.device, args.host, args.port)
 
     # On a Ray cluster the GPUs are the replicas' nodes', not necessarily this one's.

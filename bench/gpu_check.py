@@ -50,11 +50,11 @@ from bench.workload import QUESTION  # noqa: E402
 from engine import Answer, Engine, EngineConfig, GenerationParams, SamplingParams  # noqa: E402
 from engine.errors import one_line  # noqa: E402
 from engine.hardware import probe_host  # noqa: E402
+from engine.memory_plan import GIB  # noqa: E402
 
 PRUNING_RATES = (0.0, 0.5, 0.7, 0.9)
 BURST_RATES = (0.0, 0.7)
 USERS = 8
-GIB = 1024**3
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -22,6 +22,7 @@ import sys
 from .config import GPU_SAMPLING, EngineConfig, GenerationParams
 from .engine import Engine
 from .errors import InputError, one_line
+from .front_door import request_params
 from .memory_plan import GIB, InsufficientMemory, checkpoint_config, checkpoint_plan
 from .hardware import DeviceUnavailable
 from .models import ModelUnavailable, UnsupportedModel, describe_model, resolve_device
@@ -36,15 +37,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="print the GPU memory plan --model would get with GIB free after loading, and exit")
     parser.add_argument("--video", help="path to a video file")
     parser.add_argument("--question")
-    parser.add_argument("--pruning-rate", type=float,
+    # Settings stay text here: the front door reads them, with the sentence every way in gives for a bad one.
+    parser.add_argument("--pruning-rate",
                         help="EVS rate q in [0, 1) (default: the model's, Engine.model_info['default_pruning_rate'])")
     parser.add_argument("--think", action="store_true",
                         help="think before answering, for a model that can (the thinking goes to stderr)")
     parser.add_argument("--model", default="tiny-random",
                         help="tiny-random, tiny-random-qwen2.5-vl, a checkpoint, or random:<checkpoint>")
     parser.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--max-new-tokens", help=f"default {GenerationParams.max_new_tokens}")
+    parser.add_argument("--temperature", help=f"0 answers greedily (default {GenerationParams.temperature:g})")
     args = parser.parse_args(argv)
     if not (args.describe or args.plan_gib) and (args.video is None or args.question is None):
         parser.error("--video and --question are required (or --describe, or --plan-gib)")
@@ -94,10 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     except CANNOT_SERVE as error:
         print(f"error: {one_line(error)}", file=sys.stderr)
         return 2
-    rate = engine.model_info["default_pruning_rate"] if args.pruning_rate is None else args.pruning_rate
-    params = GenerationParams(pruning_rate=rate, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                              enable_thinking=args.think)
     try:
+        params = request_params(engine, pruning_rate=args.pruning_rate, max_new_tokens=args.max_new_tokens,
+                                temperature=args.temperature, enable_thinking=args.think)
         stream = engine.submit(video=args.video, question=args.question, params=params)
         for event in stream:
             if event.kind == "text":

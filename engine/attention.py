@@ -128,6 +128,16 @@ def linear_attention_kernels(device: torch.device) -> str:
     return f"delta rule {delta}, short convolution {conv}{note}"
 
 
+def mamba_kernels(device: torch.device) -> str:
+    """What runs a hybrid model's Mamba-2 layers (Nemotron-H), as transformers picks it: mamba-ssm's kernels for
+    the selective scan when `mamba_ssm` imports, causal-conv1d's for the short convolution when `causal_conv1d`
+    does, else its pure-torch reference for each (which the CPU environment keeps to, as for Gated DeltaNet)."""
+    scan = "mamba-ssm (CUDA)" if _importable("mamba_ssm") else "torch"
+    conv = "causal-conv1d (CUDA)" if _importable("causal_conv1d") else "torch"
+    note = "" if device.type == "cuda" or scan == conv == "torch" else "; these kernels need CUDA tensors"
+    return f"selective scan {scan}, short convolution {conv}{note}"
+
+
 def _importable(module: str) -> bool:
     """Whether `module` imports, as transformers tries it (a package that is present but fails to import is
     not used: transformers falls back to torch)."""

@@ -84,6 +84,8 @@ MAX_VIDEO_SOURCE_PIXELS = 4096 * 2160
 # a 4K source adds a few hundred MB of reference frames. A file that makes FFmpeg allocate without bound
 # gets a MemoryError in its own process and the user a sentence.
 DECODE_MEMORY_BYTES = 4 << 30
+# The largest video a request may send: an upload (app.py's --max-file-mb), a data: URL, a fetched file.
+MAX_FILE_BYTES = 200 << 20
 
 
 @dataclass
@@ -95,7 +97,7 @@ class EngineConfig:
     max_video_seconds: float = MAX_VIDEO_SECONDS
     max_video_source_pixels: int = MAX_VIDEO_SOURCE_PIXELS  # width*height of the frames as stored, before resizing
     decode_memory_bytes: int = DECODE_MEMORY_BYTES  # a reader process's memory cap per file (RLIMIT_DATA)
-    max_file_bytes: int = 200 * 1024 * 1024
+    max_file_bytes: int = MAX_FILE_BYTES
     decode_timeout_s: float = 60.0  # reading one upload, once a reader has it (waiting for one is not counted)
     # Warm reader processes (engine/reader_pool.py): how many uploads are read at once, and how many parts
     # a long video is read in. None: one per core this process may run on.

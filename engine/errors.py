@@ -1,4 +1,5 @@
-"""Errors a user caused (anything else raised by the engine is a bug), and how any error reads in one line."""
+"""Errors a user caused (anything else raised by the engine is a bug), the sentences more than one way in
+says, and how any error reads in one line."""
 
 
 def one_line(error: BaseException | str) -> str:
@@ -16,3 +17,11 @@ class BusyError(InputError):
 
 RESTARTING = "The server is restarting; please try again in a minute."
 QUEUE_FULL = "The server is busy with other videos right now; please try again in a minute."
+SHUTTING_DOWN = "The engine is shutting down."
+# What a user reads for a bug: the log has the traceback.
+SERVER_FAULT = "Something went wrong on the server; please try again."
+NO_VIDEO = "Please upload a video file."
+EXPIRED_VIDEO = ("This video is no longer on the server (uploads are deleted after a while); "
+                 "please upload it again.")
+BAD_NUMBERS = "The pruning rate, fps, frame, pixel and token limits and temperature must be numbers."
+BAD_HISTORY = "The conversation history must be a list of (question, answer) pairs."

@@ -1,12 +1,15 @@
-"""What differs between the Qwen model families: prompt markers, MRoPE positions, vision outputs,
-and how the language model takes DeepStack features.
+"""What differs between the model families: prompt markers, positions, the processor's output, vision
+outputs, where the language model sits in the checkpoint, and how it takes DeepStack features. The Qwen-VL
+families (MRoPE positions) and Nemotron-H Omni (no rotary positions) are here.
 
 Everything here works on one unpruned prompt; EVS (evs/) then selects columns from it.
 """
 
+import copy
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 
 @dataclass
@@ -30,6 +33,21 @@ class VideoFeatures:
         return VideoFeatures(self.embeds[keep], [level[keep] for level in self.deepstack])
 
 
+@dataclass
+class VideoInputs:
+    """The video part of the HF processor's output for one prompt, in the layout the engine keeps.
+
+    pixel_values: (P, C) float patches, one row per vision patch, in (t, row, col) order. grid_thw_patches: (3,)
+    long patch grid (groups, rows, cols). grid_thw: (T, h, w) in LLM tokens (after the spatial merge).
+    second_per_group: seconds of video per temporal group (Qwen2.5-VL's temporal scale; 0.0 where unused).
+    """
+
+    pixel_values: torch.Tensor
+    grid_thw_patches: torch.Tensor
+    grid_thw: tuple[int, int, int]
+    second_per_group: float
+
+
 class Family:
     """Base: a Qwen-VL family. Subclasses fill in the differences.
 
@@ -39,6 +57,7 @@ class Family:
 
     name = ""
     think_end: str | None = None  # the marker that ends the thinking; None: no enable_thinking switch
+    writes_empty_system = False  # whether the chat template writes a system turn when there is no system prompt
 
     def __init__(self, temporal_patch: int):
         self.temporal_patch = temporal_patch
@@ -126,6 +145,52 @@ class Family:
         """The HF video processor's `size` (pixels) that caps each of num_frames frames at
         max_pixels_per_frame; factor is patch * merge, the side of one LLM token in pixels."""
         return {"shortest_edge": factor * factor, "longest_edge": max_pixels_per_frame}
+
+    def sized_processor(self, processor, num_frames: int, max_pixels_per_frame: int) -> tuple[object, dict]:
+        """(processor, call kwargs) that cap each of num_frames frames at max_pixels_per_frame (height*width)
+        and never upscale. Sides are rounded to multiples of patch*merge (32 for Qwen3-VL, 28 for Qwen2.5-VL)
+        by the processor; what `size` means differs by family (processor_size). The floor is one merged token
+        per frame: ValueError below it."""
+        video_processor = processor.video_processor
+        factor = video_processor.patch_size * video_processor.merge_size
+        size = self.processor_size(num_frames, max_pixels_per_frame, factor)
+        if size["longest_edge"] < size["shortest_edge"]:
+            raise ValueError(f"max_pixels_per_frame={max_pixels_per_frame} is below one token ({factor}x{factor})")
+        # cap_pixels_per_frame=False: the cap above is ours; the processor must not shrink frames further.
+        return processor, {"size": size, "cap_pixels_per_frame": False}
+
+    def video_token_id(self, config) -> int:
+        """The token id that stands for one video token in the prompt."""
+        return config.video_token_id
+
+    def video_end_token_id(self, config, tokenizer) -> int:
+        """The marker the processor writes right after the video's last token."""
+        return config.vision_end_token_id
+
+    def video_inputs(self, inputs, config) -> VideoInputs:
+        """The processor output's video pixels and grids (one video)."""
+        grid_patches = inputs["video_grid_thw"][0]
+        merge = config.vision_config.spatial_merge_size
+        second_per_group = float(inputs["second_per_grid_ts"][0]) if "second_per_grid_ts" in inputs else 0.0
+        grid_thw = (int(grid_patches[0]), int(grid_patches[1]) // merge, int(grid_patches[2]) // merge)
+        return VideoInputs(inputs["pixel_values_videos"], grid_patches, grid_thw, second_per_group)
+
+    def language_positions(self, positions: torch.Tensor) -> torch.Tensor:
+        """What the language model takes as position_ids, from the engine's (4, B, L) rows (row 0 the 1-D
+        position, rows 1-3 MRoPE t/h/w): all four for the Qwen families."""
+        return positions
+
+    def text_model(self, model) -> nn.Module:
+        """The language model's decoder stack: takes inputs_embeds, position_ids, attention_mask and a cache,
+        returns last_hidden_state."""
+        return model.model.language_model
+
+    def lm_head(self, model) -> nn.Module:
+        return model.lm_head
+
+    def vision_modules(self, model) -> list[nn.Module]:
+        """The modules a video passes through before the language model (for counting their parameters)."""
+        return [model.model.visual]
 
 
 class Qwen3VL(Family):
@@ -223,13 +288,139 @@ class Qwen25VL(Family):
         return [VideoFeatures(embeds, []) for embeds in out.pooler_output]
 
 
+class NemotronOmni(Family):
+    """Nemotron-H Omni (transformers' `nemotron_h_omni`): a RADIO vision tower that packs two frames per
+    tubelet, a pixel-shuffle projector, and a NemotronH language model of Mamba-2, attention and MoE layers
+    (engine/lm_state.py keeps its Mamba layers' conv and SSM state, like Gated DeltaNet's).
+
+    The processor writes each tubelet as `Frame i sampled at t seconds and frame i+1 sampled at t' seconds: `
+    + `<img>` + one `<image>` per token + `</img>`, the tubelets joined by newlines: one temporal group per
+    tubelet, and a tubelet that keeps no token under EVS still keeps its frame text and markers.
+
+    Positions: the attention layers apply no rotary embedding (NemotronHAttention projects q, k and v and
+    attends; it never reads position_ids), and Mamba-2 is causal by construction. Order is all the language
+    model knows, so the pruned sequence simply is shorter: no position is carried from the unpruned layout,
+    and the model is given the pruned sequence's own token index (row 0), which only its causal mask reads.
+    The unpruned MRoPE-style rows are kept as the same index so the pruning code stays one for all families.
+    """
+
+    name = "nemotron_h_omni"
+    think_end = "</think>"
+    writes_empty_system = True  # the template always opens with `<|im_start|>system\n...<|im_end|>\n`
+    _VIDEO_END = "</img>"
+
+    def __init__(self, temporal_patch: int, patch_size: int, merge_size: int):
+        super().__init__(temporal_patch)
+        self.patch_size, self.merge_size = patch_size, merge_size
+
+    def video_placeholder(self):
+        # The processor expands it into the tubelets, their frame text and markers.
+        return "<video>\n"
+
+    def earlier_answer(self, answer):
+        # truncate_history_thinking (on by default): an answer before the last question is written as an empty
+        # think block and what followed its `</think>`, the whole trimmed.
+        return ("<think></think>" + answer.split(self.think_end)[-1]).strip()
+
+    def answer_opening(self, thinking):
+        # The generation prompt after `<|im_start|>assistant\n`: open the think block, or write it empty.
+        return "<think>\n" if thinking else "<think></think>"
+
+    def full_positions(self, is_video, grid_thw, second_per_group):
+        # Each token's index in the unpruned prompt, on all three rows (see the class docstring: only row 0 of
+        # the pruned layout reaches the model).
+        return torch.arange(is_video.numel()).expand(3, -1).clone()
+
+    def sized_processor(self, processor, num_frames, max_pixels_per_frame):
+        # The video processor resizes every frame (up or down) to one aspect-kept tile of about
+        # `video_target_num_patches` patches (the checkpoints: 1,024, 512x512 pixels); the cap lowers that
+        # budget, never raises it. The budget is an attribute the processor reads, not a call argument, and the
+        # loaded processor is shared by the prepare threads: a request with another budget gets shallow copies.
+        factor = self.patch_size * self.merge_size
+        if max_pixels_per_frame < factor * factor:
+            raise ValueError(f"max_pixels_per_frame={max_pixels_per_frame} is below one token ({factor}x{factor})")
+        budget = min(processor.video_processor.video_target_num_patches, max_pixels_per_frame // self.patch_size**2)
+        if budget == processor.video_processor.video_target_num_patches:
+            return processor, {}
+        sized = copy.copy(processor)
+        sized.video_processor = copy.copy(processor.video_processor)
+        sized.video_processor.video_target_num_patches = budget
+        return sized, {}
+
+    def video_token_id(self, config):
+        # Tubelets are written with the image token; config.video_token_id names the `<video>` placeholder.
+        return config.image_token_id
+
+    def video_end_token_id(self, config, tokenizer):
+        return tokenizer.convert_tokens_to_ids(self._VIDEO_END)
+
+    def video_inputs(self, inputs, config):
+        # pixel_values_videos: (1, T, temporal_patch * C, H, W), each tubelet's frames stacked on the channels.
+        # Kept as patch rows like Qwen's, so videos of any size concatenate and the ViT budget counts patches.
+        tubelets = inputs["pixel_values_videos"][0]
+        T, channels, height, width = tubelets.shape
+        p = self.patch_size
+        rows, cols = height // p, width // p
+        patches = tubelets.reshape(T, channels, rows, p, cols, p).permute(0, 2, 4, 1, 3, 5)
+        grid_patches = torch.tensor([T, rows, cols])
+        grid_thw = (T, rows // self.merge_size, cols // self.merge_size)
+        return VideoInputs(patches.reshape(T * rows * cols, channels * p * p), grid_patches, grid_thw, 0.0)
+
+    def _tubelets(self, patches: torch.Tensor, grid: list[int]) -> torch.Tensor:
+        """(T*rows*cols, temporal_patch*C*p*p) patch rows -> (T, temporal_patch*C, rows*p, cols*p) pixels."""
+        T, rows, cols = grid
+        p = self.patch_size
+        pixels = patches.reshape(T, rows, cols, -1, p, p).permute(0, 3, 1, 4, 2, 5)
+        return pixels.reshape(T, -1, rows * p, cols * p)
+
+    def encode(self, model, pixel_values, grid_thw_patches):
+        # RADIO attends within each tubelet alone, so the tubelets of every video of one frame size go through
+        # the tower as one batch; each video's rows come back in (tubelet, row, col) order of merged tokens.
+        grids = grid_thw_patches.tolist()
+        videos = pixel_values.split([T * rows * cols for T, rows, cols in grids])
+        embeds: list[torch.Tensor | None] = [None] * len(grids)
+        for size in dict.fromkeys((rows, cols) for _, rows, cols in grids):
+            members = [i for i, grid in enumerate(grids) if tuple(grid[1:]) == size]
+            tubelets = torch.cat([self._tubelets(videos[i], grids[i]) for i in members])
+            out = model.get_video_features(tubelets[None], return_dict=True).pooler_output[0]
+            tokens = [grids[i][0] * (size[0] // self.merge_size) * (size[1] // self.merge_size) for i in members]
+            for i, rows_of_video in zip(members, out.split(tokens)):
+                embeds[i] = rows_of_video
+        return [VideoFeatures(video, []) for video in embeds]
+
+    def language_positions(self, positions):
+        return positions[0]  # (B, L): the token index; nothing rotary to feed
+
+    def text_model(self, model):
+        return model.language_model.model
+
+    def lm_head(self, model):
+        return model.language_model.lm_head
+
+    def vision_modules(self, model):
+        return [module for module in (model.vision_model, model.vision_final_layernorm, model.multi_modal_projector)
+                if module is not None]
+
+
+def video_geometry(config) -> tuple[int, int, int]:
+    """(patch side in pixels, spatial merge, frames per temporal group) of a model config's video tokens: one
+    LLM token covers (patch * merge)^2 pixels of that many frames."""
+    if config.model_type == NemotronOmni.name:
+        return config.vision_config.patch_size, round(1 / config.downsample_ratio), config.video_temporal_patch_size
+    vision = config.vision_config
+    return vision.patch_size, vision.spatial_merge_size, vision.temporal_patch_size
+
+
 def family_for(model) -> Family:
     model_type = model.config.model_type
     vision = model.config.vision_config
+    if model_type == NemotronOmni.name:
+        patch, merge, temporal = video_geometry(model.config)
+        return NemotronOmni(temporal, patch, merge)
     if model_type in ("qwen3_vl", "qwen3_vl_moe"):  # the MoE changes the MLPs only
         return Qwen3VL(vision.temporal_patch_size)
     if model_type in ("qwen3_5", "qwen3_5_moe"):
         return Qwen35(vision.temporal_patch_size)
     if model_type == "qwen2_5_vl":
         return Qwen25VL(vision.temporal_patch_size, vision.tokens_per_second)
-    raise ValueError(f"model type {model_type!r} is not a supported Qwen-VL family")
+    raise ValueError(f"model type {model_type!r} is not a supported family")

@@ -27,24 +27,24 @@ class LMInput:
 
 def embed_prompt(model, input_ids: torch.Tensor, video_mask: torch.Tensor, features: VideoFeatures) -> torch.Tensor:
     """(L,) ids -> (L, D) embeddings with the kept video features in place of the video pads."""
-    embeds = model.model.get_input_embeddings()(input_ids.to(model.device))
+    embeds = model.get_input_embeddings()(input_ids.to(model.device))
     embeds[video_mask.to(embeds.device)] = features.embeds.to(embeds.device, embeds.dtype)
     return embeds
 
 
 def embed_tokens(model, token_ids: torch.Tensor) -> torch.Tensor:
-    return model.model.get_input_embeddings()(token_ids.to(model.device))
+    return model.get_input_embeddings()(token_ids.to(model.device))
 
 
 def lm_logits(model, family: Family, batch: LMInput, cache) -> torch.Tensor:
     """Run the language model on batch, appending to cache; returns (B, V) float32 logits of the last position."""
     extra = family.language_kwargs(batch.visual_mask, batch.deepstack)
-    out = model.model.language_model(
+    out = family.text_model(model)(
         inputs_embeds=batch.embeds,
-        position_ids=batch.positions,
+        position_ids=family.language_positions(batch.positions),
         attention_mask=batch.attention_mask,
         cache=cache,
         use_cache=True,
         **extra,
     )
-    return model.lm_head(out.last_hidden_state[:, -1]).float()
+    return family.lm_head(model)(out.last_hidden_state[:, -1]).float()

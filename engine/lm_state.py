@@ -1,6 +1,8 @@
 """The language model's state for one or more sequences: keys and values for attention layers, a constant
-recurrent state for linear-attention layers (Qwen3.5's Gated DeltaNet), and their conversion to and from the
-transformers `Cache` a forward appends to.
+recurrent state for linear-attention layers (Qwen3.5's Gated DeltaNet, Nemotron-H's Mamba-2: both a conv state
+of the last inputs of a short causal convolution and a float32 recurrent state, kept alike by transformers'
+LinearAttentionLayer), nothing for layers without a sequence mixer (Nemotron-H's MoE and MLP layers), and their
+conversion to and from the transformers `Cache` a forward appends to.
 
 The two kinds of layer need different rules, and this module is where they differ:
 - KV grows by one slot a token and can be cut back to any shorter prefix; rows of different lengths share a
@@ -15,9 +17,11 @@ The two kinds of layer need different rules, and this module is where they diffe
 from dataclasses import dataclass
 
 import torch
-from transformers.cache_utils import Cache, DynamicLayer, LinearAttentionLayer
+from transformers.cache_utils import Cache, DummyLayer, DynamicLayer, LinearAttentionLayer
 
-ATTENTION, LINEAR = "full_attention", "linear_attention"
+ATTENTION, LINEAR, STATELESS = "full_attention", "linear_attention", "stateless"
+# Layer types (config.layer_types) that mix nothing along the sequence, so keep no state: Nemotron-H's.
+_STATELESS_TYPES = ("moe", "mlp")
 
 
 class GrowingLayer(DynamicLayer):
@@ -64,13 +68,15 @@ class KV:
 @dataclass(frozen=True)
 class Recurrent:
     """A linear-attention layer's state after the last token it saw: conv (B, conv_dim, kernel) in the model
-    dtype, the last inputs of its causal conv; ssm (B, value_heads, key_dim, value_dim) float32."""
+    dtype, the last inputs of its causal conv; ssm float32, (B, value_heads, key_dim, value_dim) for Gated
+    DeltaNet, (B, mamba_heads, mamba_head_dim, ssm_state_size) for Mamba-2."""
 
     conv: torch.Tensor
     ssm: torch.Tensor
 
 
-Layer = KV | Recurrent
+# None: a layer that keeps no state (an MoE or MLP layer of Nemotron-H).
+Layer = KV | Recurrent | None
 # The recurrent layers' state at one point of a sequence, None at attention layers.
 Snapshot = tuple[Recurrent | None, ...]
 
@@ -81,7 +87,7 @@ def _nbytes(*tensors: torch.Tensor) -> int:
 
 @dataclass(frozen=True)
 class LMState:
-    """Per language-model layer, in model order, a KV or a Recurrent of the same B sequences.
+    """Per language-model layer, in model order, a KV or a Recurrent of the same B sequences, or None.
 
     tokens: the KV's token axis S (every served model has an attention layer, `layer_kinds`); for a batch, the
     padded length.
@@ -95,7 +101,7 @@ class LMState:
 
     @property
     def device(self) -> torch.device:
-        return _tensors(self.layers[0])[0].device
+        return next(_tensors(layer)[0].device for layer in self.layers if layer is not None)
 
     @property
     def has_recurrent(self) -> bool:
@@ -103,7 +109,7 @@ class LMState:
 
     @property
     def nbytes(self) -> int:
-        return sum(_nbytes(*_tensors(layer)) for layer in self.layers)
+        return sum(_nbytes(*_tensors(layer)) for layer in self.layers if layer is not None)
 
     def prefix(self, length: int, snapshot: Snapshot | None = None) -> "LMState":
         """The state after the first `length` tokens: KV cut back (views), recurrent layers from `snapshot` (taken
@@ -116,7 +122,8 @@ class LMState:
 
     def clone(self) -> "LMState":
         """Owned copies, so the state pins no larger batch tensor and later in-place updates leave it alone."""
-        return LMState(tuple(type(layer)(*(t.clone() for t in _tensors(layer))) for layer in self.layers))
+        return self._map(lambda kv: KV(kv.keys.clone(), kv.values.clone()),
+                         lambda r: Recurrent(r.conv.clone(), r.ssm.clone()))
 
     def snapshot(self) -> Snapshot:
         """Owned copies of the recurrent layers (None at attention layers): what resuming here needs beside KV."""
@@ -128,7 +135,9 @@ class LMState:
         return LMState(tuple(saved if saved is not None else layer for layer, saved in zip(self.layers, snapshot)))
 
     def _map(self, on_kv, on_recurrent) -> "LMState":
-        return LMState(tuple(on_kv(layer) if isinstance(layer, KV) else on_recurrent(layer) for layer in self.layers))
+        """Each KV layer through on_kv, each Recurrent through on_recurrent; stateless layers stay None."""
+        return LMState(tuple(on_kv(layer) if isinstance(layer, KV) else on_recurrent(layer) if layer else None
+                             for layer in self.layers))
 
     def rows(self, index: torch.Tensor, first_token: int = 0) -> "LMState":
         """The sequences at index (long, on the state's device); KV from token first_token on."""
@@ -149,7 +158,9 @@ class LMState:
         states concatenated along the batch axis (they have no token axis, so nothing to pad)."""
         layers = []
         for parts in zip(*(s.layers for s in states)):
-            if isinstance(parts[0], KV):
+            if parts[0] is None:
+                layers.append(None)
+            elif isinstance(parts[0], KV):
                 layers.append(KV(torch.cat([_left_pad(p.keys, length) for p in parts]),
                                  torch.cat([_left_pad(p.values, length) for p in parts])))
             else:
@@ -175,9 +186,10 @@ def _left_pad(tensor: torch.Tensor, length: int) -> torch.Tensor:
 
 
 def layer_kinds(text_config) -> tuple[str, ...]:
-    """ATTENTION or LINEAR per language-model layer; every layer attends in the KV-only families."""
+    """ATTENTION, LINEAR or STATELESS per language-model layer; every layer attends in the KV-only families."""
     kinds = getattr(text_config, "layer_types", None) or [ATTENTION] * text_config.num_hidden_layers
-    unknown = set(kinds) - {ATTENTION, LINEAR}
+    kinds = [STATELESS if kind in _STATELESS_TYPES else kind for kind in kinds]
+    unknown = set(kinds) - {ATTENTION, LINEAR, STATELESS}
     if unknown:
         raise ValueError(f"layer types {sorted(unknown)} are not served")
     if ATTENTION not in kinds:  # transformers' own masks and generate need one; so does the batch's padding
@@ -186,15 +198,19 @@ def layer_kinds(text_config) -> tuple[str, ...]:
 
 
 def new_cache(kinds: tuple[str, ...]) -> Cache:
-    """An empty cache: KV layers that append in place, recurrent layers as transformers keeps them."""
-    return Cache(layers=[GrowingLayer() if kind == ATTENTION else LinearAttentionLayer() for kind in kinds])
+    """An empty cache: KV layers that append in place, recurrent layers as transformers keeps them, and a
+    placeholder where a layer keeps nothing (transformers indexes the cache by layer)."""
+    make = {ATTENTION: GrowingLayer, LINEAR: LinearAttentionLayer, STATELESS: DummyLayer}
+    return Cache(layers=[make[kind]() for kind in kinds])
 
 
 def state_of(cache: Cache) -> LMState:
     """The tensors a forward left in cache (views of it)."""
     layers = []
     for layer in cache.layers:
-        if isinstance(layer, LinearAttentionLayer):
+        if isinstance(layer, DummyLayer):
+            layers.append(None)
+        elif isinstance(layer, LinearAttentionLayer):
             layers.append(Recurrent(layer.conv_states[0], layer.recurrent_states[0]))
         else:
             layers.append(KV(layer.keys, layer.values))
@@ -205,9 +221,11 @@ def cache_of(state: LMState, owned: bool = False) -> Cache:
     """A cache holding state, ready to be appended to. KV is copied into growable buffers. The linear layers
     update their state in place, so recurrent tensors are cloned unless `owned` says nothing else holds them
     (a batch just stacked or selected); a stored snapshot never is."""
-    kinds = tuple(ATTENTION if isinstance(layer, KV) else LINEAR for layer in state.layers)
+    kinds = tuple(ATTENTION if isinstance(layer, KV) else LINEAR if layer else STATELESS for layer in state.layers)
     cache = new_cache(kinds)
     for index, (layer, target) in enumerate(zip(state.layers, cache.layers)):
+        if layer is None:
+            continue
         if isinstance(layer, KV):
             cache.update(layer.keys, layer.values, index)
         else:

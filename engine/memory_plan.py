@@ -22,10 +22,11 @@ What the plan counts (bytes; N requests decoding together, each with at most V v
   bf16). KV layers are the attention layers: all of them on Qwen2.5-VL and Qwen3-VL (MoE too); on the
   hybrid Qwen3.5 / 3.6 only the full-attention ones (text_config.layer_types; every 4th), 32,768 bytes a
   token on Qwen3.5-9B.
-- state_per_sequence: a hybrid model's linear-attention (Gated DeltaNet) layers keep, whatever the length,
-  a conv state (conv_dim x conv kernel, model dtype) and a recurrent state (value heads x key head_dim x
-  value head_dim, float32), as transformers' LinearAttentionLayer holds them: 49.5 MiB a sequence on
-  Qwen3.5-9B (24 layers x (8,192 x 4 x 2 + 32 x 128 x 128 x 4 bytes)). 0 on KV-only models.
+- state_per_sequence: a hybrid model's linear-attention layers (Gated DeltaNet, Mamba-2) keep, whatever the
+  length, a conv state (conv_dim x conv kernel, model dtype) and a recurrent state (value heads x key head_dim
+  x value head_dim, float32), as transformers' LinearAttentionLayer holds them: 49.5 MiB a sequence on
+  Qwen3.5-9B (24 layers x (8,192 x 4 x 2 + 32 x 128 x 128 x 4 bytes)). 0 on KV-only models. Mamba-2 has the
+  same two tensors (LinearAttentionDims.from_text_config maps its sizes onto these names).
 - kv_copies = 3: a request joining or leaving rebuilds the decode batch, and for a moment the old
   batch, the concatenated tensors and the growable buffers they are copied into are all alive
   (engine/decode_batch.py DecodeBatch.add / remove through lm_state.cache_of); the recurrent states are
@@ -57,6 +58,7 @@ the upload, duration and cache limits. EngineConfig.memory_budget_bytes turns th
 from dataclasses import dataclass
 
 from .errors import InputError
+from .families import video_geometry
 
 GIB = 1024**3
 MIB = 1024**2
@@ -66,14 +68,19 @@ FLOAT32_BYTES = 4
 # Tokens per chunk of transformers' chunked gated delta rule (torch_chunk_gated_delta_rule's chunk_size).
 DELTA_RULE_CHUNK = 64
 LINEAR_ATTENTION = "linear_attention"
+# Layer types that mix nothing along the sequence and so keep neither KV nor state (Nemotron-H's).
+STATELESS_LAYERS = ("moe", "mlp")
 
 
 @dataclass(frozen=True)
 class LinearAttentionDims:
-    """The Gated DeltaNet layers of a hybrid model (Qwen3.5 / 3.6; transformers' Qwen3_5GatedDeltaNet).
+    """The linear-attention layers of a hybrid model: Gated DeltaNet (Qwen3.5 / 3.6; transformers'
+    Qwen3_5GatedDeltaNet) or Mamba-2 (Nemotron-H; NemotronHMamba2Mixer).
 
-    layers: how many; key_heads, value_heads, key_head_dim, value_head_dim: linear_num_key_heads ... of the
-    text config; conv_kernel: linear_conv_kernel_dim.
+    layers: how many; key_heads, value_heads, key_head_dim, value_head_dim: linear_num_key_heads ... of a
+    Qwen3.5 text config; conv_kernel: linear_conv_kernel_dim. chunk: tokens per chunk of the chunked scan;
+    float32_keys, float32_values: key- and value-sized float32 tensors alive at the scan's peak
+    (prefill_bytes_per_token).
     """
 
     layers: int
@@ -82,6 +89,25 @@ class LinearAttentionDims:
     key_head_dim: int
     value_head_dim: int
     conv_kernel: int
+    chunk: int = DELTA_RULE_CHUNK
+    float32_keys: int = 6
+    float32_values: int = 4
+
+    @classmethod
+    def from_text_config(cls, text, layers: int) -> "LinearAttentionDims":
+        """Gated DeltaNet's sizes, or Mamba-2's mapped onto the same names: its B and C (n_groups x
+        ssm_state_size each) are the keys, its x (mamba heads x mamba head_dim) the values, so conv_dim
+        (x, B, C) and the recurrent state (heads x head_dim x ssm_state, float32) come out as transformers
+        keeps them. Mamba-2's chunked scan (mamba2_chunk_scan, torch) holds in float32 the B and C repeated to
+        every head (2 key-sized), x scaled by dt, the intra- and inter-chunk outputs, their sum, the output and
+        the D residual (6 value-sized), and the decay, score and masked score matrices (3 chunk-wide)."""
+        if hasattr(text, "linear_num_key_heads"):
+            return cls(layers=layers, key_heads=text.linear_num_key_heads, value_heads=text.linear_num_value_heads,
+                       key_head_dim=text.linear_key_head_dim, value_head_dim=text.linear_value_head_dim,
+                       conv_kernel=text.linear_conv_kernel_dim)
+        return cls(layers=layers, key_heads=text.n_groups, value_heads=text.mamba_num_heads,
+                   key_head_dim=text.ssm_state_size, value_head_dim=text.mamba_head_dim,
+                   conv_kernel=text.conv_kernel, chunk=text.chunk_size, float32_keys=2, float32_values=6)
 
     @property
     def conv_dim(self) -> int:
@@ -111,11 +137,12 @@ class LinearAttentionDims:
         value-sized ones (value, beta-weighted value, new values, output) and three chunk x chunk matrices
         per value head (pairwise decay, UT system, intra-chunk attention). One Qwen3.5-9B linear-attention
         layer measured on CPU (bf16, torch.profiler's memory timeline, 256 to 1,024 tokens): 227 KB a
-        token, against the 246 KB counted here."""
+        token, against the 246 KB counted here. Mamba-2 counts its own tensors the same way (from_text_config;
+        not measured)."""
         keys = self.value_heads * self.key_head_dim
         values = self.value_heads * self.value_head_dim
-        chunk_matrices = self.value_heads * DELTA_RULE_CHUNK
-        float32 = FLOAT32_BYTES * (6 * keys + 4 * values + 3 * chunk_matrices)
+        chunk_matrices = self.value_heads * self.chunk
+        float32 = FLOAT32_BYTES * (self.float32_keys * keys + self.float32_values * values + 3 * chunk_matrices)
         return float32 + dtype_bytes * (4 * hidden + self.conv_dim + values)
 
 
@@ -154,40 +181,37 @@ class ModelDims:
 
     @classmethod
     def from_config(cls, config, dtype_bytes: int) -> "ModelDims":
-        """From a Qwen2.5-VL, Qwen3-VL (dense or MoE) or Qwen3.5 / 3.6 (dense or MoE)
-        *ForConditionalGeneration config."""
+        """From a Qwen2.5-VL, Qwen3-VL (dense or MoE), Qwen3.5 / 3.6 (dense or MoE) *ForConditionalGeneration
+        config or a Nemotron-H Omni config."""
         text, vision = config.text_config, config.vision_config
         # Qwen2.5-VL's text config has no head_dim: it is hidden / heads there.
         head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-        channels = getattr(vision, "in_channels", None) or getattr(vision, "in_chans", 3)
+        channels = getattr(vision, "in_channels", None) or getattr(vision, "in_chans", None) or getattr(
+            vision, "num_channels", 3)
         deepstack = getattr(vision, "deepstack_visual_indexes", None) or []
         layer_types = getattr(text, "layer_types", None) or []
         linear_layers = sum(kind == LINEAR_ATTENTION for kind in layer_types)
-        linear = None
-        if linear_layers:
-            linear = LinearAttentionDims(
-                layers=linear_layers,
-                key_heads=text.linear_num_key_heads,
-                value_heads=text.linear_num_value_heads,
-                key_head_dim=text.linear_key_head_dim,
-                value_head_dim=text.linear_value_head_dim,
-                conv_kernel=text.linear_conv_kernel_dim,
-            )
+        stateless_layers = sum(kind in STATELESS_LAYERS for kind in layer_types)
+        linear = LinearAttentionDims.from_text_config(text, linear_layers) if linear_layers else None
         text_intermediate, experts_per_token = _mlp_width(text)
+        patch, merge, temporal = video_geometry(config)
+        # RADIO (Nemotron-H Omni) gives its MLP as a ratio, and its features reach the language model through a
+        # projector to the text width.
+        vision_intermediate = getattr(vision, "intermediate_size", None) or int(vision.hidden_size * vision.mlp_ratio)
         return cls(
             text_layers=text.num_hidden_layers,
-            kv_layers=text.num_hidden_layers - linear_layers,
+            kv_layers=text.num_hidden_layers - linear_layers - stateless_layers,
             kv_heads=text.num_key_value_heads,
             head_dim=head_dim,
             text_hidden=text.hidden_size,
             text_intermediate=text_intermediate,
             experts_per_token=experts_per_token,
             vision_hidden=vision.hidden_size,
-            vision_intermediate=vision.intermediate_size,
-            patch_values=channels * vision.temporal_patch_size * vision.patch_size**2,
-            merge_patches=vision.spatial_merge_size**2,
+            vision_intermediate=vision_intermediate,
+            patch_values=channels * temporal * patch**2,
+            merge_patches=merge**2,
             feature_levels=1 + len(deepstack),
-            feature_dim=vision.out_hidden_size,
+            feature_dim=getattr(vision, "out_hidden_size", None) or text.hidden_size,
             dtype_bytes=dtype_bytes,
             linear=linear,
         )
@@ -250,10 +274,12 @@ def _mlp_width(text) -> tuple[int, int]:
     shared expert if any (Qwen3.5 / 3.6 MoE), or the dense width where some layers stay dense (Qwen3-VL MoE's
     mlp_only_layers or decoder_sparse_step), whichever is wider."""
     routed = getattr(text, "moe_intermediate_size", None)
-    if not routed or not getattr(text, "num_experts", 0):
+    if not routed or not (getattr(text, "num_experts", 0) or getattr(text, "n_routed_experts", 0)):
         return text.intermediate_size, 0
     experts = text.num_experts_per_tok
-    width = experts * routed + (getattr(text, "shared_expert_intermediate_size", None) or 0)
+    shared = (getattr(text, "shared_expert_intermediate_size", None)  # Qwen3.5 / 3.6 MoE
+              or getattr(text, "moe_shared_expert_intermediate_size", None) or 0)  # Nemotron-H
+    width = experts * routed + shared
     some_dense = getattr(text, "mlp_only_layers", None) or (getattr(text, "decoder_sparse_step", None) or 1) > 1
     if some_dense:
         width = max(width, text.intermediate_size)
@@ -501,8 +527,6 @@ def checkpoint_plan(config, free_bytes: int, engine_config=None) -> Plan:
 
     engine_config = engine_config or EngineConfig()
     dims = ModelDims.from_config(config, dtype_bytes=torch.bfloat16.itemsize)
-    vision = config.vision_config
-    planned = video_tokens(GPU_SAMPLING.max_frames, GPU_SAMPLING.max_pixels_per_frame, vision.patch_size,
-                           vision.spatial_merge_size, vision.temporal_patch_size)
+    planned = video_tokens(GPU_SAMPLING.max_frames, GPU_SAMPLING.max_pixels_per_frame, *video_geometry(config))
     settings = engine_settings(engine_config, planned, vit_token_budget(engine_config, torch.device("cuda")))
     return plan_memory(dims, free_bytes, settings)

@@ -1,4 +1,5 @@
-"""Load a Qwen vision-language model and its processor by name: a Hub id, a local folder, or a tiny model.
+"""Load a vision-language model (Qwen-VL or Nemotron-H Omni) and its processor by name: a Hub id, a local
+folder, or a tiny model.
 
 Tiny models are built into the cache folder first and then read through the very same
 `from_pretrained` path as a real checkpoint.
@@ -14,6 +15,7 @@ from huggingface_hub.errors import HfHubHTTPError, HFValidationError
 from transformers import (
     AutoConfig,
     AutoProcessor,
+    NemotronH_Omni_Reasoning_V3,
     PreTrainedModel,
     ProcessorMixin,
     Qwen2_5_VLForConditionalGeneration,
@@ -45,7 +47,11 @@ MODEL_CLASSES = {
     "qwen3_vl_moe": Qwen3VLMoeForConditionalGeneration,
     "qwen3_5": Qwen3_5ForConditionalGeneration,
     "qwen3_5_moe": Qwen3_5MoeForConditionalGeneration,
+    "nemotron_h_omni": NemotronH_Omni_Reasoning_V3,
 }
+# Families whose vision tower attends within each image-sized unit as a dense batch (RADIO: one tubelet a
+# row), so there are no varlen segments for attention.TORCH_VARLEN to pack: their tower keeps sdpa.
+DENSE_VISION_TOWERS = {"nemotron_h_omni"}
 
 # What the Hub and the filesystem raise when a checkpoint is missing, private, offline or not cached.
 _UNAVAILABLE_ERRORS = (OSError, HfHubHTTPError, HFValidationError)
@@ -62,7 +68,7 @@ class UnsupportedModel(ValueError):
 @dataclass
 class LoadedModel:
     name: str  # what the user asked for: "tiny-random", "Qwen/Qwen3-VL-4B-Instruct", "random:<id>", a local path
-    family: str  # "qwen3_vl" | "qwen2_5_vl"
+    family: str  # the config's model_type: "qwen3_vl", "qwen2_5_vl", "qwen3_5", "nemotron_h_omni", ...
     model: PreTrainedModel  # the *ForConditionalGeneration, eval mode, on `device`
     processor: ProcessorMixin
     device: torch.device
@@ -183,7 +189,8 @@ def describe_model(name: str, cache_dir: Path | None = None, device: torch.devic
     """What loading `name` on `device` would give, from its config alone: the model is built on the `meta`
     device, so no weights are read or allocated and any size describes instantly. Tied embeddings count once.
 
-    Returns {"name", "family", "parameters", "vision_parameters", "dtype", "attention", "device"}, and for a
+    Returns {"name", "family", "parameters", "active_parameters", "vision_parameters", "dtype", "attention",
+    "device"} (active_parameters: what one token passes through, `active_parameters`), and for a
     random:<checkpoint> whose checkpoint holds weights transformers does not build (Qwen3.5's
     multi-token-prediction head) also "unbuilt_parameters" ({"mtp": N}) and "note" (one sentence);
     raises ModelUnavailable (no config to be had) or UnsupportedModel like load_model.
@@ -194,13 +201,15 @@ def describe_model(name: str, cache_dir: Path | None = None, device: torch.devic
         model = model_class._from_config(config)
     device = device or torch.device("cpu")
     dtype = model_dtype(name, device)
+    vision = family_for(model).vision_modules(model)
     summary = {
         "name": name,
         "family": config.model_type,
         "parameters": sum(p.numel() for p in model.parameters()),
-        "vision_parameters": sum(p.numel() for p in model.model.visual.parameters()),
+        "active_parameters": active_parameters(model, config.text_config),
+        "vision_parameters": sum(p.numel() for module in vision for p in module.parameters()),
         "dtype": str(dtype).removeprefix("torch."),
-        "attention": _pick_attention(device, dtype),
+        "attention": _vision_attention(config.model_type, device, dtype),
         "device": str(device),
     }
     spec = checkpoint_spec(name) if is_random(name) else {}
@@ -210,12 +219,35 @@ def describe_model(name: str, cache_dir: Path | None = None, device: torch.devic
     return summary
 
 
+def active_parameters(model: PreTrainedModel, text_config) -> int:
+    """Parameters one token passes through: all of them but the routed experts its router does not choose
+    (num_experts_per_tok of each mixture-of-experts layer's experts run). Routed experts are the parameters
+    under an `experts` module whose first axis is the expert count (transformers stacks them so); shared
+    experts and the towers count in full. The total on a dense model."""
+    total = sum(p.numel() for p in model.parameters())
+    experts = getattr(text_config, "num_experts", None) or getattr(text_config, "n_routed_experts", None)
+    if not experts:
+        return total
+    routed = sum(p.numel() for name, p in model.named_parameters()
+                 if ".experts." in name and p.dim() > 1 and p.shape[0] == experts)
+    return total - routed * (experts - text_config.num_experts_per_tok) // experts
+
+
+def _vision_attention(family: str, device: torch.device, dtype: torch.dtype) -> str:
+    """_pick_attention's kernel for the vision tower, but sdpa where TORCH_VARLEN would have nothing to pack."""
+    attn = _pick_attention(device, dtype)
+    if attn == attention.TORCH_VARLEN and family in DENSE_VISION_TOWERS:
+        log.info("attention: sdpa for %s's vision tower (one dense batch of tubelets, no varlen segments)", family)
+        return "sdpa"
+    return attn
+
+
 def load_model(name: str, device: str = "auto", cache_dir: Path | None = None) -> LoadedModel:
     """Load `name` onto `device` in eval mode.
 
     Tiny models are float32 everywhere; real checkpoints are bfloat16 on CUDA and float32 on CPU.
     Raises ModelUnavailable when the checkpoint cannot be found or fetched, UnsupportedModel when
-    it is not a Qwen3-VL or Qwen2.5-VL checkpoint, engine.hardware.DeviceUnavailable when `device`
+    it is not a family served here (MODEL_CLASSES), engine.hardware.DeviceUnavailable when `device`
     cannot be used (checked first, before anything is read).
     """
     torch_device = resolve_device(device)
@@ -227,7 +259,7 @@ def load_model(name: str, device: str = "auto", cache_dir: Path | None = None) -
     family = config.model_type
     model_class = _model_class(name, config)
 
-    vision_attn = _pick_attention(torch_device, dtype)
+    vision_attn = _vision_attention(family, torch_device, dtype)
     attn = attention.built_implementation(vision_attn)  # what the model is built with; see install below
     if is_random(name):
         model, processor = build_random_model(checkpoint_spec(name), model_class, torch_device, dtype, attn)
@@ -250,7 +282,8 @@ def load_model(name: str, device: str = "auto", cache_dir: Path | None = None) -
     log.info("loaded %s (%s) on %s as %s with %s attention", name, family, torch_device, dtype, vision_attn)
     linear = None
     if "linear_attention" in (getattr(config.text_config, "layer_types", None) or ()):
-        linear = attention.linear_attention_kernels(torch_device)
+        linear = (attention.mamba_kernels(torch_device) if family == "nemotron_h_omni"
+                  else attention.linear_attention_kernels(torch_device))
         log.info("attention: linear-attention layers on %s", linear)
     return LoadedModel(
         name=name,
@@ -279,16 +312,7 @@ def checkpoint_pruning_rate(config) -> float | None:
     return None
 
 
-def processor_video_kwargs(loaded: LoadedModel, num_frames: int, max_pixels_per_frame: int) -> dict:
-    """Processor call kwargs that cap each frame at `max_pixels_per_frame` (height*width) and never upscale.
-
-    Sides are rounded to multiples of patch*merge (32 for Qwen3-VL, 28 for Qwen2.5-VL) by the processor;
-    what `size` means differs by family (Family.processor_size). The floor is one merged token per frame.
-    """
-    video_processor = loaded.processor.video_processor
-    factor = video_processor.patch_size * video_processor.merge_size
-    size = family_for(loaded.model).processor_size(num_frames, max_pixels_per_frame, factor)
-    if size["longest_edge"] < size["shortest_edge"]:
-        raise ValueError(f"max_pixels_per_frame={max_pixels_per_frame} is below one token ({factor}x{factor})")
-    # cap_pixels_per_frame=False: the cap above is ours; the processor must not shrink frames further.
-    return {"size": size, "cap_pixels_per_frame": False}
+def sized_processor(loaded: LoadedModel, num_frames: int, max_pixels_per_frame: int) -> tuple[ProcessorMixin, dict]:
+    """(processor, call kwargs) that cap each of num_frames frames at `max_pixels_per_frame` (height*width):
+    Family.sized_processor of the loaded model's family."""
+    return family_for(loaded.model).sized_processor(loaded.processor, num_frames, max_pixels_per_frame)

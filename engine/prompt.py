@@ -19,7 +19,8 @@ class PreparedPrompt:
     """One request's unpruned prompt and pixels.
 
     input_ids: (L,) long. is_video: (L,) bool, True on the T*h*w video pad tokens.
-    positions: (3, L) long MRoPE t/h/w positions of the unpruned prompt.
+    positions: (3, L) long MRoPE t/h/w positions of the unpruned prompt (a family without rotary positions:
+    each token's index, Family.full_positions).
     prefix_len: tokens of [system + video], up to and including the video's closing marker.
     reply_start: tokens before the answer's opening (Qwen3.5's think block after `<|im_start|>assistant\n`):
     a later turn quoting this answer continues the prompt from here, since the template writes an earlier
@@ -45,7 +46,8 @@ def chat_text(family: Family, system: str, question: str, history: list[tuple[st
     earlier turns follow, then the question and the opening of the answer (thinking: the template's
     enable_thinking, for a family that has the switch)."""
     turns = [*history, (question, None)]
-    parts = [f"<|im_start|>system\n{family.message_text(system)}<|im_end|>\n"] if system else []
+    written = system or family.writes_empty_system
+    parts = [f"<|im_start|>system\n{family.message_text(system)}<|im_end|>\n"] if written else []
     for i, (asked, answered) in enumerate(turns):
         video = family.video_placeholder() if i == 0 else ""
         parts.append(f"<|im_start|>user\n{family.message_text(video + asked)}<|im_end|>\n<|im_start|>assistant\n")
@@ -85,7 +87,7 @@ def processor_inputs(loaded, video: SampledVideo, text: str, max_pixels_per_fram
     """Run the real HF processor on our own sampled frames (do_sample_frames=False), with the frames' true
     times (`processor_frame_positions`) and the file's average fps, so Qwen3-VL's timestamps are the
     container's and Qwen2.5-VL's second_per_grid_ts is temporal_patch / video.sampled_fps."""
-    from .models import processor_video_kwargs
+    from .models import sized_processor
 
     metadata = VideoMetadata(
         total_num_frames=video.total_frames,
@@ -95,13 +97,14 @@ def processor_inputs(loaded, video: SampledVideo, text: str, max_pixels_per_fram
         height=video.frames.shape[1],
         width=video.frames.shape[2],
     )
-    return loaded.processor(
+    processor, size_kwargs = sized_processor(loaded, len(video.frames), max_pixels_per_frame)
+    return processor(
         text=[text],
         videos=[video.frames],
         video_metadata=[metadata],
         do_sample_frames=False,
         return_tensors="pt",
-        **processor_video_kwargs(loaded, len(video.frames), max_pixels_per_frame),
+        **size_kwargs,
     )
 
 
@@ -112,18 +115,15 @@ def prepare_prompt(
     text = chat_text(family, system, question, history, thinking)
     inputs = processor_inputs(loaded, video, text, max_pixels_per_frame)
     input_ids = inputs["input_ids"][0]
-    grid_patches = inputs["video_grid_thw"][0]
-    merge = loaded.model.config.vision_config.spatial_merge_size
-    grid_thw = (int(grid_patches[0]), int(grid_patches[1]) // merge, int(grid_patches[2]) // merge)
-    is_video = input_ids == loaded.model.config.video_token_id
-    second_per_group = float(inputs["second_per_grid_ts"][0]) if "second_per_grid_ts" in inputs else 0.0
-    positions = family.full_positions(is_video, grid_thw, second_per_group)
+    config, tokenizer = loaded.model.config, loaded.processor.tokenizer
+    pixels = family.video_inputs(inputs, config)
+    is_video = input_ids == family.video_token_id(config)
+    positions = family.full_positions(is_video, pixels.grid_thw, pixels.second_per_group)
     last_video = int(torch.nonzero(is_video).max())
-    vision_end = loaded.model.config.vision_end_token_id
-    if int(input_ids[last_video + 1]) != vision_end:
+    if int(input_ids[last_video + 1]) != family.video_end_token_id(config, tokenizer):
         raise ValueError("the processor did not close the video with its end marker")
     temporal_patch = family.temporal_patch
-    opening = loaded.processor.tokenizer(family.answer_opening(thinking), add_special_tokens=False)["input_ids"]
+    opening = tokenizer(family.answer_opening(thinking), add_special_tokens=False)["input_ids"]
     ends_with_opening = 0 < len(opening) < len(input_ids) and input_ids[-len(opening):].tolist() == opening
     return PreparedPrompt(
         input_ids=input_ids,
@@ -131,8 +131,8 @@ def prepare_prompt(
         positions=positions,
         prefix_len=last_video + 2,
         reply_start=len(input_ids) - len(opening) if ends_with_opening else len(input_ids),
-        pixel_values=inputs["pixel_values_videos"],
-        grid_thw_patches=grid_patches,
-        grid_thw=grid_thw,
+        pixel_values=pixels.pixel_values,
+        grid_thw_patches=pixels.grid_thw_patches,
+        grid_thw=pixels.grid_thw,
         timestamps_s=group_timestamps_s(processor_frame_positions(video), video.native_fps, temporal_patch),
     )

@@ -5,10 +5,12 @@
 
 No machine of this project can download a checkpoint, the GPU machines it borrows included, so real
 scale is reached this way. Stored: Qwen2.5-VL 3B and 7B; Qwen3-VL 2B, 4B, 8B and 30B-A3B; Qwen3.5 0.8B,
-4B, 9B, 27B and 35B-A3B (the Instruct/post-trained releases). Each spec holds the checkpoint's published
-config.json, its image processor settings and (all but Qwen2.5-VL) its video processor settings, the
-published parameter count (the Hub's safetensors total) and, for Qwen3.5, the parameters the checkpoint
-holds that transformers does not build (its multi-token-prediction head: "unbuilt_parameters"). The
+4B, 9B, 27B and 35B-A3B (the Instruct/post-trained releases); Nemotron-3-Nano-Omni-30B-A3B-Reasoning. Each spec
+holds the checkpoint's published config.json, its image processor settings and (all but Qwen2.5-VL) its video
+processor settings, the published parameter count (the Hub's safetensors total) and, for Qwen3.5, the
+parameters the checkpoint holds that transformers does not build (its multi-token-prediction head:
+"unbuilt_parameters"). The Nemotron spec is reconstructed from public quotes of its config (its
+"config_note" says from where) and gives the Hub's rounded count only ("published_parameters_rounded"). The
 model is built from that config directly on the target device in the target dtype (seconds on a GPU; no
 8 GB file). The tokenizer is the tiny models' byte-level one; the embedding keeps the real vocabulary
 size, and the config's special-token ids are pointed at that tokenizer's ids. Shapes, memory and timings
@@ -33,7 +35,8 @@ from transformers import (
     Qwen3VLVideoProcessor,
 )
 
-from engine.tiny import CHAT_TEMPLATE, build_tokenizer, special_token_ids
+from engine.tiny import CHAT_TEMPLATE, EXTRA_SPECIAL_TOKENS, build_tokenizer, special_token_ids
+from engine.tiny_nemotron import media_token_ids, omni_processor
 
 RANDOM_PREFIX = "random:"
 CHECKPOINTS_DIR = Path(__file__).resolve().parent / "checkpoints"
@@ -43,6 +46,9 @@ _CLASS_KEYS = ("image_processor_type", "video_processor_type", "processor_class"
 QWEN3_VL_PROCESSOR_FAMILIES = ("qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe")
 # What each key of a spec's "unbuilt_parameters" is, in words.
 UNBUILT_PARTS = {"mtp": "multi-token-prediction head"}
+# Released configs written for the checkpoint's own remote code, under a model_type transformers does not
+# register: the transformers type that reads them (its config class maps their legacy field names itself).
+RELEASED_MODEL_TYPES = {"NemotronH_Nano_Omni_Reasoning_V3": "nemotron_h_omni"}
 
 
 class UnknownCheckpoint(LookupError):
@@ -59,8 +65,9 @@ def stored_checkpoints() -> list[str]:
 
 
 def checkpoint_spec(name: str) -> dict:
-    """The spec behind `random:<checkpoint>`: {"checkpoint", "published_parameters", "config",
-    "preprocessor", "video_preprocessor" (all but Qwen2.5-VL), "unbuilt_parameters" (Qwen3.5: {"mtp": N}),
+    """The spec behind `random:<checkpoint>`: {"checkpoint", "published_parameters" (Nemotron:
+    "published_parameters_rounded" and a "config_note"), "config", "preprocessor", "video_preprocessor" (all but
+    Qwen2.5-VL), "audio_preprocessor" (Nemotron), "unbuilt_parameters" (Qwen3.5: {"mtp": N}),
     "processor_note" (where the checkpoint's own processor files were not found and Qwen3-VL's are stored)}."""
     target = name.removeprefix(RANDOM_PREFIX)
     path = CHECKPOINTS_DIR / f"{target.replace('/', '--')}.json"
@@ -78,12 +85,25 @@ def checkpoint_spec(name: str) -> dict:
     return spec
 
 
+def spec_family(spec: dict) -> str:
+    """The transformers model_type that builds the spec's checkpoint."""
+    model_type = spec["config"]["model_type"]
+    return RELEASED_MODEL_TYPES.get(model_type, model_type)
+
+
 def spec_config(spec: dict, tokenizer: PreTrainedTokenizerFast | None = None) -> PretrainedConfig:
     """The checkpoint's config; with `tokenizer`, its special-token ids point at that tokenizer's."""
     values = dict(spec["config"])
-    config = AutoConfig.for_model(values.pop("model_type"), **values)
+    del values["model_type"]
+    family = spec_family(spec)
+    if "model_type" in values.get("sound_config", {}):
+        # Nemotron-H Omni's released sound_config names its encoder "parakeet", a type transformers does not
+        # register; the audio sub-config's own class (parakeet_encoder) reads the rest of it.
+        values["sound_config"] = {key: value for key, value in values["sound_config"].items() if key != "model_type"}
+    config = AutoConfig.for_model(family, **values)
     if tokenizer is not None:
-        for key, token_id in special_token_ids(tokenizer).items():
+        token_ids = media_token_ids(tokenizer) if family == "nemotron_h_omni" else special_token_ids(tokenizer)
+        for key, token_id in token_ids.items():
             setattr(config, key, token_id)
         config.text_config.pad_token_id = tokenizer.pad_token_id
         config.text_config.bos_token_id = None
@@ -123,7 +143,12 @@ def _settings(stored: dict) -> dict:
 
 def spec_processor(spec: dict, family: str, tokenizer: PreTrainedTokenizerFast) -> ProcessorMixin:
     """The checkpoint's own image and video processor settings around the byte-level tokenizer: Qwen3-VL's
-    processor for Qwen3-VL and Qwen3.5 (dense and MoE), Qwen2.5-VL's for Qwen2.5-VL."""
+    processor for Qwen3-VL and Qwen3.5 (dense and MoE), Qwen2.5-VL's for Qwen2.5-VL, Nemotron-H Omni's (with its
+    audio feature extractor) for Nemotron-H Omni."""
+    if family == "nemotron_h_omni":
+        return omni_processor(tokenizer, video_settings=_settings(spec["video_preprocessor"]),
+                              image_settings=_settings(spec["preprocessor"]),
+                              audio_settings=spec["audio_preprocessor"])
     image = Qwen2VLImageProcessor(**_settings(spec["preprocessor"]))
     if family in QWEN3_VL_PROCESSOR_FAMILIES:
         video = Qwen3VLVideoProcessor(**_settings(spec["video_preprocessor"]))
@@ -138,7 +163,7 @@ def spec_processor(spec: dict, family: str, tokenizer: PreTrainedTokenizerFast) 
 def build_random_model(spec: dict, model_class: type[PreTrainedModel], device: torch.device,
                        dtype: torch.dtype, attn_implementation: str) -> tuple[PreTrainedModel, ProcessorMixin]:
     """The spec's architecture with random weights made on `device` in `dtype`, and its processor."""
-    tokenizer = build_tokenizer()
+    tokenizer = build_tokenizer(EXTRA_SPECIAL_TOKENS.get(spec_family(spec), ()))
     config = spec_config(spec, tokenizer)
     torch.manual_seed(0)
     with torch.device(device):

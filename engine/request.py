@@ -13,7 +13,7 @@ from .lm_state import Snapshot
 from .prompt import PreparedPrompt
 from .pruning import PrunedPrompt
 from .sampling import SplitDetokenizer
-from .scheduler import Stage
+from .stage import Stage
 from .stats import Stats
 from .stream import Stream
 from .video import SampledVideo

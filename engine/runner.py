@@ -35,10 +35,10 @@ def eos_token_ids(loaded) -> set[int]:
     return ids
 
 
-def work_weights(model) -> WorkWeights:
+def work_weights(model, family: Family) -> WorkWeights:
     """Cost of a vision patch against a prompt token, as the parameters each passes through."""
-    vision = sum(p.numel() for p in model.model.visual.parameters())
-    language = sum(p.numel() for p in model.model.language_model.parameters())
+    vision = sum(p.numel() for module in family.vision_modules(model) for p in module.parameters())
+    language = sum(p.numel() for p in family.text_model(model).parameters())
     return WorkWeights(per_patch=vision / language, per_token=1.0)
 
 
@@ -53,7 +53,7 @@ class ModelRunner:
         self.prefix = PrefixCache(config.prefix_cache_bytes)
         self.batch = DecodeBatch()
         self.eos_ids = eos_token_ids(loaded)
-        self.weights = work_weights(self.model)
+        self.weights = work_weights(self.model, family)
 
     def has_features(self, request: Request) -> bool:
         return self.vision.lookup(request.feature_key, request.prompt.grid_thw) is not None

@@ -14,30 +14,14 @@ the order that minimises mean time to first token when work is known up front. R
 later never overtake earlier ones, so a large video waits behind at most one burst of smaller ones.
 """
 
-import enum
 from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterator
 
-if TYPE_CHECKING:
+from .stage import Stage
+
+if TYPE_CHECKING:  # for annotations only: request.py brings torch, which bookkeeping does without
     from .request import Request
-
-
-class Stage(enum.Enum):
-    """Where a request is; any stage can end in FINISHED.
-
-    QUEUED: prepared (frames read, prompt built), waiting for a decode slot.
-    ENCODING: admitted, its vision forward not yet run.
-    PREFILLING: features and EVS done, its prompt not yet through the language model.
-    DECODING: a row of the decode batch.
-    FINISHED: its stream has ended (answered, cancelled or failed) and it holds no tensors.
-    """
-
-    QUEUED = "queued"
-    ENCODING = "encoding"
-    PREFILLING = "prefilling"
-    DECODING = "decoding"
-    FINISHED = "finished"
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""Offline tiny Qwen-VL models with random weights, built once and saved like a real checkpoint.
+"""Offline tiny vision-language models (Qwen-VL families, Nemotron-H Omni) with random weights, built once
+and saved like a real checkpoint.
 
 They let the whole pipeline (processor, ViT, EVS, prefill, decode) run with no network and on CPU:
 `load_model` reads the saved folder through the same `from_pretrained` path as a downloaded model.
@@ -34,6 +35,9 @@ from transformers import (
     Qwen3VLVideoProcessor,
 )
 
+from engine.families import family_for
+from engine.tiny_nemotron import MEDIA_TOKENS, nemotron_omni_layout
+
 log = logging.getLogger(__name__)
 
 # Tiny models trained by a script in the repo (train/), shipped as weights: name -> folder.
@@ -49,6 +53,7 @@ TINY_MODELS = {
     "random-qwen3-vl-50m": "qwen3_vl",  # benchmark size: heavy enough that batching shows
     "tiny-random-qwen3.5": "qwen3_5",  # hybrid: three linear-attention layers, then one full-attention layer
     "tiny-random-qwen3.5-moe": "qwen3_5_moe",
+    "tiny-random-nemotron-omni": "nemotron_h_omni",  # hybrid Mamba-2 / attention / MoE, RADIO tubelets, audio
 }
 
 # Layer sizes of each Qwen3-VL build: text (hidden, layers, heads, kv heads, head_dim, MLP, MRoPE split),
@@ -111,20 +116,22 @@ CHAT_TEMPLATE = (
 )
 
 
-def build_tokenizer() -> PreTrainedTokenizerFast:
-    """A byte-level tokenizer: one token per UTF-8 byte (no merges) plus the Qwen special tokens."""
+def build_tokenizer(extra_special: tuple[str, ...] = ()) -> PreTrainedTokenizerFast:
+    """A byte-level tokenizer: one token per UTF-8 byte (no merges) plus the Qwen special tokens, then
+    `extra_special` (another family's media markers) with the ids after them."""
     # The 256 printable stand-ins ByteLevel maps bytes to; sorted so ids are the same everywhere.
     vocab = {symbol: i for i, symbol in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
     core = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     core.decoder = decoders.ByteLevel()
-    core.add_special_tokens(SPECIAL_TOKENS)  # ids 256.. in list order
+    special = [*SPECIAL_TOKENS, *extra_special]
+    core.add_special_tokens(special)  # ids 256.. in list order
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=core,
         model_max_length=32768,
         pad_token=_PAD,
         eos_token=_EOS,
-        additional_special_tokens=[t for t in SPECIAL_TOKENS if t not in (_PAD, _EOS)],
+        additional_special_tokens=[t for t in special if t not in (_PAD, _EOS)],
     )
     tokenizer.chat_template = CHAT_TEMPLATE
     return tokenizer
@@ -255,7 +262,14 @@ def _qwen3_5(tokenizer, name: str):
     return (Qwen3_5MoeForConditionalGeneration if moe else Qwen3_5ForConditionalGeneration), config, processor
 
 
-_BUILDERS = {"qwen3_vl": qwen3_vl_layout, "qwen2_5_vl": _qwen2_5_vl, "qwen3_5": _qwen3_5, "qwen3_5_moe": _qwen3_5}
+def _nemotron_omni(tokenizer, name: str):
+    return nemotron_omni_layout(tokenizer, name, _INIT_RANGE)
+
+
+_BUILDERS = {"qwen3_vl": qwen3_vl_layout, "qwen2_5_vl": _qwen2_5_vl, "qwen3_5": _qwen3_5, "qwen3_5_moe": _qwen3_5,
+             "nemotron_h_omni": _nemotron_omni}
+# Special tokens a family's tokenizer has beyond the Qwen ones (their ids come after them).
+EXTRA_SPECIAL_TOKENS = {"nemotron_h_omni": MEDIA_TOKENS}
 
 
 def _silence_special_tokens(model, tokenizer) -> None:
@@ -264,14 +278,15 @@ def _silence_special_tokens(model, tokenizer) -> None:
     Random weights otherwise emit <|im_end|> after a handful of tokens; a tiny model that always runs
     to max_new_tokens gives tests and benchmarks a fixed, known answer length.
     """
-    lm_head = model.get_output_embeddings().weight
+    lm_head = family_for(model).lm_head(model).weight
     assert lm_head.data_ptr() != model.get_input_embeddings().weight.data_ptr(), "tied embeddings"
     with torch.no_grad():
-        lm_head[tokenizer.convert_tokens_to_ids(SPECIAL_TOKENS)] = 0.0
+        lm_head[tokenizer.convert_tokens_to_ids(tokenizer.all_special_tokens)] = 0.0
 
 
 def _lengthen_memory(model) -> None:
-    """Slow the decay of every linear-attention layer's recurrent state.
+    """Slow the decay of every linear-attention layer's recurrent state (Gated DeltaNet's and Mamba-2's: both
+    keep their decay rate as A_log beside a dt_bias).
 
     transformers draws each head's decay rate A from U(0.01, 16), so a random layer forgets all but its last
     few tokens, every prompt ends in the same chat markers, and all rows' states come out alike: a test that
@@ -285,8 +300,9 @@ def _lengthen_memory(model) -> None:
 
 
 def _build_into(name: str, folder: Path) -> None:
-    tokenizer = build_tokenizer()
-    model_class, config, processor = _BUILDERS[TINY_MODELS[name]](tokenizer, name)
+    family = TINY_MODELS[name]
+    tokenizer = build_tokenizer(EXTRA_SPECIAL_TOKENS.get(family, ()))
+    model_class, config, processor = _BUILDERS[family](tokenizer, name)
     torch.manual_seed(0)
     model = model_class(config).to(torch.float32).eval()
     _silence_special_tokens(model, tokenizer)

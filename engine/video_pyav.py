@@ -25,7 +25,7 @@ import av
 import numpy as np
 
 from engine.config import SamplingParams
-from engine.video import fit_pixels, sample_by_time, sampled_frame_count
+from engine.frame_sampling import fit_pixels, sample_by_time, sampled_frame_count
 from engine.video_segments import assemble
 
 # A seek drops the frames the decoder threads have in flight and restarts at a keyframe: when the next

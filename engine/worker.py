@@ -12,11 +12,13 @@ import threading
 import torch
 
 from . import outputs
+from .errors import SHUTTING_DOWN
 from .families import Family
 from .request import Request
 from .runner import ModelRunner
 from .sampling import next_token
-from .scheduler import Scheduler, Stage
+from .scheduler import Scheduler
+from .stage import Stage
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +32,7 @@ def vision_failed() -> RuntimeError:
 
 
 def shutting_down() -> RuntimeError:
-    return RuntimeError("The engine is shutting down.")
+    return RuntimeError(SHUTTING_DOWN)
 
 
 class Worker(threading.Thread):

@@ -30,9 +30,9 @@ from ray import serve
 from ray.exceptions import RayActorError
 from ray.serve.exceptions import RequestCancelledError
 
+from engine.checks import check_request
 from engine.config import EngineConfig, GenerationParams, SamplingLimits, SamplingParams
-from engine.engine import check_request
-from engine.errors import QUEUE_FULL, RESTARTING, BusyError, InputError
+from engine.errors import QUEUE_FULL, RESTARTING, SERVER_FAULT, SHUTTING_DOWN, BusyError, InputError
 from engine.memory_plan import Plan
 from engine.metrics import Metrics
 from engine.stats import Stats
@@ -46,8 +46,6 @@ from .wire import ERROR, HELLO, error_from_wire, event_from_wire
 log = logging.getLogger(__name__)
 
 REPLICA_LOST = "The server restarted part of its capacity; please ask again."
-SERVER_FAULT = "Something went wrong on the server; please try again."
-SHUTTING_DOWN = "The engine is shutting down."
 DEFAULT_APP_NAME = "evs"
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # How often a waiting call looks at its streams' cancel flags (seconds): Stream.cancel() only sets a

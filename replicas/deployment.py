@@ -7,6 +7,7 @@ holds no thread. Messages are those of replicas/wire.py.
 """
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import os
@@ -19,7 +20,8 @@ from ray import serve
 from ray.serve.config import RequestRouterConfig
 from ray.serve.schema import LoggingConfig
 
-from engine import Engine, EngineConfig, GenerationParams
+from engine import Engine, EngineConfig
+from engine.front_door import cancel_unfinished, merged, request_params
 from engine.stream import Stream
 
 from .router import VideoAffinityRouter
@@ -35,7 +37,7 @@ DEPLOYMENT_NAME = "EngineReplica"
 HEALTH_CHECK_PERIOD_S = 5.0
 HEALTH_CHECK_TIMEOUT_S = 60.0
 WARM_UP_QUESTION = "Which way does the shape move?"
-WARM_UP_PARAMS = GenerationParams(max_new_tokens=8)  # at the model's own rate (its model_info)
+WARM_UP_NEW_TOKENS = 8
 WARM_UP_TIMEOUT_S = 600.0
 # A model that does not load (missing, too large for the GPU) will not load on a retry either.
 CONSTRUCTOR_RETRIES = 2
@@ -58,7 +60,7 @@ class EngineReplica:
         self.engine = Engine(config)
         if warm_up_clip and Path(warm_up_clip).is_file():
             # A replica that cannot answer this cannot answer users: failing here fails the start.
-            params = dataclasses.replace(WARM_UP_PARAMS, pruning_rate=self.engine.model_info["default_pruning_rate"])
+            params = request_params(self.engine, max_new_tokens=WARM_UP_NEW_TOKENS)
             self.engine.submit(warm_up_clip, WARM_UP_QUESTION, params).result(WARM_UP_TIMEOUT_S)
         self.name = serve.get_replica_context().replica_tag
         self.pid = os.getpid()
@@ -111,12 +113,13 @@ class EngineReplica:
             await asyncio.shield(submitting)
             for index, error in failed:
                 yield error_to_wire(index, error)
-            async for index, event, error in _merged(streams):
-                yield error_to_wire(index, error) if error is not None else event_to_wire(index, event, self.name)
+            async with contextlib.aclosing(merged(streams)) as events:
+                async for index, event, error in events:
+                    yield error_to_wire(index, error) if error is not None else event_to_wire(index, event, self.name)
         finally:
-            _cancel_unfinished(streams)
+            cancel_unfinished(streams)
             if submitting is not None and not submitting.done():
-                submitting.add_done_callback(lambda _: _cancel_unfinished(streams))
+                submitting.add_done_callback(lambda _: cancel_unfinished(streams))
             self.files.release(digest, video)
 
     def _submit(self, path: str, requests: list[dict], streams: dict, failed: list) -> None:
@@ -145,42 +148,6 @@ class EngineReplica:
 
 # Two bursts at once would end each other's pause early and split into several ViT forwards.
 _burst_lock = threading.Lock()
-
-
-def _cancel_unfinished(streams: dict[int, Stream]) -> None:
-    for stream in list(streams.values()):
-        if not stream.finished:
-            stream.cancel()
-
-
-async def _merged(streams: dict[int, Stream]):
-    """(index, event, None) for every event of every stream as it arrives, (index, None, error) for a
-    stream that fails; ends when all have ended."""
-    arrivals: asyncio.Queue = asyncio.Queue()
-    _END = object()
-
-    async def pump(index: int, stream: Stream) -> None:
-        try:
-            async for event in stream.aevents():
-                arrivals.put_nowait((index, event, None))
-            arrivals.put_nowait((index, _END, None))
-        except Exception as error:  # the request failed: its sentence goes to the client
-            arrivals.put_nowait((index, _END, error))
-
-    pumps = [asyncio.create_task(pump(index, stream)) for index, stream in streams.items()]
-    try:
-        open_streams = len(pumps)
-        while open_streams:
-            index, event, error = await arrivals.get()
-            if event is _END:
-                open_streams -= 1
-                if error is not None:
-                    yield index, None, error
-                continue
-            yield index, event, None
-    finally:
-        for task in pumps:
-            task.cancel()
 
 
 def engine_app(config: EngineConfig, replicas: int, *, gpus: bool, cpus_per_replica: float, spill_after: int,

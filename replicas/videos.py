@@ -17,9 +17,9 @@ from pathlib import Path
 
 import ray
 
-from engine.errors import InputError
+from engine.errors import NO_VIDEO, InputError
 from engine.lru import ByteLRU
-from engine.video import MISSING, size_pair, file_sha256
+from engine.video import size_pair, file_sha256
 
 
 class VideoSender:
@@ -41,7 +41,7 @@ class VideoSender:
         """
         file = Path(path)
         if not file.is_file():
-            raise InputError(MISSING)
+            raise InputError(NO_VIDEO)
         info = file.stat()
         if info.st_size > self.max_file_bytes:
             size_text, limit_text = size_pair(info.st_size, self.max_file_bytes)

@@ -13,6 +13,7 @@ from gradio_client import handle_file
 import evs
 from app_harness import MAX_FILE_BYTES, MAX_VIDEO_S, wait_until
 from engine import STATS_KEYS
+from engine.errors import BAD_HISTORY, NO_VIDEO
 
 FAST = dict(max_new_tokens=6)  # keep answers short: the tests are about the pipeline, not the words
 
@@ -125,12 +126,12 @@ def bad_files(tmp_path_factory, clip):
 @pytest.mark.parametrize(
     "case, message",
     [
-        ("no video", "Please upload a video first."),
+        ("no video", NO_VIDEO),
         ("empty question", "Please type a question about the video."),
         ("unreadable", "The file could not be read as a video."),
         ("too long", r"The video is .+ long; the limit is .+\."),
-        ("rate out of range", "Value 1.0 is greater than maximum value 0.95."),
-        ("bad history", "History must be a list of [question, answer] pairs of text."),
+        ("rate out of range", "The pruning rate must be a number at least 0 and below 1; got 1.0."),
+        ("bad history", BAD_HISTORY),
     ],
 )
 def test_user_errors_come_back_as_one_sentence(app, clip, bad_files, case, message):

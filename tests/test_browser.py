@@ -7,6 +7,7 @@ from playwright.sync_api import sync_playwright
 
 from app_harness import wait_until
 from assets.make_examples import example_questions
+from engine.errors import NO_VIDEO
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -200,7 +201,7 @@ def test_clicking_an_example_fills_the_inputs(page):
 
 def test_asking_without_a_video_shows_an_error_toast(page):
     ask(page, "What moves?")
-    toast = page.locator(".toast-body").filter(has_text="Please upload a video first.")
+    toast = page.locator(".toast-body").filter(has_text=NO_VIDEO)
     toast.wait_for()
     assert "Traceback" not in toast.inner_text()
 

@@ -24,11 +24,11 @@ from engine.config import (
     video_tokens,
 )
 from engine.__main__ import main as engine_main
+from engine.frame_sampling import sample_frame_indices
 from engine.memory_plan import GIB, InsufficientMemory, ModelDims, PlanSettings, plan_memory
-from engine.models import processor_video_kwargs
+from engine.models import sized_processor
 from engine.random_checkpoints import checkpoint_spec, spec_config, spec_processor
 from engine.tiny import build_tokenizer
-from engine.video import sample_frame_indices
 
 QWEN3_4B = "Qwen/Qwen3-VL-4B-Instruct"
 QWEN35_9B = "Qwen/Qwen3.5-9B"
@@ -99,7 +99,7 @@ def test_the_checkpoints_own_processor_agrees_with_the_token_arithmetic(checkpoi
                                  height=height, width=width)
         out = processor.video_processor(videos=[frames], video_metadata=[metadata], do_sample_frames=False,
                                         return_tensors="pt",
-                                        **processor_video_kwargs(loaded, 4, GPU_SAMPLING.max_pixels_per_frame))
+                                        **sized_processor(loaded, 4, GPU_SAMPLING.max_pixels_per_frame)[1])
         groups, h, w = out["video_grid_thw"][0].tolist()
         assert groups == 2 and (h // merge) * (w // merge) <= per_group
         if height == width:

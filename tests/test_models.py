@@ -16,7 +16,7 @@ from engine.models import (
     ModelUnavailable,
     UnsupportedModel,
     load_model,
-    processor_video_kwargs,
+    sized_processor,
     resolve_device,
 )
 
@@ -43,13 +43,14 @@ def _video(num_frames: int, height: int, width: int, seed: int = 0) -> np.ndarra
 def _process(lm, prompt: str, frames: np.ndarray, fps: float, indices: list[int], total_frames: int):
     metadata = VideoMetadata(total_num_frames=total_frames, fps=fps, frames_indices=indices)
     height, width = frames.shape[1:3]
-    return lm.processor(
+    processor, size_kwargs = sized_processor(lm, len(frames), height * width)
+    return processor(
         text=[prompt],
         videos=[frames],
         video_metadata=[metadata],
         do_sample_frames=False,
         return_tensors="pt",
-        **processor_video_kwargs(lm, len(frames), height * width),
+        **size_kwargs,
     )
 
 
@@ -174,13 +175,14 @@ def test_video_kwargs_cap_pixels_per_frame(loaded, name, num_frames):
     lm = loaded[name]
     cap = 224 * 224
     metadata = VideoMetadata(total_num_frames=num_frames, fps=8.0, frames_indices=list(range(num_frames)))
-    inputs = lm.processor(
+    processor, size_kwargs = sized_processor(lm, num_frames, cap)
+    inputs = processor(
         text=[VIDEO_PAD],
         videos=[_video(num_frames, 480, 640)],
         video_metadata=[metadata],
         do_sample_frames=False,
         return_tensors="pt",
-        **processor_video_kwargs(lm, num_frames, cap),
+        **size_kwargs,
     )
     height, width = _frame_side_pixels(lm, inputs["video_grid_thw"][0])
     assert height * width <= cap

@@ -17,7 +17,7 @@ import pytest
 import evs
 from app_harness import MAX_FILE_BYTES, MAX_VIDEO_S, launched_app, wait_until
 from engine import STATS_KEYS
-from engine.errors import InputError
+from engine.errors import EXPIRED_VIDEO, NO_VIDEO, InputError
 from ui import openai_api, video_inputs
 
 MAX_QUEUE = 2  # small, so that the test can fill the engine's queue
@@ -143,7 +143,7 @@ def bad_videos(tmp_path_factory, clip):
 
 ERROR_CASES = {
     # case: (HTTP status, openai exception, message pattern)
-    "no video": (400, openai.BadRequestError, re.escape(openai_api.NO_VIDEO)),
+    "no video": (400, openai.BadRequestError, re.escape(NO_VIDEO)),
     "empty question": (400, openai.BadRequestError, re.escape("Please type a question about the video.")),
     "rate out of range": (400, openai.BadRequestError,
                           re.escape("The pruning rate must be a number at least 0 and below 1; got 1.0.")),
@@ -156,7 +156,7 @@ ERROR_CASES = {
     "a server file": (400, openai.BadRequestError, re.escape(video_inputs.NOT_UPLOADED)),
     "a file URL": (400, openai.BadRequestError, re.escape(video_inputs.NOT_UPLOADED)),
     "a web URL": (400, openai.BadRequestError, re.escape(video_inputs.NO_FETCHING)),
-    "an expired upload": (400, openai.BadRequestError, re.escape(video_inputs.EXPIRED_VIDEO)),
+    "an expired upload": (400, openai.BadRequestError, re.escape(EXPIRED_VIDEO)),
     "two videos": (400, openai.BadRequestError,
                    re.escape("A conversation is about one video; these messages carry 2.")),
     "an image part": (400, openai.BadRequestError, r"Content parts of type 'image_url' are not supported; .+\."),

@@ -51,8 +51,14 @@ UNBUILT_MTP = {
 }
 
 
+# Stored checkpoints whose exact count is not to be had here, with their own tests
+# (tests/test_nemotron_checkpoint.py).
+COUNTED_ELSEWHERE = ["nvidia/Nemotron-3-Nano-Omni-30B-A3B-Reasoning-BF16"]
+
+
 def test_every_published_checkpoint_is_stored():
-    assert stored_checkpoints() == sorted(PUBLISHED) == sorted(FAMILY)
+    assert stored_checkpoints() == sorted([*PUBLISHED, *COUNTED_ELSEWHERE])
+    assert sorted(PUBLISHED) == sorted(FAMILY)
 
 
 @pytest.mark.parametrize("checkpoint", sorted(PUBLISHED))

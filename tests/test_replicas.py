@@ -23,7 +23,8 @@ import torch
 
 from assets.clips import write_clip
 from engine import Engine, EngineConfig, GenerationParams, InputError, SamplingParams
-from engine.video import MISSING, UNREADABLE, file_sha256
+from engine.errors import NO_VIDEO
+from engine.video import UNREADABLE, file_sha256
 from replicas import REPLICA_LOST, ReplicaLost, ReplicasUnavailable, ReplicatedEngine
 from replicas.routing import home_of, ranks
 from replicas.videos import VideoSender
@@ -206,7 +207,7 @@ def test_bad_videos_get_the_engines_sentence(replicated, tmp_path):
     junk.write_bytes(os.urandom(4096))
     with pytest.raises(InputError, match=f"^{UNREADABLE}$"):
         replicated.submit(junk, "What moves?", params()).result(TIMEOUT_S)
-    with pytest.raises(InputError, match=f"^{MISSING}$"):
+    with pytest.raises(InputError, match=f"^{NO_VIDEO}$"):
         replicated.submit(tmp_path / "gone.mp4", "What moves?", params()).result(TIMEOUT_S)
     with pytest.raises(InputError, match="Please type a question"):
         replicated.submit(junk, "  ", params())

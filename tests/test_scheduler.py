@@ -10,7 +10,8 @@ from types import SimpleNamespace
 import pytest
 
 from engine.config import GenerationParams
-from engine.scheduler import Scheduler, Stage, WorkWeights
+from engine.scheduler import Scheduler, WorkWeights
+from engine.stage import Stage
 from engine.stats import Stats
 
 _ids = iter(range(1, 10_000))

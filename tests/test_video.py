@@ -23,19 +23,16 @@ import av
 from assets.clips import write_clip
 from engine import reader_pool
 from engine.config import EngineConfig, SamplingParams
-from engine.errors import InputError
+from engine.errors import NO_VIDEO, InputError
+from engine.frame_sampling import fit_pixels, sample_by_time, sample_frame_indices
 from engine.video import (
-    MISSING,
     OUT_OF_MEMORY,
     TOO_SLOW,
     UNREADABLE,
     _duration_pair,
     size_pair,
     file_sha256,
-    fit_pixels,
     load_video,
-    sample_by_time,
-    sample_frame_indices,
 )
 
 from reader_processes import alive, faulty_program
@@ -133,7 +130,7 @@ def test_content_hash_is_sha256_of_the_bytes(tmp_path, clips):
 
 @pytest.mark.parametrize("path", [None, "", "/nonexistent/clip.mp4"])
 def test_missing_file(path):
-    with pytest.raises(InputError, match=f"^{MISSING}$"):
+    with pytest.raises(InputError, match=f"^{NO_VIDEO}$"):
         _load(path)
 
 

@@ -31,12 +31,13 @@ from transformers import GenerationConfig
 from assets.shapes import FPS, HELD_OUT_FROM, QUESTIONS, SECONDS, held_out_seeds, shape_clip
 from engine.config import SamplingParams
 from engine.families import Family, family_for
+from engine.frame_sampling import sample_frame_indices
 from engine.lm import embed_prompt
 from engine.models import LoadedModel, load_model
 from engine.prompt import prepare_prompt
 from engine.pruning import PrunedPrompt, prune_prompt
 from engine.tiny import MODEL_NOTES_FILE, build_tokenizer, qwen3_vl_layout
-from engine.video import SampledVideo, sample_frame_indices
+from engine.video import SampledVideo
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BASE = REPO_ROOT / "assets" / "models" / "tiny-trained-base"
@@ -212,7 +213,7 @@ def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m train.tiny_trained", description=__doc__.splitlines()[0])
     parser.add_argument("--evs", action="store_true", help=f"prune each example at a q drawn from {TRAIN_RATES}")
     parser.add_argument("--init", default=str(BASE), help="model folder to start from; '' for random weights")
-    parser.add_argument("--steps", type=int, default=2400)
+    parser.add_argument("--steps", type=int, default=3000)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--warmup", type=int, default=50)

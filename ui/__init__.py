@@ -14,8 +14,8 @@ API endpoint `/ask` (gradio_client: `client.submit(..., api_name="/ask")`)
 Inputs, in order (all after the first three have defaults):
     video                 file (gradio_client.handle_file(path)); required
     question              str; required
-    pruning_rate          float q in [0, 0.95], the fraction of video tokens EVS drops (default: the model's,
-                          engine.model_info["default_pruning_rate"])
+    pruning_rate          float q, at least 0 and below 1: the fraction of video tokens EVS drops (default: the
+                          model's, engine.model_info["default_pruning_rate"])
     fps                   float, frames sampled per second of video (default 2.0)
     max_frames            int, cap on sampled frames (default by device: 32 on a CPU, 128 on a GPU)
     max_pixels_per_frame  int, cap on height*width of each frame (default by device: 50176 = 224*224 on a
@@ -43,7 +43,8 @@ Outputs, streamed as a tuple (answer, stats, figures, frames):
              "t=1.2 s · kept 12/49"; sent once, before the first token.
 An intermediate update carries {"__type__": "update"} for an output that did not change; the final
 result always carries all four. User errors (no video, empty question, unreadable / too long / too
-large video, bad settings, server busy) come back as errors whose message is one sentence.
+large video, bad settings, server busy) come back as errors whose message is one sentence, the one every
+other way in gives for the same mistake (engine/front_door.py); the numbers have no slider's ends here.
 
 API endpoint `/sweep` (gradio_client: `client.predict(video, question, api_name="/sweep")`)
 --------------------------------------------------------------------------------------------

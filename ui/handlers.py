@@ -1,34 +1,25 @@
-"""Async generator handlers that bridge Gradio events to the one engine.
+"""Async generator handlers that bridge Gradio events to the one engine, through its front door
+(engine/front_door.py: settings, sentences, the merged stream).
 
 Each question becomes one engine request (two in compare mode: q=0 and the chosen q, submitted together
 so they share the ViT forward and decode steps). With "Think first" on, the model's thinking streams into a
 collapsed block of its own above the answer. Engine events are read with `Stream.aevents()`, so a
 waiting request holds no thread. When Gradio stops iterating a handler (Stop button, closed tab, API
-cancel) the generator is cancelled or closed, and its `finally` cancels the engine requests.
+cancel) the generator is cancelled or closed, and the front door cancels the engine requests.
 """
 
-import asyncio
 import dataclasses
-import logging
-from collections.abc import AsyncIterator, Sequence
-from pathlib import Path
+from collections.abc import AsyncIterator
 
 import gradio as gr
 
-from engine.config import GenerationParams, SamplingParams
-from engine.errors import InputError
-from engine.stream import Event, EvsPicture, Stream
+from engine.config import GenerationParams
+from engine.errors import NO_VIDEO, InputError
+from engine.front_door import follow, history_pairs, request_params
+from engine.serving import Serving
+from engine.stream import Event, EvsPicture
 from ui import figures, frame_files, overlays, stats_panel
-
-log = logging.getLogger(__name__)
-
-DEFAULT_MAX_NEW_TOKENS = 128
-DEFAULT_TEMPERATURE = 0.0
-NO_VIDEO = "Please upload a video first."
-EXPIRED_VIDEO = ("This video is no longer on the server (uploads are deleted after a while); "
-                 "please upload it again.")
-BAD_HISTORY = "History must be a list of [question, answer] pairs of text."
-SERVER_FAULT = "Something went wrong on the server; please try again."
+from ui.gradio_errors import raises_gradio_errors
 
 THINKING_TITLE = "Thinking"  # the title of the block that holds the model's thinking in the chat
 # Output order of the chat (browser) handler; layout.py wires components by these names.
@@ -77,128 +68,6 @@ def not_an_mcp_tool(fn):
     return fn
 
 
-def generation_params(pruning_rate, fps, max_frames, max_pixels_per_frame, max_new_tokens,
-                      temperature, enable_thinking=False) -> GenerationParams:
-    """Settings from UI / API values; the engine checks ranges and answers with its own sentence."""
-    try:
-        sampling = SamplingParams(fps=float(fps), max_frames=int(round(float(max_frames))),
-                                  max_pixels_per_frame=int(round(float(max_pixels_per_frame))))
-        return GenerationParams(pruning_rate=float(pruning_rate), max_new_tokens=int(round(float(max_new_tokens))),
-                                temperature=float(temperature), sampling=sampling, enable_thinking=enable_thinking)
-    except (TypeError, ValueError):
-        raise gr.Error("The pruning rate, fps, frame, pixel and token limits and temperature must be numbers.",
-                       print_exception=False) from None
-
-
-def api_params(engine, pruning_rate, fps, max_frames, max_pixels_per_frame, max_new_tokens,
-               temperature, enable_thinking=False) -> GenerationParams:
-    """generation_params for API callers, where a pruning rate left out (None) takes the model's
-    (engine.model_info["default_pruning_rate"]) and a sampling setting left out the engine's default for its
-    device, as the sliders do."""
-    default = engine.default_sampling
-    return generation_params(
-        engine.model_info["default_pruning_rate"] if pruning_rate is None else pruning_rate,
-        default.fps if fps is None else fps,
-        default.max_frames if max_frames is None else max_frames,
-        default.max_pixels_per_frame if max_pixels_per_frame is None else max_pixels_per_frame,
-        max_new_tokens,
-        temperature,
-        enable_thinking,
-    )
-
-
-def history_pairs(history) -> list[tuple[str, str]]:
-    """Earlier (question, answer) turns from an API value: a list of 2-item lists of text."""
-    if history is None:
-        return []
-    if not isinstance(history, (list, tuple)) or not all(
-        isinstance(turn, (list, tuple)) and len(turn) == 2 and all(isinstance(x, str) for x in turn)
-        for turn in history
-    ):
-        raise gr.Error(BAD_HISTORY, print_exception=False)
-    return [(q, a) for q, a in history]
-
-
-def user_error(error: BaseException) -> gr.Error:
-    """A toast for the browser / an error for API clients: the engine's sentence, never a traceback."""
-    if isinstance(error, InputError):
-        return gr.Error(str(error), print_exception=False)
-    log.error("request failed", exc_info=error)
-    return gr.Error(SERVER_FAULT, print_exception=False)
-
-
-async def follow(engine, video: str | None, question: str, params_list: Sequence[GenerationParams],
-                 history: list[tuple[str, str]], *, burst: bool = False) -> AsyncIterator[tuple[int, Event]]:
-    """Submit one request per params and yield (request index, event) as events arrive, merged.
-
-    burst: submit them inside `engine.paused()`, so the worker takes them all in one iteration: the
-    video is decoded once, encoded by one ViT forward, and the prompts decode together.
-    Raises gr.Error for a user's mistake. Whatever ends the iteration (finish, error, cancel, close),
-    unfinished engine requests are cancelled on the way out.
-    """
-    if not video:
-        raise gr.Error(NO_VIDEO, print_exception=False)
-    if not Path(video).is_file():
-        raise gr.Error(EXPIRED_VIDEO, print_exception=False)
-    streams: list[Stream] = []
-    pumps: list[asyncio.Task] = []
-    arrivals: asyncio.Queue = asyncio.Queue()
-    submitting: asyncio.Future | None = None
-    try:
-        if burst:
-            submitting = asyncio.ensure_future(
-                asyncio.to_thread(_submit_burst, engine, streams, video, question, params_list, history))
-            # shield: a cancelled handler must not abandon the thread's later submissions (see finally)
-            await asyncio.shield(submitting)
-        else:
-            for params in params_list:
-                streams.append(engine.submit(video=video, question=question, params=params, history=history))
-        pumps = [asyncio.create_task(_pump(i, stream, arrivals)) for i, stream in enumerate(streams)]
-        open_streams = len(streams)
-        while open_streams:
-            index, event, error = await arrivals.get()
-            if error is not None:
-                raise user_error(error)
-            if event is None:
-                open_streams -= 1
-                continue
-            yield index, event
-    except InputError as error:  # from submit
-        raise user_error(error) from None
-    finally:
-        _cancel_unfinished(streams)
-        if submitting is not None and not submitting.done():
-            submitting.add_done_callback(lambda _: _cancel_unfinished(streams))
-        for pump in pumps:
-            pump.cancel()
-
-
-def _submit_burst(engine, streams: list[Stream], video: str, question: str,
-                  params_list: Sequence[GenerationParams], history: list[tuple[str, str]]) -> None:
-    """Submit every request while admission is held, appending to `streams` as it goes (a failure
-    halfway still leaves the caller what to cancel); returns once all are prepared. Blocks: run it in
-    a thread."""
-    with engine.paused():
-        for params in params_list:
-            streams.append(engine.submit(video=video, question=question, params=params, history=history))
-
-
-def _cancel_unfinished(streams: list[Stream]) -> None:
-    for stream in streams:
-        if not stream.finished:
-            stream.cancel()
-
-
-async def _pump(index: int, stream: Stream, arrivals: asyncio.Queue) -> None:
-    """Move one stream's events into the shared queue; (index, None, None) marks its end."""
-    try:
-        async for event in stream.aevents():
-            arrivals.put_nowait((index, event, None))
-        arrivals.put_nowait((index, None, None))
-    except Exception as error:  # the request failed: InputError (user) or a bug
-        arrivals.put_nowait((index, None, error))
-
-
 def _params_for(compare: bool, params: GenerationParams) -> list[GenerationParams]:
     """Compare mode puts the unpruned baseline first; the chosen q is always the last request."""
     if not compare:
@@ -209,10 +78,11 @@ def _params_for(compare: bool, params: GenerationParams) -> list[GenerationParam
 class Handlers:
     """The event functions of one demo; they all feed the same engine."""
 
-    def __init__(self, engine):
+    def __init__(self, engine: Serving):
         self.engine = engine
 
     @not_an_mcp_tool
+    @raises_gradio_errors
     async def ask(
         self,
         video: str | None,
@@ -221,19 +91,20 @@ class Handlers:
         fps: float | None = None,
         max_frames: int | None = None,
         max_pixels_per_frame: int | None = None,
-        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
-        temperature: float = DEFAULT_TEMPERATURE,
+        max_new_tokens: int | None = None,
+        temperature: float | None = None,
         compare: bool = False,
         history: list | None = None,
         enable_thinking: bool = False,
     ) -> AsyncIterator[tuple]:
         """The `/ask` API endpoint: streams (answer, stats, figures, frames); see ui/__init__.py.
 
-        A pruning rate left out (None) takes the model's, a sampling setting the engine's default for its
-        device, as the sliders do. With enable_thinking, the thinking so far rides in the stats output.
+        A setting left out (None) takes the engine's default (front_door.defaults), as the sliders do. With
+        enable_thinking, the thinking so far rides in the stats output.
         """
-        params = api_params(self.engine, pruning_rate, fps, max_frames, max_pixels_per_frame, max_new_tokens,
-                            temperature, enable_thinking)
+        params = request_params(self.engine, pruning_rate=pruning_rate, fps=fps, max_frames=max_frames,
+                                max_pixels_per_frame=max_pixels_per_frame, max_new_tokens=max_new_tokens,
+                                temperature=temperature, enable_thinking=enable_thinking)
         params_list = _params_for(bool(compare), params)
         runs = [RunView(p.pruning_rate) for p in params_list]
         chosen = runs[-1]
@@ -261,6 +132,7 @@ class Handlers:
         # The final update repeats every output so that a client's result holds all four values.
         yield chosen.answer, stats, figures_json, frames
 
+    @raises_gradio_errors
     async def chat(
         self,
         video: str | None,
@@ -279,10 +151,11 @@ class Handlers:
 
         turns: the earlier [question, answer, thinking] of this video's conversation.
         """
-        params = generation_params(pruning_rate, fps, max_frames, max_pixels_per_frame, max_new_tokens,
-                                   temperature, enable_thinking)
+        params = request_params(self.engine, pruning_rate=pruning_rate, fps=fps, max_frames=max_frames,
+                                max_pixels_per_frame=max_pixels_per_frame, max_new_tokens=max_new_tokens,
+                                temperature=temperature, enable_thinking=enable_thinking)
         if not video:  # before the question shows up in the chat
-            raise gr.Error(NO_VIDEO, print_exception=False)
+            raise InputError(NO_VIDEO)
         turns = list(turns or [])
         params_list = _params_for(bool(compare), params)
         runs = [RunView(p.pruning_rate) for p in params_list]

@@ -1,17 +1,20 @@
 """The Gradio Blocks page and its wiring: inputs on the left, conversation and numbers on the right,
-the pruning picture and the q sweep underneath; the `/ask` API endpoint and the MCP tool on hidden
-components, `/sweep` on the sweep's own."""
+the pruning picture and the q sweep underneath; the `/ask` and `/sweep` API endpoints and the MCP tool on
+hidden components."""
 
 import math
+from dataclasses import dataclass
 from html import escape
 from pathlib import Path
 
 import gradio as gr
 
 from assets.make_examples import example_questions
-
+from engine.config import MAX_FILE_BYTES, GenerationParams, SamplingLimits
+from engine.front_door import defaults
+from engine.serving import Serving
 from ui import stats_panel
-from ui.handlers import CHAT_OUTPUTS, DEFAULT_MAX_NEW_TOKENS, DEFAULT_TEMPERATURE, Handlers
+from ui.handlers import CHAT_OUTPUTS, Handlers
 from ui.mcp_tool import TOOL_MAX_NEW_TOKENS, VideoQuestionTool
 from ui.sweep import (
     DEFAULT_RATES_TEXT,
@@ -20,7 +23,7 @@ from ui.sweep import (
     Sweep,
     question_to_sweep,
 )
-from ui.video_inputs import DEFAULT_MAX_FILE_BYTES, video_policy
+from ui.video_inputs import video_policy
 
 ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets"
 EXAMPLES_DIR = ASSETS_DIR / "examples"
@@ -70,8 +73,40 @@ def pixels_info(pixels: int) -> str:
     return f"Height × width after resizing; {example}."
 
 
-def build_demo(engine, *, banner: str | None = None, delete_cache: tuple[int, int] | None = None,
-               max_file_bytes: int = DEFAULT_MAX_FILE_BYTES, fetch_video_urls: bool = False) -> gr.Blocks:
+@dataclass
+class Controls:
+    """The left column: the upload, the question, the settings and the buttons."""
+
+    video: gr.Video
+    question: gr.Textbox
+    pruning_rate: gr.Slider
+    compare: gr.Checkbox
+    think: gr.Checkbox
+    ask: gr.Button
+    sweep: gr.Button
+    stop: gr.Button
+    fps: gr.Slider
+    max_frames: gr.Slider
+    max_pixels: gr.Slider
+    max_new_tokens: gr.Slider
+    temperature: gr.Slider
+    sweep_rates: gr.Textbox
+
+
+@dataclass
+class SweepView:
+    """The q sweep's outputs, in Sweep.sweep's order."""
+
+    table: gr.Dataframe
+    plot: gr.Plot
+    cards: gr.HTML
+
+    def outputs(self) -> list:
+        return [self.table, self.plot, self.cards]
+
+
+def build_demo(engine: Serving, *, banner: str | None = None, delete_cache: tuple[int, int] | None = None,
+               max_file_bytes: int = MAX_FILE_BYTES, fetch_video_urls: bool = False) -> gr.Blocks:
     """The whole page for one engine; `banner` is an extra warning (see default_banner).
 
     delete_cache: (every_s, older_than_s): uploads and generated images older than `older_than_s` seconds
@@ -80,139 +115,197 @@ def build_demo(engine, *, banner: str | None = None, delete_cache: tuple[int, in
     openai_routes.
     """
     handlers = Handlers(engine)
-    q_sweep = Sweep(engine)
-    tool = VideoQuestionTool(engine, video_policy(max_file_bytes, fetch_video_urls))
-    model_info = engine.model_info
-    banner = default_banner(model_info, banner)
-    # Sampling sliders start at the engine's defaults for its device (a GPU samples far more than a CPU).
-    sampling, limits = engine.default_sampling, engine.sampling_limits
+    settings = defaults(engine)
     with gr.Blocks(title="EVS Video Chat", delete_cache=delete_cache) as demo:
-        gr.HTML(HEADER_HTML)
-        if banner:
-            gr.HTML(f'<div class="evs-banner" role="status">⚠ {escape(banner)}</div>', elem_id="evs-banner")
-
+        _header(default_banner(engine.model_info, banner))
         with gr.Row(equal_height=False):
-            with gr.Column(scale=4, min_width=320):
-                video = gr.Video(label="Video", sources=["upload"], height=240, elem_id="evs-video")
-                question = gr.Textbox(label="Question", placeholder="What happens in this video?", lines=2,
-                                      max_lines=6, elem_id="evs-question")
-                pruning_rate = gr.Slider(0.0, 0.95, value=model_info["default_pruning_rate"], step=0.05,
-                                         label="Pruning rate q",
-                                         info="Fraction of video tokens EVS drops; 0 keeps them all.",
-                                         elem_id="evs-pruning-rate")
-                compare = gr.Checkbox(label="Compare with q = 0 side by side", elem_id="evs-compare")
-                # Off, as the smaller Qwen3.5 templates default: thinking costs many tokens before the answer.
-                think = gr.Checkbox(False, label="Think first", visible=model_info["thinks"], elem_id="evs-think",
-                                    info="The model reasons before it answers; the reasoning shows in a block "
-                                         "above the answer.")
-                with gr.Row(elem_id="evs-actions"):
-                    ask = gr.Button("Ask", variant="primary", elem_id="evs-ask", min_width=80)
-                    sweep = gr.Button("Sweep", variant="secondary", elem_id="evs-sweep-button", min_width=80)
-                    stop = gr.Button("Stop", variant="stop", elem_id="evs-stop", min_width=80)
-                with gr.Accordion("Advanced", open=False, elem_id="evs-advanced"):
-                    fps = gr.Slider(0.5, max(limits.max_fps, sampling.fps), value=sampling.fps, step=0.5,
-                                    label="Frames sampled per second", elem_id="evs-fps")
-                    max_frames = gr.Slider(2, max(limits.max_frames, sampling.max_frames), value=sampling.max_frames,
-                                           step=2, precision=0, label="Max frames", elem_id="evs-max-frames")
-                    max_pixels = gr.Slider(PIXELS_STEP, max(limits.max_pixels_per_frame, sampling.max_pixels_per_frame),
-                                           value=sampling.max_pixels_per_frame, step=PIXELS_STEP, precision=0,
-                                           label="Max pixels per frame", elem_id="evs-max-pixels",
-                                           info=pixels_info(sampling.max_pixels_per_frame))
-                    max_new_tokens = gr.Slider(1, 1024, value=DEFAULT_MAX_NEW_TOKENS, step=1, precision=0,
-                                               label="Max new tokens", elem_id="evs-max-new-tokens")
-                    temperature = gr.Slider(0.0, 2.0, value=DEFAULT_TEMPERATURE, step=0.05,
-                                            label="Temperature", info="0 answers greedily.")
-                    sweep_rates = gr.Textbox(DEFAULT_RATES_TEXT, label="Sweep rates",
-                                             info="The values of q that Sweep answers at, separated by commas.",
-                                             elem_id="evs-sweep-rates")
-                examples = [[str(EXAMPLES_DIR / name), text, q] for name, text, q in EXAMPLES
-                            if (EXAMPLES_DIR / name).is_file()]
-                if examples:
-                    gr.Examples(examples, inputs=[video, question, pruning_rate], label="Examples",
-                                elem_id="evs-examples")
-
-            with gr.Column(scale=6, min_width=360):
-                status = gr.Markdown(elem_id="evs-status")
-                chat = gr.Chatbot(label="Conversation", height=360, elem_id="evs-chat",
-                                  placeholder="Upload a video, type a question and press **Ask**.",
-                                  feedback_options=None, buttons=["copy"])
-                with gr.Row(visible=False, elem_id="evs-compare-row") as compare_row:
-                    compare_full = gr.Markdown(elem_classes="evs-compare-panel", elem_id="evs-compare-full")
-                    compare_pruned = gr.Markdown(elem_classes="evs-compare-panel", elem_id="evs-compare-pruned")
-                compare_summary = gr.Markdown(elem_id="evs-compare-summary")
-                stats_html = gr.HTML(stats_panel.stats_html(None), elem_id="evs-stats")
-
-        gr.Markdown("### What the model sees", elem_classes="evs-section")
-        with gr.Row(equal_height=True):
-            # the figures carry their own titles
-            bars = gr.Plot(label="Kept vs pruned tokens per temporal group", show_label=False, elem_id="evs-bars")
-            heatmap = gr.Plot(label="Change since the previous group", show_label=False, elem_id="evs-heatmap")
-        gallery = gr.Gallery(label="Sampled frames, one per temporal group; pruned patches are dimmed and tinted",
-                             columns=6, fit_columns=False, object_fit="contain",
-                             elem_id="evs-gallery")
-        with gr.Accordion("Raw stats (JSON)", open=False):
-            stats_json = gr.JSON(elem_id="evs-stats-json")
-
-        gr.Markdown("### q sweep: the same question at several pruning rates", elem_classes="evs-section")
-        sweep_cards = gr.HTML(SWEEP_PLACEHOLDER_HTML, elem_id="evs-sweep-answers")
-        with gr.Row(equal_height=False):
-            sweep_plot = gr.Plot(label="Kept tokens, TTFT and prefill time against q", show_label=False,
-                                 elem_id="evs-sweep-plot")
-            sweep_table = gr.Dataframe(headers=TABLE_HEADERS, label="Per-rate stats", interactive=False,
-                                       elem_id="evs-sweep-table")
-
-        turns = gr.State([])  # earlier [question, answer, thinking] turns about the current video
-        # `/ask` lives on hidden components: API clients get plain values, the page stays a chat.
-        history = gr.JSON([], visible=False)
-        api_answer = gr.Textbox(label="answer", visible=False)
-        api_stats = gr.JSON(label="stats", visible=False)
-        api_figures = gr.JSON(label="figures", visible=False)
-        api_frames = gr.Gallery(label="frames", visible=False)
-        api_trigger = gr.Button(visible=False)
-        # The MCP tool's endpoint, also on hidden components.
-        tool_video = gr.Textbox(label="video", visible=False)
-        tool_question = gr.Textbox(label="question", visible=False)
-        tool_rate = gr.Number(model_info["default_pruning_rate"], label="pruning_rate", visible=False)
-        tool_tokens = gr.Number(TOOL_MAX_NEW_TOKENS, label="max_new_tokens", precision=0, visible=False)
-        tool_think = gr.Checkbox(False, label="enable_thinking", visible=False)
-        tool_answer = gr.Textbox(label="answer", visible=False)
-        tool_trigger = gr.Button(visible=False)
-
-        shown = dict(chat=chat, question=question, status=status, stats_html=stats_html, stats_json=stats_json,
-                     bars=bars, heatmap=heatmap, gallery=gallery, compare_full=compare_full,
-                     compare_pruned=compare_pruned, compare_summary=compare_summary, turns=turns)
-        chat_outputs = [shown[name] for name in CHAT_OUTPUTS]
-        settings = [video, question, pruning_rate, fps, max_frames, max_pixels, max_new_tokens, temperature, compare]
-
-        asked = [
-            trigger(handlers.chat, inputs=[*settings, think, turns], outputs=chat_outputs, api_visibility="private",
-                    concurrency_limit=None, show_progress="hidden")
-            for trigger in (ask.click, question.submit)
-        ]
-        # /ask and /sweep are public API endpoints but not MCP tools (handlers.not_an_mcp_tool): agents
-        # see the one tool below.
-        api_trigger.click(handlers.ask, inputs=[*settings, history, think],
-                          outputs=[api_answer, api_stats, api_figures, api_frames], api_name="ask",
-                          concurrency_limit=None, show_progress="hidden")
-        swept = sweep.click(
-            question_to_sweep, inputs=[question, turns], outputs=question, api_visibility="private", queue=False,
-        ).then(q_sweep.sweep, inputs=[video, question, sweep_rates, fps, max_frames, max_pixels, max_new_tokens,
-                                      temperature, think],
-               outputs=[sweep_table, sweep_plot, sweep_cards], api_name="sweep", concurrency_limit=None,
-               show_progress="hidden")
-        tool_trigger.click(tool.answer_video_question,
-                           inputs=[tool_video, tool_question, tool_rate, tool_tokens, tool_think],
-                           outputs=tool_answer, api_name="answer_video_question",
-                           concurrency_limit=None, show_progress="hidden")
-        stop.click(None, cancels=[*asked, swept])
-        video.change(handlers.new_video, outputs=chat_outputs, api_visibility="private", queue=False)
-        video.change(lambda: (None, None, SWEEP_PLACEHOLDER_HTML), outputs=[sweep_table, sweep_plot, sweep_cards],
-                     api_visibility="private", queue=False)
-        compare.change(lambda on: gr.Row(visible=on), inputs=compare, outputs=compare_row,
-                       api_visibility="private", queue=False)
-
+            controls = _controls(engine, settings)
+            answer, compare_row = _answer_column()
+        pictures = _what_the_model_sees()
+        sweep_view = _sweep_section()
+        turns = gr.State([])  # the earlier [question, answer, thinking] turns about the current video
+        shown = {**answer, **pictures, "question": controls.question, "turns": turns}
+        q_sweep = Sweep(engine)
+        # The API endpoints first: the page's Sweep runs the same function, and Gradio would give its
+        # private event the name "sweep" and this endpoint "sweep_1".
+        _ask_endpoint(handlers, controls, settings)
+        _sweep_endpoint(q_sweep, controls, settings)
+        _tool_endpoint(VideoQuestionTool(engine, video_policy(max_file_bytes, fetch_video_urls)), settings)
+        _wire_page(handlers, q_sweep, controls, shown, compare_row, sweep_view)
     demo.queue(default_concurrency_limit=None, max_size=QUEUE_MAX_SIZE)
     return demo
+
+
+def _header(banner: str | None) -> None:
+    gr.HTML(HEADER_HTML)
+    if banner:
+        gr.HTML(f'<div class="evs-banner" role="status">⚠ {escape(banner)}</div>', elem_id="evs-banner")
+
+
+def _controls(engine: Serving, settings: GenerationParams) -> Controls:
+    """The left column; its settings start at the engine's defaults."""
+    with gr.Column(scale=4, min_width=320):
+        video = gr.Video(label="Video", sources=["upload"], height=240, elem_id="evs-video")
+        question = gr.Textbox(label="Question", placeholder="What happens in this video?", lines=2,
+                              max_lines=6, elem_id="evs-question")
+        pruning_rate = gr.Slider(0.0, 0.95, value=settings.pruning_rate, step=0.05, label="Pruning rate q",
+                                 info="Fraction of video tokens EVS drops; 0 keeps them all.",
+                                 elem_id="evs-pruning-rate")
+        compare = gr.Checkbox(label="Compare with q = 0 side by side", elem_id="evs-compare")
+        # Off, as the smaller Qwen3.5 templates default: thinking costs many tokens before the answer.
+        think = gr.Checkbox(settings.enable_thinking, label="Think first", visible=engine.model_info["thinks"],
+                            elem_id="evs-think",
+                            info="The model reasons before it answers; the reasoning shows in a block above "
+                                 "the answer.")
+        with gr.Row(elem_id="evs-actions"):
+            ask = gr.Button("Ask", variant="primary", elem_id="evs-ask", min_width=80)
+            sweep = gr.Button("Sweep", variant="secondary", elem_id="evs-sweep-button", min_width=80)
+            stop = gr.Button("Stop", variant="stop", elem_id="evs-stop", min_width=80)
+        advanced = _advanced(settings, engine.sampling_limits)
+        examples = [[str(EXAMPLES_DIR / name), text, q] for name, text, q in EXAMPLES
+                    if (EXAMPLES_DIR / name).is_file()]
+        if examples:
+            gr.Examples(examples, inputs=[video, question, pruning_rate], label="Examples", elem_id="evs-examples")
+    return Controls(video=video, question=question, pruning_rate=pruning_rate, compare=compare, think=think,
+                    ask=ask, sweep=sweep, stop=stop, **advanced)
+
+
+def _advanced(settings: GenerationParams, limits: SamplingLimits) -> dict:
+    """The folded settings: sampling up to the device's limits (a GPU samples far more than a CPU), the
+    answer's length and temperature, the sweep's rates."""
+    sampling = settings.sampling
+    with gr.Accordion("Advanced", open=False, elem_id="evs-advanced"):
+        fps = gr.Slider(0.5, max(limits.max_fps, sampling.fps), value=sampling.fps, step=0.5,
+                        label="Frames sampled per second", elem_id="evs-fps")
+        max_frames = gr.Slider(2, max(limits.max_frames, sampling.max_frames), value=sampling.max_frames,
+                               step=2, precision=0, label="Max frames", elem_id="evs-max-frames")
+        max_pixels = gr.Slider(PIXELS_STEP, max(limits.max_pixels_per_frame, sampling.max_pixels_per_frame),
+                               value=sampling.max_pixels_per_frame, step=PIXELS_STEP, precision=0,
+                               label="Max pixels per frame", elem_id="evs-max-pixels",
+                               info=pixels_info(sampling.max_pixels_per_frame))
+        max_new_tokens = gr.Slider(1, 1024, value=settings.max_new_tokens, step=1, precision=0,
+                                   label="Max new tokens", elem_id="evs-max-new-tokens")
+        temperature = gr.Slider(0.0, 2.0, value=settings.temperature, step=0.05, label="Temperature",
+                                info="0 answers greedily.")
+        sweep_rates = gr.Textbox(DEFAULT_RATES_TEXT, label="Sweep rates",
+                                 info="The values of q that Sweep answers at, separated by commas.",
+                                 elem_id="evs-sweep-rates")
+    return dict(fps=fps, max_frames=max_frames, max_pixels=max_pixels, max_new_tokens=max_new_tokens,
+                temperature=temperature, sweep_rates=sweep_rates)
+
+
+def _answer_column() -> tuple[dict, gr.Row]:
+    """The right column: status, conversation, the side-by-side comparison and the numbers; returns the
+    chat outputs it holds by name, and the comparison's row (shown in compare mode)."""
+    with gr.Column(scale=6, min_width=360):
+        status = gr.Markdown(elem_id="evs-status")
+        chat = gr.Chatbot(label="Conversation", height=360, elem_id="evs-chat",
+                          placeholder="Upload a video, type a question and press **Ask**.",
+                          feedback_options=None, buttons=["copy"])
+        with gr.Row(visible=False, elem_id="evs-compare-row") as compare_row:
+            compare_full = gr.Markdown(elem_classes="evs-compare-panel", elem_id="evs-compare-full")
+            compare_pruned = gr.Markdown(elem_classes="evs-compare-panel", elem_id="evs-compare-pruned")
+        compare_summary = gr.Markdown(elem_id="evs-compare-summary")
+        stats_html = gr.HTML(stats_panel.stats_html(None), elem_id="evs-stats")
+    return dict(status=status, chat=chat, compare_full=compare_full, compare_pruned=compare_pruned,
+                compare_summary=compare_summary, stats_html=stats_html), compare_row
+
+
+def _what_the_model_sees() -> dict:
+    """The pruning picture: kept tokens per group, change between groups, the dimmed frames, the raw stats."""
+    gr.Markdown("### What the model sees", elem_classes="evs-section")
+    with gr.Row(equal_height=True):
+        # the figures carry their own titles
+        bars = gr.Plot(label="Kept vs pruned tokens per temporal group", show_label=False, elem_id="evs-bars")
+        heatmap = gr.Plot(label="Change since the previous group", show_label=False, elem_id="evs-heatmap")
+    gallery = gr.Gallery(label="Sampled frames, one per temporal group; pruned patches are dimmed and tinted",
+                         columns=6, fit_columns=False, object_fit="contain", elem_id="evs-gallery")
+    with gr.Accordion("Raw stats (JSON)", open=False):
+        stats_json = gr.JSON(elem_id="evs-stats-json")
+    return dict(bars=bars, heatmap=heatmap, gallery=gallery, stats_json=stats_json)
+
+
+def _sweep_section() -> SweepView:
+    """The q sweep under the picture: the answers side by side, the plot and the per-rate table."""
+    gr.Markdown("### q sweep: the same question at several pruning rates", elem_classes="evs-section")
+    cards = gr.HTML(SWEEP_PLACEHOLDER_HTML, elem_id="evs-sweep-answers")
+    with gr.Row(equal_height=False):
+        plot = gr.Plot(label="Kept tokens, TTFT and prefill time against q", show_label=False,
+                       elem_id="evs-sweep-plot")
+        table = gr.Dataframe(headers=TABLE_HEADERS, label="Per-rate stats", interactive=False,
+                             elem_id="evs-sweep-table")
+    return SweepView(table, plot, cards)
+
+
+def _wire_page(handlers: Handlers, q_sweep: Sweep, controls: Controls, shown: dict, compare_row: gr.Row,
+               sweep_view: SweepView) -> None:
+    """The browser's events: Ask (button or Enter), Sweep, Stop, a new video, the compare switch."""
+    c = controls
+    chat_outputs = [shown[name] for name in CHAT_OUTPUTS]
+    asked = [
+        trigger(handlers.chat, inputs=[c.video, c.question, c.pruning_rate, c.fps, c.max_frames, c.max_pixels,
+                                       c.max_new_tokens, c.temperature, c.compare, c.think, shown["turns"]],
+                outputs=chat_outputs, api_visibility="private", concurrency_limit=None, show_progress="hidden")
+        for trigger in (c.ask.click, c.question.submit)
+    ]
+    swept = c.sweep.click(
+        question_to_sweep, inputs=[c.question, shown["turns"]], outputs=c.question, api_visibility="private",
+        queue=False,
+    ).then(q_sweep.sweep, inputs=[c.video, c.question, c.sweep_rates, c.fps, c.max_frames, c.max_pixels,
+                                  c.max_new_tokens, c.temperature, c.think],
+           outputs=sweep_view.outputs(), api_visibility="private", concurrency_limit=None, show_progress="hidden")
+    c.stop.click(None, cancels=[*asked, swept])
+    c.video.change(handlers.new_video, outputs=chat_outputs, api_visibility="private", queue=False)
+    c.video.change(lambda: (None, None, SWEEP_PLACEHOLDER_HTML), outputs=sweep_view.outputs(),
+                   api_visibility="private", queue=False)
+    c.compare.change(lambda on: gr.Row(visible=on), inputs=c.compare, outputs=compare_row,
+                     api_visibility="private", queue=False)
+
+
+def _api_numbers(settings: GenerationParams, *names: str) -> list[gr.Number]:
+    """Hidden inputs for an API endpoint's numbers, at the engine's defaults and without the sliders' ends,
+    so that a number out of range gets the engine's sentence, as on every other way in."""
+    sampling = settings.sampling
+    values = dict(pruning_rate=settings.pruning_rate, fps=sampling.fps, max_frames=sampling.max_frames,
+                  max_pixels_per_frame=sampling.max_pixels_per_frame, max_new_tokens=settings.max_new_tokens,
+                  temperature=settings.temperature)
+    return [gr.Number(values[name], label=name, visible=False) for name in names]
+
+
+def _ask_endpoint(handlers: Handlers, controls: Controls, settings: GenerationParams) -> None:
+    """`/ask`, a public API endpoint but not an MCP tool (handlers.not_an_mcp_tool), on hidden components:
+    API clients get plain values while the page stays a chat. It takes the page's video, question and
+    switches, and numbers of its own."""
+    numbers = _api_numbers(settings, "pruning_rate", "fps", "max_frames", "max_pixels_per_frame", "max_new_tokens",
+                           "temperature")
+    history = gr.JSON([], visible=False)
+    outputs = [gr.Textbox(label="answer", visible=False), gr.JSON(label="stats", visible=False),
+               gr.JSON(label="figures", visible=False), gr.Gallery(label="frames", visible=False)]
+    gr.Button(visible=False).click(
+        handlers.ask, inputs=[controls.video, controls.question, *numbers, controls.compare, history, controls.think],
+        outputs=outputs, api_name="ask", concurrency_limit=None, show_progress="hidden")
+
+
+def _sweep_endpoint(q_sweep: Sweep, controls: Controls, settings: GenerationParams) -> None:
+    """`/sweep`, public but not an MCP tool either, on hidden outputs like `/ask`: the page's video, question,
+    rates and Think first, and numbers of its own."""
+    numbers = _api_numbers(settings, "fps", "max_frames", "max_pixels_per_frame", "max_new_tokens", "temperature")
+    view = SweepView(gr.Dataframe(headers=TABLE_HEADERS, label="table", visible=False),
+                     gr.Plot(label="figure", visible=False), gr.HTML(label="answers_html", visible=False))
+    gr.Button(visible=False).click(
+        q_sweep.sweep, inputs=[controls.video, controls.question, controls.sweep_rates, *numbers, controls.think],
+        outputs=view.outputs(), api_name="sweep", concurrency_limit=None, show_progress="hidden")
+
+
+def _tool_endpoint(tool: VideoQuestionTool, settings: GenerationParams) -> None:
+    """The MCP tool's endpoint, `/answer_video_question`, on hidden components of its own."""
+    inputs = [gr.Textbox(label="video", visible=False), gr.Textbox(label="question", visible=False),
+              gr.Number(settings.pruning_rate, label="pruning_rate", visible=False),
+              gr.Number(TOOL_MAX_NEW_TOKENS, label="max_new_tokens", precision=0, visible=False),
+              gr.Checkbox(settings.enable_thinking, label="enable_thinking", visible=False)]
+    gr.Button(visible=False).click(tool.answer_video_question, inputs=inputs,
+                                   outputs=gr.Textbox(label="answer", visible=False),
+                                   api_name="answer_video_question", concurrency_limit=None, show_progress="hidden")
 
 
 def launch_kwargs(max_file_bytes: int) -> dict:

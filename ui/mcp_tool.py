@@ -15,8 +15,10 @@ server named by its link or path, and other URLs only when the operator allows f
 import json
 
 from engine.config import DEFAULT_PRUNING_RATE
-from engine.errors import InputError
-from ui.handlers import RunView, api_params, follow, user_error
+from engine.front_door import follow, request_params
+from engine.serving import Serving
+from ui.gradio_errors import raises_gradio_errors
+from ui.handlers import RunView
 from ui.video_inputs import VideoPolicy, local_video
 
 TOOL_MAX_NEW_TOKENS = 256
@@ -25,10 +27,11 @@ TOOL_MAX_NEW_TOKENS = 256
 class VideoQuestionTool:
     """The MCP tool of one demo; Gradio names the tool after the method."""
 
-    def __init__(self, engine, policy: VideoPolicy):
+    def __init__(self, engine: Serving, policy: VideoPolicy):
         self.engine = engine
         self.policy = policy
 
+    @raises_gradio_errors
     async def answer_video_question(
         self,
         video: str,
@@ -50,11 +53,9 @@ class VideoQuestionTool:
         Returns:
             A JSON object: "answer", the model's answer (greedy decoding); with enable_thinking, "thinking", what the model thought first; and "stats", the request's numbers (video_tokens_total and video_tokens_kept, prompt_tokens, generated_tokens with thinking_tokens and answer_tokens, ttft_s: time to first token, and the time of each stage).
         """
-        params = api_params(self.engine, pruning_rate, None, None, None, max_new_tokens, 0.0, enable_thinking)
-        try:
-            local = await local_video(video, self.policy)
-        except InputError as error:
-            raise user_error(error) from None
+        params = request_params(self.engine, pruning_rate=pruning_rate, max_new_tokens=max_new_tokens,
+                                enable_thinking=enable_thinking)
+        local = await local_video(video, self.policy)
         try:
             run = RunView(params.pruning_rate)
             async for _, event in follow(self.engine, str(local.path), question, [params], []):

@@ -24,16 +24,17 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-import gradio as gr
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from engine.errors import BusyError, InputError
+from engine.config import MAX_FILE_BYTES
+from engine.errors import NO_VIDEO, SERVER_FAULT, BusyError, InputError
+from engine.front_door import request_params
+from engine.serving import Serving
 from engine.stream import Event, Stream
-from ui.handlers import SERVER_FAULT, api_params
-from ui.video_inputs import DEFAULT_MAX_FILE_BYTES, LocalVideo, VideoPolicy, local_video, video_policy
+from ui.video_inputs import LocalVideo, VideoPolicy, local_video, video_policy
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,6 @@ MESSAGE_FIELDS = {"thinking": "reasoning_content", "text": "content"}
 # Room for the JSON around a data: URL of the largest upload (base64 is 4/3 of the bytes).
 BODY_OVERHEAD_BYTES = 1 << 20
 
-NO_VIDEO = "Please include the video as a video_url content part of the first user message."
 BAD_ORDER = "The messages must alternate user and assistant turns, starting and ending with a user message."
 BAD_THINKING = "chat_template_kwargs.enable_thinking must be true or false."
 
@@ -209,7 +209,7 @@ def enable_thinking(chat: ChatRequest) -> bool:
 class ChatCompletions:
     """The two routes for one engine."""
 
-    def __init__(self, engine, policy: VideoPolicy):
+    def __init__(self, engine: Serving, policy: VideoPolicy):
         self.engine = engine
         self.policy = policy
         self.model = engine.model_info["name"]
@@ -287,16 +287,13 @@ class ChatCompletions:
     def _params(self, chat: ChatRequest):
         max_tokens = next((n for n in (chat.max_completion_tokens, chat.max_tokens) if n is not None),
                           DEFAULT_MAX_TOKENS)
-        try:
-            params = api_params(
-                self.engine, chat.pruning_rate, chat.fps, chat.max_frames, chat.max_pixels_per_frame, max_tokens,
-                DEFAULT_TEMPERATURE if chat.temperature is None else chat.temperature, enable_thinking(chat),
-            )
-        except gr.Error as error:
-            raise ApiError(400, error.message) from None
-        # Without a seed, sampling differs from call to call, as OpenAI clients expect.
-        seed = secrets.randbits(31) if chat.seed is None else chat.seed
-        return dataclasses.replace(params, top_p=1.0 if chat.top_p is None else chat.top_p, seed=seed)
+        return request_params(
+            self.engine, pruning_rate=chat.pruning_rate, fps=chat.fps, max_frames=chat.max_frames,
+            max_pixels_per_frame=chat.max_pixels_per_frame, max_new_tokens=max_tokens,
+            temperature=DEFAULT_TEMPERATURE if chat.temperature is None else chat.temperature, top_p=chat.top_p,
+            # Without a seed, sampling differs from call to call, as OpenAI clients expect.
+            seed=secrets.randbits(31) if chat.seed is None else chat.seed, enable_thinking=enable_thinking(chat),
+        )
 
 
 class Reply:
@@ -392,7 +389,7 @@ async def _cancel_on_disconnect(request: Request, stream: Stream) -> None:
         await asyncio.sleep(DISCONNECT_POLL_S)
 
 
-def openai_routes(engine, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+def openai_routes(engine: Serving, max_file_bytes: int = MAX_FILE_BYTES,
                   fetch_video_urls: bool = False) -> list[APIRoute]:
     """`GET /v1/models` and `POST /v1/chat/completions` for `engine`, to go into the server's FastAPI
     routes (app.py and the tests pass them as `app_kwargs["routes"]`).

@@ -1,6 +1,6 @@
 """The q sweep: one question about one video answered at several pruning rates at once.
 
-The requests go to the engine as one burst (`engine.paused()`, through handlers.follow): the video is
+The requests go to the engine as one burst (`engine.paused()`, through front_door.follow): the video is
 decoded once, its features come from one ViT forward (identical uploads are encoded once), and the
 prompts prefill and decode together. What comes back is the picture the EVS papers print, for the
 user's own video: the answers side by side, kept tokens, TTFT and prefill time against q, and a table of
@@ -15,8 +15,12 @@ from html import escape
 import gradio as gr
 import pandas as pd
 
+from engine.errors import InputError
+from engine.front_door import follow, request_params
+from engine.serving import Serving
 from ui import figures, stats_panel
-from ui.handlers import DEFAULT_MAX_NEW_TOKENS, DEFAULT_TEMPERATURE, RunView, api_params, follow, not_an_mcp_tool
+from ui.gradio_errors import raises_gradio_errors
+from ui.handlers import RunView, not_an_mcp_tool
 
 DEFAULT_RATES = (0.0, 0.3, 0.5, 0.7, 0.9)
 DEFAULT_RATES_TEXT = ", ".join(f"{q:g}" for q in DEFAULT_RATES)
@@ -39,9 +43,9 @@ def parse_rates(rates: str | Sequence[float] | None) -> list[float]:
     try:
         values = sorted({float(item) for item in items if not isinstance(item, str) or item.strip()})
     except (TypeError, ValueError):
-        raise gr.Error(BAD_RATES, print_exception=False) from None
+        raise InputError(BAD_RATES) from None
     if not 1 <= len(values) <= MAX_RATES:
-        raise gr.Error(BAD_RATES, print_exception=False)
+        raise InputError(BAD_RATES)
     return values
 
 
@@ -84,10 +88,11 @@ def question_to_sweep(question: str, turns: list) -> str:
 class Sweep:
     """The sweep handler of one demo (the Sweep button and the `/sweep` endpoint)."""
 
-    def __init__(self, engine):
+    def __init__(self, engine: Serving):
         self.engine = engine
 
     @not_an_mcp_tool
+    @raises_gradio_errors
     async def sweep(
         self,
         video: str | None,
@@ -96,18 +101,18 @@ class Sweep:
         fps: float | None = None,
         max_frames: int | None = None,
         max_pixels_per_frame: int | None = None,
-        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
-        temperature: float = DEFAULT_TEMPERATURE,
+        max_new_tokens: int | None = None,
+        temperature: float | None = None,
         enable_thinking: bool = False,
     ) -> AsyncIterator[tuple]:
         """The `/sweep` endpoint: streams (table, figure, answers_html); see ui/__init__.py.
 
-        rates: pruning rates as "0, 0.3, 0.5" (or a list of numbers). A sampling setting left out (None)
-        takes the engine's default for its device. enable_thinking: every rate thinks first (the page's
+        rates: pruning rates as "0, 0.3, 0.5" (or a list of numbers). A setting left out (None) takes the
+        engine's default (front_door.defaults). enable_thinking: every rate thinks first (the page's
         "Think first"); the cards show the answers, the stats count the thinking.
         """
-        params = api_params(self.engine, 0.0, fps, max_frames, max_pixels_per_frame, max_new_tokens, temperature,
-                            enable_thinking)
+        params = request_params(self.engine, fps=fps, max_frames=max_frames, max_pixels_per_frame=max_pixels_per_frame,
+                                max_new_tokens=max_new_tokens, temperature=temperature, enable_thinking=enable_thinking)
         rates = parse_rates(rates)
         runs = [RunView(q) for q in rates]
         yield gr.skip(), gr.skip(), answer_cards(runs)

@@ -26,10 +26,9 @@ from urllib.parse import unquote, urlsplit
 
 import httpx
 
-from engine.errors import InputError
-from ui.handlers import EXPIRED_VIDEO
+from engine.config import MAX_FILE_BYTES
+from engine.errors import EXPIRED_VIDEO, NO_VIDEO, InputError
 
-DEFAULT_MAX_FILE_BYTES = 200 * 1024 * 1024  # app.py's --max-file-mb default
 API_VIDEOS_FOLDER = "api-videos"  # under the upload folder, so the temp-file sweeper bounds it too
 GRADIO_FILE_ROUTE = "/gradio_api/file="
 FETCH_TIMEOUT_S = 30.0
@@ -70,7 +69,7 @@ class VideoPolicy:
     address_allowed: Callable[[str], bool] = field(default=is_public_address)
 
 
-def video_policy(max_file_bytes: int = DEFAULT_MAX_FILE_BYTES, fetch_video_urls: bool = False) -> VideoPolicy:
+def video_policy(max_file_bytes: int = MAX_FILE_BYTES, fetch_video_urls: bool = False) -> VideoPolicy:
     """The policy of this server: Gradio's upload folder (GRADIO_TEMP_DIR), the upload limit, the fetch flag."""
     import gradio as gr  # only here: the rest of this module does not need Gradio
 
@@ -95,7 +94,9 @@ def too_large(limit_bytes: int) -> InputError:
 
 async def local_video(url: str, policy: VideoPolicy) -> LocalVideo:
     """The file behind a `video_url`."""
-    if not isinstance(url, str) or not url.strip():
+    if url is None or (isinstance(url, str) and not url.strip()):
+        raise InputError(NO_VIDEO)
+    if not isinstance(url, str):
         raise InputError(NOT_A_VIDEO_URL)
     url = url.strip()
     if url.startswith("data:"):

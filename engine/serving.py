@@ -1,0 +1,37 @@
+"""`Serving`: what the front door, the UI and app.py use of an engine. `Engine` offers it, and so does
+`replicas.ReplicatedEngine`, which is why ui/ is typed against this and never names either class."""
+
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Protocol
+
+from .config import GenerationParams, SamplingLimits, SamplingParams
+from .metrics import Metrics
+from .stream import Stream
+
+
+class Serving(Protocol):
+    metrics: Metrics
+
+    @property
+    def model_info(self) -> dict:
+        """name, device, default_pruning_rate, thinks, ... (Engine.model_info)."""
+
+    @property
+    def default_sampling(self) -> SamplingParams:
+        """How frames are sampled when a request does not say."""
+
+    @property
+    def sampling_limits(self) -> SamplingLimits:
+        """The largest sampling a request may ask for."""
+
+    def submit(self, video: str | Path | None, question: str, params: GenerationParams | None = None,
+               history: Sequence[tuple[str, str]] = ()) -> Stream:
+        """Returns at once; InputError / BusyError for what is wrong now, the rest through the stream."""
+
+    def paused(self, timeout_s: float = 120.0) -> AbstractContextManager:
+        """Requests submitted inside the block start together (one read of the video, one ViT forward)."""
+
+    def shutdown(self) -> None:
+        """Stop taking requests and end the ones in flight."""

@@ -1,0 +1,192 @@
+"""Nemotron-H Omni (hybrid Mamba-2 / attention / MoE, two-frame tubelets, no rotary positions) on the tiny model,
+at the logit level: the engine against the model's own EVS, against stock `generate`, batched against alone,
+and a follow-up against the same conversation asked cold.
+
+float32 sums in another order when the prompt is prefilled in segments (the snapshots at the end of the video
+and where the answer opens) or the batch shape changes: measured up to 1e-5 on these logits, where a wrong
+state or a wrong token moves them by 1e-2 and more."""
+
+import contextlib
+
+import pytest
+import torch
+
+from engine import Engine, EngineConfig, GenerationParams
+from engine.config import SamplingParams
+from engine.prompt import chat_text, prepare_prompt, processor_inputs
+from engine.pruning import prune_prompt
+from engine.video import load_video
+
+NAME = "tiny-random-nemotron-omni"
+# 8 frames (4 tubelets) of at most 64 patches: 4 x 3 x 4 = 48 video tokens for the first clip, 4 x 3 x 5 = 60
+# for the second, small enough for seconds per test; at each rate used with the model's own EVS, transformers'
+# float count (int(T * h * w * (1 - q))) and our exact one agree.
+SAMPLING = SamplingParams(fps=4.0, max_frames=8, max_pixels_per_frame=128 * 128)
+SYSTEM = "You are a helpful assistant."
+ATOL = 1e-4
+# (video, q, question): rows of different lengths and rates, q = 0 included, no two on the same (video, q),
+# so a row never reuses another's state.
+WORKLOAD = [(0, 0.0, "What moves?"), (0, 0.6, "What happens in this clip, and where?"), (1, 0.5, "Why?"),
+            (1, 0.9, "Which colour is the shape?")]
+
+
+def make_engine(tiny_cache_dir, **overrides) -> Engine:
+    return Engine(EngineConfig(model=NAME, device="cpu", cache_dir=tiny_cache_dir, sampling=SAMPLING, **overrides))
+
+
+def params(q: float, tokens: int = 8) -> GenerationParams:
+    return GenerationParams(pruning_rate=q, max_new_tokens=tokens, ignore_eos=True, return_logits=True)
+
+
+def assert_same(got, want, what) -> None:
+    assert got.token_ids == want.token_ids, what
+    torch.testing.assert_close(torch.from_numpy(got.logits), torch.as_tensor(want.logits).float(), atol=ATOL, rtol=0,
+                               msg=lambda detail: f"{what}: {detail}")
+
+
+@contextlib.contextmanager
+def builtin_evs(model, q: float):
+    """The model's own EVS at rate q for the block: transformers keeps the rate as a model attribute."""
+    saved, model.video_pruning_rate = model.video_pruning_rate, q
+    try:
+        yield
+    finally:
+        model.video_pruning_rate = saved
+
+
+@pytest.fixture(scope="module")
+def videos(clip):
+    return [clip("moving_object", seconds=2.0), clip("pan", seconds=2.0, size=(192, 128))]
+
+
+@pytest.fixture(scope="module")
+def alone(tiny_cache_dir, videos):
+    """Each workload item's answer, one at a time on one engine (distinct (video, q): no state is shared)."""
+    with make_engine(tiny_cache_dir) as engine:
+        answers = {item: engine.submit(videos[item[0]], item[2], params(item[1])).result(120) for item in WORKLOAD}
+    assert all(answer.stats["decode_batch_max"] == 1 and not answer.stats["prefix_cache_hit"]
+               for answer in answers.values())
+    return answers
+
+
+def stock_inputs(tiny_models, video_path, question):
+    loaded, family = tiny_models(NAME)
+    video = load_video(video_path, SAMPLING, max_seconds=60, max_bytes=10**8, timeout_s=60)
+    text = chat_text(family, SYSTEM, question, [])
+    return loaded, processor_inputs(loaded, video, text, SAMPLING.max_pixels_per_frame)
+
+
+def test_per_request_pruning_equals_the_models_own_evs(tiny_models, videos, alone):
+    """The one EVS in the stack written by someone else: transformers' forward with `video_pruning_rate = q`
+    (compute_retention_mask on get_video_features' output, video tokens dropped from the sequence). Fed the
+    engine's answer, its logits at every answer position must be the engine's, which prunes per request with
+    evs/ and a per-tubelet grid of its own."""
+    video, q, question = WORKLOAD[1]
+    answer = alone[WORKLOAD[1]]
+    loaded, inputs = stock_inputs(tiny_models, videos[video], question)
+    fed = torch.tensor([answer.token_ids[:-1]])
+    ids = torch.cat([inputs["input_ids"], fed], dim=1)
+    with torch.inference_mode(), builtin_evs(loaded.model, q):
+        out = loaded.model(input_ids=ids, attention_mask=torch.ones_like(ids),
+                           pixel_values_videos=inputs["pixel_values_videos"])
+    kept = out.logits.shape[1] - fed.shape[1]
+    assert answer.stats["prompt_tokens"] == kept < inputs["input_ids"].shape[1]
+    assert 0 < answer.stats["video_tokens_kept"] < answer.stats["video_tokens_total"]
+    torch.testing.assert_close(torch.from_numpy(answer.logits), out.logits[0, kept - 1:].float(), atol=ATOL, rtol=0)
+
+
+def test_q0_equals_stock_generate(tiny_models, videos, alone):
+    video, _, question = WORKLOAD[0]
+    loaded, inputs = stock_inputs(tiny_models, videos[video], question)
+    with torch.inference_mode(), builtin_evs(loaded.model, 0.0):
+        stock = loaded.model.generate(**inputs, max_new_tokens=8, do_sample=False, output_logits=True,
+                                      return_dict_in_generate=True)
+    answer = alone[WORKLOAD[0]]
+    assert list(answer.token_ids) == stock.sequences[0, inputs["input_ids"].shape[1]:].tolist()
+    torch.testing.assert_close(torch.from_numpy(answer.logits), torch.cat(stock.logits).float(), atol=ATOL, rtol=0)
+
+
+def test_batched_rows_of_different_rates_and_lengths_equal_alone(tiny_cache_dir, videos, alone):
+    with make_engine(tiny_cache_dir) as engine:
+        with engine.paused():
+            streams = {item: engine.submit(videos[item[0]], item[2], params(item[1])) for item in WORKLOAD}
+        answers = {item: stream.result(120) for item, stream in streams.items()}
+        assert engine._worker.runner.batch.cache is None  # every finished row gave its state back
+    assert len({answer.stats["prompt_tokens"] for answer in answers.values()}) == len(WORKLOAD)
+    for item, answer in answers.items():
+        assert answer.stats["decode_batch_max"] == len(WORKLOAD)
+        assert_same(answer, alone[item], item)
+
+
+def test_follow_ups_equal_the_same_conversations_asked_cold(tiny_cache_dir, videos):
+    """A follow-up quoting the first question resumes the Mamba and KV state stored where the first answer
+    opened (the template writes an earlier answer behind an empty think block, not the opening the model
+    answered after); one quoting another question resumes at the end of the video, though its KV alone could
+    go a few tokens further ("\nWh"): a recurrent state resumes only where a snapshot was taken."""
+    quoting_first = ("Why?", [("What happens?", "A shape moves.")])
+    quoting_other = ("Which colour is it?", [("Where is it?", "A square moves.")])
+    with make_engine(tiny_cache_dir) as warm:
+        first = warm.submit(videos[1], "What happens?", params(0.4)).result(120)
+        follows = [warm.submit(videos[1], question, params(0.4), history=history).result(120)
+                   for question, history in (quoting_first, quoting_other)]
+        tokenizer = warm.loaded.processor.tokenizer
+        opening = len(tokenizer(warm.family.answer_opening(False), add_special_tokens=False)["input_ids"])
+        # What follows the last tubelet's `</img>` is what follows the `<video>` the processor expanded.
+        after_video = len(tokenizer(chat_text(warm.family, SYSTEM, *quoting_other).split("<video>")[1])["input_ids"])
+    with make_engine(tiny_cache_dir, prefix_cache_bytes=0) as cold_engine:
+        colds = [cold_engine.submit(videos[1], question, params(0.4), history=history).result(120)
+                 for question, history in (quoting_first, quoting_other)]
+    assert all(follow.stats["prefix_cache_hit"] for follow in follows)
+    assert not any(cold.stats["prefix_cache_hit"] for cold in colds)
+    assert opening > 0
+    assert follows[0].stats["prefill_tokens"] == follows[0].stats["prompt_tokens"] - (
+        first.stats["prompt_tokens"] - opening)
+    assert follows[1].stats["prefill_tokens"] == after_video
+    for follow, cold, what in zip(follows, colds, ("quoting the first question", "quoting another")):
+        assert_same(follow, cold, f"follow-up {what} against cold")
+
+
+def test_a_tubelet_that_keeps_no_token_keeps_its_frame_text(tiny_models, videos):
+    loaded, family = tiny_models(NAME)
+    video = load_video(videos[0], SAMPLING, max_seconds=60, max_bytes=10**8, timeout_s=60)
+    prompt = prepare_prompt(loaded, family, video, "What moves?", [], SYSTEM, SAMPLING.max_pixels_per_frame)
+    with torch.inference_mode():
+        features = family.encode(loaded.model, prompt.pixel_values, prompt.grid_thw_patches[None])[0]
+    pruned = prune_prompt(prompt, features, 0.9)
+    empty = pruned.tokens_kept_per_group.count(0)
+    text = loaded.processor.tokenizer.decode(pruned.input_ids)
+    assert empty > 0 and pruned.tokens_kept_per_group[0] == prompt.grid_thw[1] * prompt.grid_thw[2]
+    assert text.count("<img></img>") == empty
+    assert all(f"Frame {2 * group + 1} sampled at" in text for group in range(prompt.grid_thw[0]))
+
+
+@pytest.mark.parametrize("name, rotary", [(NAME, False), ("tiny-random-qwen3.5", True)])
+def test_the_language_model_reads_no_positions(tiny_models, name, rotary):
+    """Why a pruned Nemotron prompt carries no positions from the unpruned layout: its language model gives the
+    same logits whatever position ids it is told (no rotary embedding). Qwen3.5, which rotates by them, is the
+    control that shows the check would see a difference."""
+    loaded, family = tiny_models(name)
+    embeds = loaded.model.get_input_embeddings()(torch.arange(40, 60))[None]
+    index = torch.arange(20)[None]
+    rows = 4 if rotary else 1  # Qwen's explicit positions: the 1-D row, then MRoPE t/h/w
+
+    def logits(position_ids):
+        positions = position_ids.expand(rows, -1, -1) if rotary else position_ids
+        out = family.text_model(loaded.model)(inputs_embeds=embeds, position_ids=positions)
+        return family.lm_head(loaded.model)(out.last_hidden_state).float()
+
+    with torch.inference_mode():
+        moved = (logits(index) - logits(index * 3 + 5)).abs().max()
+    assert (moved > 1e-2) if rotary else (moved == 0)
+
+
+def test_the_prompt_is_written_as_the_nemotron_template_writes_it(tiny_models):
+    """The Nemotron 3 chat template: a system turn always (empty without a system prompt), an earlier answer
+    behind an empty think block with its reasoning dropped (truncate_history_thinking), and the answer opened
+    with `<think>\\n` (enable_thinking) or an empty think block."""
+    _, family = tiny_models(NAME)
+    history = [("Where?", "<think>\nlooking</think>\nLeft.")]
+    assert chat_text(family, "", "Why?", history, thinking=False) == (
+        "<|im_start|>system\n<|im_end|>\n<|im_start|>user\n<video>\nWhere?<|im_end|>\n<|im_start|>assistant\n"
+        "<think></think>\nLeft.<|im_end|>\n<|im_start|>user\nWhy?<|im_end|>\n<|im_start|>assistant\n<think></think>")
+    assert chat_text(family, "Be brief.", "Why?", [], thinking=True).endswith("<|im_start|>assistant\n<think>\n")
