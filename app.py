@@ -1,9 +1,9 @@
 """EVS Video Chat: `python app.py [--model ID|tiny-random] [--device auto|cuda|cpu] [--host H] [--port P]`.
 
 Every flag has an environment twin (the flag wins): EVS_MODEL, EVS_DEVICE, EVS_HOST (or GRADIO_SERVER_NAME),
-EVS_PORT (or GRADIO_SERVER_PORT), EVS_MAX_FILE_MB, EVS_STRICT_MODEL=1, EVS_TEMP_MAX_AGE_S, EVS_TEMP_SWEEP_S,
+EVS_PORT (or GRADIO_SERVER_PORT), EVS_MAX_FILE_MB, EVS_STRICT_MODEL=1, EVS_TEMP_MAX_AGE_S, EVS_TEMP_CLEAN_S,
 EVS_FETCH_VIDEO_URLS=1, EVS_REPLICAS; the limits of engine/config.py LIMIT_ENV (EVS_MAX_QUEUE, ...) have
-variables only.
+variables only. The old names --temp-sweep-s / EVS_TEMP_SWEEP_S still work for one release.
 
 Start-up: check the host first (a GPU that torch cannot use, or --device cuda without one, ends the start
 with one line), load the model once (falling back to the offline tiny-trained, with a banner saying why in
@@ -51,7 +51,7 @@ EXIT_DEVICE_UNAVAILABLE = 4
 CPU_PARAMETER_LIMIT = 1_000_000_000
 # Gradio keeps uploads and generated images forever unless told otherwise, and uploads reach --max-file-mb each.
 TEMP_MAX_AGE_S = 3600
-TEMP_SWEEP_S = 1800
+TEMP_CLEAN_S = 1800
 MB = 1 << 20  # --max-file-mb's unit
 
 log = logging.getLogger("app")
@@ -90,8 +90,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "CPU) [EVS_STRICT_MODEL=1]")
     parser.add_argument("--temp-max-age-s", type=int, default=_env("EVS_TEMP_MAX_AGE_S", default=str(TEMP_MAX_AGE_S)),
                         help="uploads and generated images older than this are deleted [EVS_TEMP_MAX_AGE_S]")
-    parser.add_argument("--temp-sweep-s", type=int, default=_env("EVS_TEMP_SWEEP_S", default=str(TEMP_SWEEP_S)),
-                        help="how often old temporary files are looked for [EVS_TEMP_SWEEP_S]")
+    parser.add_argument("--temp-clean-s", type=int,
+                        default=_env("EVS_TEMP_CLEAN_S", "EVS_TEMP_SWEEP_S", default=str(TEMP_CLEAN_S)),
+                        help="how often old temporary files are looked for [EVS_TEMP_CLEAN_S]")
+    # --temp-sweep-s and EVS_TEMP_SWEEP_S: the names before "clean", still read for one release, not in --help.
+    parser.add_argument("--temp-sweep-s", type=int, dest="temp_clean_s", default=argparse.SUPPRESS,
+                        help=argparse.SUPPRESS)
     parser.add_argument("--fetch-video-urls", action="store_true", default=_env_flag("EVS_FETCH_VIDEO_URLS"),
                         help="let /v1/chat/completions fetch http(s) video URLs from public addresses, bounded "
                              "by --max-file-mb; off, they are refused (a public server should not fetch "
@@ -109,8 +113,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--video-readers must be at least 1")
     if args.max_file_mb <= 0:
         parser.error("--max-file-mb must be above 0")
-    if args.temp_max_age_s <= 0 or args.temp_sweep_s <= 0:
-        parser.error("--temp-max-age-s and --temp-sweep-s must be above 0")
+    if args.temp_max_age_s <= 0 or args.temp_clean_s <= 0:
+        parser.error("--temp-max-age-s and --temp-clean-s must be above 0")
     return args
 
 
@@ -313,14 +317,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         warm_up(engine)
         log_runtime(engine)
-        # A temp folder of the app's own: the sweeper deletes every old file in it, which would be wrong in
+        # A temp folder of the app's own: the cleaner deletes every old file in it, which would be wrong in
         # the /tmp/gradio that all Gradio apps on a machine share.
         os.environ.setdefault("GRADIO_TEMP_DIR", str(Path(tempfile.gettempdir()) / "evs-video-chat"))
         import ui  # imported once the model is up: a strict start-up failure exits without loading Gradio
 
-        demo = ui.build_demo(engine, banner=banner, delete_cache=(args.temp_sweep_s, args.temp_max_age_s),
+        demo = ui.build_demo(engine, banner=banner, delete_cache=(args.temp_clean_s, args.temp_max_age_s),
                              max_file_bytes=max_file_bytes, fetch_video_urls=args.fetch_video_urls)
-        sweeper = ui.start_sweeper(demo, args.temp_sweep_s, args.temp_max_age_s)
+        cleaner = ui.start_cleaner(demo, args.temp_clean_s, args.temp_max_age_s)
         launch_kwargs = ui.launch_kwargs(max_file_bytes)
         app_kwargs = dict(launch_kwargs.pop("app_kwargs", None) or {})
         # FastAPI(routes=...) puts these ahead of every route Gradio adds.
@@ -332,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             demo.launch(server_name=args.host, server_port=args.port, app_kwargs=app_kwargs, **launch_kwargs)
         finally:
-            sweeper.stop()
+            cleaner.stop()
     finally:
         engine.shutdown()
     return 0

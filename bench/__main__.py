@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     path = report.save(result, args.out_dir)
     print(f"saved {path}\nsaved {plot_file(path)}")
     if FAILED in result["decoding"]:
-        print(f"bench: the video decoding scenario failed: {result['decoding'][FAILED]}", file=sys.stderr)
+        print(f"bench: the video reading scenario failed: {result['decoding'][FAILED]}", file=sys.stderr)
         return 1
     return 0
 

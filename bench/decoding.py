@@ -11,9 +11,9 @@ makes it once). Quick mode: 20 s of 960x540 with the same GOP, made and read in 
 cores. `load_video` is timed `repeats` times each way, the median kept (the first, untimed run warms the
 page cache): with a reader started for the file (every upload before issue 20), with a warm pool of one
 reader, and with a warm pool of one reader per core, which reads the long file in segments at once. Beside
-them, once each in this process: the engine's decode with the frames it decoded, every frame decoded from
-the start (what seeking and skipping save), and decord 0.6 (the engine's decoder before issue 11) reading
-the same frames. The short clip (3 s of 320x240 H.264) is read with a reader started for it and by a warm
+them, once each in this process: the engine's read (`read_file`) with the frames it decoded, every frame
+decoded from the start (what seeking and skipping save), and decord 0.6 (the engine's decoder before issue
+11) reading the same frames. The short clip (3 s of 320x240 H.264) is read with a reader started for it and by a warm
 one.
 """
 
@@ -34,17 +34,17 @@ if __package__ in (None, ""):  # `python bench/decoding.py`: make the repository
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from assets.clips import _panorama, write_clip  # noqa: E402
-from engine.config import SamplingParams  # noqa: E402
+from engine.config import FrameSampling  # noqa: E402
 from engine.reader_pool import ReaderPool, default_size  # noqa: E402
 from engine.video import load_video  # noqa: E402
-from engine.video_pyav import decode_everything, decode_file  # noqa: E402
+from engine.video_pyav import decode_everything, read_file  # noqa: E402
 
 try:
     from .markdown import cell, table
 except ImportError:
     from bench.markdown import cell, table
 
-SAMPLING = SamplingParams(fps=2.0, max_frames=32, max_pixels_per_frame=224 * 224)
+FRAME_SAMPLING = FrameSampling(fps=2.0, max_frames=32, max_pixels_per_frame=224 * 224)
 FULL = {"seconds": 120, "fps": 30, "size": (1920, 1080), "gop_s": 8, "repeats": 3}
 QUICK = {"seconds": 20, "fps": 30, "size": (960, 540), "gop_s": 8, "repeats": 2}
 
@@ -91,7 +91,7 @@ def _plane(frame: av.VideoFrame, index: int) -> np.ndarray:
 SHORT_CLIP = {"seconds": 3.0, "fps": 8, "size": (320, 240)}
 
 
-def time_load_video(path: Path, sampling: SamplingParams, repeats: int,
+def time_load_video(path: Path, sampling: FrameSampling, repeats: int,
                     readers: ReaderPool | None = None) -> tuple[list[float], list[float], object]:
     """(wall seconds, reader-process CPU seconds, one per timed run; the last SampledVideo) of the
     engine's `load_video` on `path`: through the warm pool `readers`, or (None) with a reader started for
@@ -114,15 +114,15 @@ def time_load_video(path: Path, sampling: SamplingParams, repeats: int,
     return walls, cpus, video
 
 
-def time_references(path: Path, sampling: SamplingParams) -> dict:
-    """In this process, once each: the engine's decode (its work counted), the same frames decoded one
+def time_references(path: Path, sampling: FrameSampling) -> dict:
+    """In this process, once each: the engine's read (its work counted), the same frames decoded one
     after another from the first with nothing skipped, and decord 0.6 (the engine's decoder before)
     reading them by index. None where decord is not installed."""
-    header, frames = decode_file(str(path), sampling, 3 * 3600, 2, 1 << 40)
+    header, frames = read_file(str(path), sampling, 3 * 3600, 2, 1 << 40)
     if header["status"] != "ok":
-        raise RuntimeError(f"the engine could not decode {path}: {header}")
+        raise RuntimeError(f"the engine could not read {path}: {header}")
     _, height, width, _ = frames.shape
-    planned_s = _seconds(lambda: decode_file(str(path), sampling, 3 * 3600, 2, 1 << 40))
+    planned_s = _seconds(lambda: read_file(str(path), sampling, 3 * 3600, 2, 1 << 40))
     in_order = {}
 
     def everything():
@@ -176,14 +176,14 @@ def decoding_scenario(quick: bool, keep: Path | None = None) -> dict:
     with tempfile.TemporaryDirectory() as scratch:
         path, make_s = long_gop_file(quick, Path(keep) if keep else Path(scratch))
         short = write_clip(Path(scratch) / "short.mp4", "pan", **SHORT_CLIP)
-        walls, cpus, video = time_load_video(path, SAMPLING, spec["repeats"])
-        short_cold, _, _ = time_load_video(short, SAMPLING, spec["repeats"])
+        walls, cpus, video = time_load_video(path, FRAME_SAMPLING, spec["repeats"])
+        short_cold, _, _ = time_load_video(short, FRAME_SAMPLING, spec["repeats"])
         with ReaderPool(1) as one:
-            warm_one, _, _ = time_load_video(path, SAMPLING, spec["repeats"], one)
-            short_warm, _, _ = time_load_video(short, SAMPLING, spec["repeats"], one)
+            warm_one, _, _ = time_load_video(path, FRAME_SAMPLING, spec["repeats"], one)
+            short_warm, _, _ = time_load_video(short, FRAME_SAMPLING, spec["repeats"], one)
         with ReaderPool(cores) as pool:
-            warm_all, _, split = time_load_video(path, SAMPLING, spec["repeats"], pool)
-        references = time_references(path, SAMPLING)
+            warm_all, _, split = time_load_video(path, FRAME_SAMPLING, spec["repeats"], pool)
+        references = time_references(path, FRAME_SAMPLING)
         size_bytes = path.stat().st_size
     return {
         "mode": "quick" if quick else "full",
@@ -194,9 +194,9 @@ def decoding_scenario(quick: bool, keep: Path | None = None) -> dict:
         "frames_sampled": int(video.frames.shape[0]),
         "frame_size": f"{video.frames.shape[2]}x{video.frames.shape[1]}",
         "sampled_fps": round(video.sampled_fps, 4),
-        "decode_s": round(statistics.median(walls), 3),
-        "decode_runs_s": [round(run, 3) for run in walls],
-        "decode_cpu_s": round(statistics.median(cpus), 3),
+        "started_reader_s": round(statistics.median(walls), 3),
+        "started_reader_runs_s": [round(run, 3) for run in walls],
+        "started_reader_cpu_s": round(statistics.median(cpus), 3),
         "warm_one_reader_s": round(statistics.median(warm_one), 3),
         "warm_one_reader_runs_s": [round(run, 3) for run in warm_one],
         "warm_readers": cores,
@@ -221,15 +221,16 @@ def markdown(result: dict) -> str:
     ])
     total = result["total_frames"]
     rows = [
-        ["`load_video`, a reader started for the file (every upload before the pool; median)", cell(result["decode_s"]),
-         cell(result["decode_cpu_s"]), f"{result['frames_decoded']} of {total}, {result['seeks']} seeks",
-         f"runs {', '.join(cell(run) for run in result['decode_runs_s'])}"],
+        ["`load_video`, a reader started for the file (every upload before the pool; median)",
+         cell(result["started_reader_s"]), cell(result["started_reader_cpu_s"]),
+         f"{result['frames_decoded']} of {total}, {result['seeks']} seeks",
+         f"runs {', '.join(cell(run) for run in result['started_reader_runs_s'])}"],
         ["`load_video`, a warm pool of 1 reader (median)", cell(result["warm_one_reader_s"]), "—",
          f"{result['frames_decoded']} of {total}", f"runs {', '.join(cell(run) for run in result['warm_one_reader_runs_s'])}"],
         [f"`load_video`, a warm pool of {result['warm_readers']} readers (median)", cell(result["warm_readers_s"]), "—",
          f"in {result['warm_readers_used']} segments at once",
          f"runs {', '.join(cell(run) for run in result['warm_readers_runs_s'])}"],
-        ["engine decode, in process", cell(result["planned_s"]), cell(result["planned_cpu_s"]),
+        ["the engine's read, in process", cell(result["planned_s"]), cell(result["planned_cpu_s"]),
          f"{result['frames_decoded']} of {total}", ""],
         ["every frame from the start, nothing skipped", cell(result["in_order_s"]), cell(result["in_order_cpu_s"]),
          f"{result['in_order_frames_decoded']} of {total}", "PyAV, same threads"],

@@ -7,9 +7,9 @@
 (`python -m bench.gpu_check ...` from the repository root is the same.)
 
 Prints one table and writes it as JSON (--out):
-  - TTFT split by stage (video decode, ViT, EVS, prefill) for q in {0, 0.5, 0.7, 0.9} on a generated
+  - TTFT split by stage (video read, ViT, EVS, prefill) for q in {0, 0.5, 0.7, 0.9} on a generated
     2-minute 720p clip at the device's default sampling, next to the ideal "prefill scales with the kept
-    tokens" (decode + ViT + EVS + the q = 0 prefill times the prompt-token ratio);
+    tokens" (read + ViT + EVS + the q = 0 prefill times the prompt-token ratio);
   - reading the video (waiting for a reader, reading) against the rest of TTFT, on an 8-second 640x480
     clip and on the 2-minute clip (bench/reading.py);
   - one ViT forward over 8 videos against 8 separate forwards;
@@ -47,7 +47,7 @@ from bench.summary import burst_summary  # noqa: E402
 from bench.ttft_by_rate import ttft_by_rate  # noqa: E402
 from bench.vit_timing import prepared_prompts, vit_forward_s  # noqa: E402
 from bench.workload import QUESTION  # noqa: E402
-from engine import Answer, Engine, EngineConfig, GenerationParams, SamplingParams  # noqa: E402
+from engine import Answer, Engine, EngineConfig, FrameSampling, GenerationParams  # noqa: E402
 from engine.errors import one_line  # noqa: E402
 from engine.hardware import probe_host  # noqa: E402
 from engine.memory_plan import GIB  # noqa: E402
@@ -80,9 +80,9 @@ def workload(quick: bool, engine: Engine) -> dict:
     for), or with --quick a CPU-sized stand-in."""
     if quick:
         return dict(seconds=10.0, fps=8, size=(160, 120), short_seconds=3.0, short_size=(160, 120),
-                    sampling=SamplingParams(fps=2.0, max_frames=8, max_pixels_per_frame=112 * 112))
+                    frame_sampling=FrameSampling(fps=2.0, max_frames=8, max_pixels_per_frame=112 * 112))
     return dict(seconds=120.0, fps=24, size=(1280, 720), short_seconds=8.0, short_size=(640, 480),
-                sampling=engine.default_sampling)
+                frame_sampling=engine.default_frame_sampling)
 
 
 def make_clips(folder: Path, work: dict) -> list[Path]:
@@ -106,7 +106,8 @@ def make_short_clip(folder: Path, work: dict) -> Path:
 
 
 def params(q: float, work: dict, new_tokens: int) -> GenerationParams:
-    return GenerationParams(pruning_rate=q, max_new_tokens=new_tokens, ignore_eos=True, sampling=work["sampling"])
+    return GenerationParams(pruning_rate=q, max_new_tokens=new_tokens, ignore_eos=True,
+                            frame_sampling=work["frame_sampling"])
 
 
 def evs_problems(answer: Answer) -> list[str]:
@@ -126,7 +127,7 @@ def evs_problems(answer: Answer) -> list[str]:
 def vit_batching(engine: Engine, clip: Path, work: dict, repeats: int = 3) -> dict:
     """Seconds of one ViT forward over USERS copies of the clip's frames and of USERS separate forwards
     (medians over `repeats`, back to back so drift hits both alike)."""
-    prompt = prepared_prompts(engine, [clip], work["sampling"], QUESTION)[0]
+    prompt = prepared_prompts(engine, [clip], work["frame_sampling"], QUESTION)[0]
     vit_forward_s(engine, [prompt])  # warm-up: kernel selection, allocator growth
     together, separate = [], []
     for _ in range(repeats):
@@ -157,7 +158,7 @@ def print_table(report: dict) -> None:
     print("| q | video tokens kept/total | decode s | ViT s | EVS s | prefill s | TTFT s | ideal s | TTFT/ideal |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in report["ttft_by_rate"]:
-        print(f"| {r['pruning_rate']} | {r['video_tokens_kept']}/{r['video_tokens_total']} | {r['decode_video_s']:.3f} "
+        print(f"| {r['pruning_rate']} | {r['video_tokens_kept']}/{r['video_tokens_total']} | {r['read_video_s']:.3f} "
               f"| {r['vit_s']:.3f} | {r['evs_s']:.4f} | {r['prefill_s']:.3f} | {r['ttft_s']:.3f} "
               f"| {r['ideal_ttft_s']:.3f} | {r['ttft_over_ideal']:.2f} |")
     print("\n| reading, q = 0 | frames | waiting for a reader s | reading s | rest of TTFT s | TTFT s | reading's share |")
@@ -185,7 +186,7 @@ def print_table(report: dict) -> None:
 def run(args: argparse.Namespace) -> tuple[dict, list[str]]:
     host = probe_host()
     config = EngineConfig(model=args.model, device=args.device, feature_cache_bytes=0, prefix_cache_bytes=0,
-                          decoded_video_cache_bytes=0, max_video_seconds=3600)
+                          frame_cache_bytes=0, max_video_seconds=3600)
     start = time.perf_counter()
     engine = Engine(config)
     load_s = time.perf_counter() - start
@@ -225,7 +226,7 @@ def run(args: argparse.Namespace) -> tuple[dict, list[str]]:
         "memory_plan": asdict(engine.memory_plan),
         "load_s": load_s,
         "workload": {"clip_seconds": work["seconds"], "clip_fps": work["fps"], "clip_size": list(work["size"]),
-                     "sampling": asdict(work["sampling"]), "new_tokens": args.new_tokens},
+                     "frame_sampling": asdict(work["frame_sampling"]), "new_tokens": args.new_tokens},
         "ttft_by_rate": rows,
         "reading": reading,
         "readers": engine.readers.size,

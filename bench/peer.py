@@ -13,7 +13,7 @@ from pathlib import Path
 
 from transformers import TextIteratorStreamer
 
-from engine import Engine, SamplingParams
+from engine import Engine, FrameSampling
 from engine.prompt import chat_text, processor_inputs
 from engine.video import load_video
 
@@ -38,12 +38,12 @@ class FirstTokenStreamer(TextIteratorStreamer):
         super().put(value)
 
 
-def answer(engine: Engine, clip: Path, sampling: SamplingParams, new_tokens: int,
+def answer(engine: Engine, clip: Path, sampling: FrameSampling, new_tokens: int,
            timeout_s: float = 600.0) -> tuple[str, FirstTokenStreamer]:
     """One request the stock way; returns the streamed text and the streamer (first-token time, tokens)."""
     loaded, config = engine.loaded, engine.config
     video = load_video(clip, sampling, max_seconds=config.max_video_seconds, max_bytes=config.max_file_bytes,
-                       timeout_s=config.decode_timeout_s,
+                       timeout_s=config.read_timeout_s,
                        temporal_patch=engine.family.temporal_patch)
     text = chat_text(engine.family, engine.system_prompt, QUESTION, [])
     inputs = processor_inputs(loaded, video, text, sampling.max_pixels_per_frame).to(loaded.device)
@@ -67,7 +67,7 @@ def answer(engine: Engine, clip: Path, sampling: SamplingParams, new_tokens: int
     return streamed, streamer
 
 
-def serve_one_by_one(engine: Engine, clips: list[Path], sampling: SamplingParams, new_tokens: int) -> BurstRun:
+def serve_one_by_one(engine: Engine, clips: list[Path], sampling: FrameSampling, new_tokens: int) -> BurstRun:
     """Every clip's user arrives at the burst's start and is served after the previous one finishes; each
     TTFT counts from the burst's start."""
     start = time.perf_counter()

@@ -8,8 +8,8 @@ from pathlib import Path
 from PIL import Image, ImageDraw, ImageFont
 
 WIDTH, HEIGHT = 1400, 560
-STAGE_COLOURS = {"decode_video_s": "#94a3b8", "vit_s": "#f59e0b", "evs_s": "#10b981", "prefill_s": "#6366f1"}
-STAGE_NAMES = {"decode_video_s": "decode video", "vit_s": "ViT", "evs_s": "EVS", "prefill_s": "prefill"}
+STAGE_COLOURS = {"read_video_s": "#94a3b8", "vit_s": "#f59e0b", "evs_s": "#10b981", "prefill_s": "#6366f1"}
+STAGE_NAMES = {"read_video_s": "read video", "vit_s": "ViT", "evs_s": "EVS", "prefill_s": "prefill"}
 INK, GRID, GREY = "#111827", "#e5e7eb", "#6b7280"
 ENGINE_COLOURS = ("#0f766e", "#2563eb", "#7c3aed")  # one per q
 PEER_COLOUR = "#e11d48"

@@ -29,7 +29,7 @@ from engine import Engine, EngineConfig
 from engine.video import file_sha256
 
 from .markdown import cell, table
-from .workload import FOLLOW_UP_QUESTION, FULL, QUESTION, QUICK, SAMPLING, make_clips, params
+from .workload import FOLLOW_UP_QUESTION, FRAME_SAMPLING, FULL, QUESTION, QUICK, make_clips, params
 
 USERS = 8
 PRUNING_RATE = 0.5
@@ -44,7 +44,7 @@ def replicas_scenario(quick: bool, device: str = "cpu") -> dict:
     from replicas import ReplicatedEngine
 
     work = QUICK if quick else FULL
-    config = EngineConfig(model=work.model, device=device, sampling=SAMPLING)
+    config = EngineConfig(model=work.model, device=device, frame_sampling=FRAME_SAMPLING)
     with tempfile.TemporaryDirectory(prefix="bench-replicas-") as folder:
         # Byte-distinct clips, none seen twice by a setup: per round one user alone and 8 users; then
         # spares for warming up each replica.

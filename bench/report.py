@@ -21,13 +21,13 @@ SECTIONS = (
 
 def header(report: dict) -> str:
     env, work = report["environment"], report["workload"]
-    model, machine = env["model"], env["machine"]
+    model, machine, sampling = env["model"], env["machine"], work["frame_sampling"]
     return (f"# {report['command']} ({report['mode']}), {report['started_at']}\n\n"
             f"{model['name']} ({model['parameters'] / 1e6:.1f} M parameters, {model['dtype']}) on "
             f"{env['device']['device']} ({env['device']['name']}); {machine['cores']} cores; "
             f"torch {env['versions']['torch']}, transformers {env['versions']['transformers']}; "
             f"commit {env['git_commit'] or 'unknown'}\n"
-            f"{work['sampling']['max_frames']}-frame clips of at most {work['sampling']['max_pixels_per_frame']} "
+            f"{sampling['max_frames']}-frame clips of at most {sampling['max_pixels_per_frame']} "
             f"pixels, {work['new_tokens']} new tokens (EOS ignored), median of {work['repeats']} runs; "
             f"times in seconds, TTFT from the burst's start")
 

@@ -21,7 +21,7 @@ from .users import peer_record, users_rows
 from .vit_batching import vit_batching
 from .workload import QUESTION, Workload, make_clips, params
 
-NO_CACHES = dict(feature_cache_bytes=0, prefix_cache_bytes=0, decoded_video_cache_bytes=0)
+NO_CACHES = dict(feature_cache_bytes=0, prefix_cache_bytes=0, frame_cache_bytes=0)
 
 
 def log(message: str) -> None:
@@ -39,23 +39,25 @@ def run(work: Workload, device: str, mode: str, command: str, keep: Path | None 
         clips = make_clips(Path(folder), work.clip_count)
         log("making the long-GOP file (minutes on two cores in full mode)")
         long_file, _ = long_gop_file(mode == "quick", keep or Path(folder))
-        with Engine(EngineConfig(model=work.model, device=device, sampling=work.sampling, **NO_CACHES)) as engine:
+        config = EngineConfig(model=work.model, device=device, frame_sampling=work.frame_sampling, **NO_CACHES)
+        with Engine(config) as engine:
             report["environment"] = environment.describe(engine)
             engine_burst(engine, clips[:2], params(0.5, 2))  # first-request costs, untimed
             log("TTFT vs q")
             report["ttft_by_rate"] = ttft_by_rate(engine, clips[0], work.rates, QUESTION,
                                                   lambda q: params(q, work.new_tokens), work.repeats)
-            peer.answer(engine, clips[-1], work.sampling, 2)  # the peer's first-request costs, untimed
+            peer.answer(engine, clips[-1], work.frame_sampling, 2)  # the peer's first-request costs, untimed
             rounds, peer_runs = [], []
             for round_ in range(1, work.repeats + 1):  # rounds, so drift hits the engine and the peer alike
                 log(f"round {round_}/{work.repeats}: bursts of {list(work.burst_sizes)} users at "
                     f"q = {list(work.burst_rates)}, then the peer: {max(work.users)} users one at a time")
                 rounds.append(burst_round(engine, clips, work.burst_sizes, work.burst_rates, work.new_tokens))
-                peer_runs.append(peer.serve_one_by_one(engine, clips[:max(work.users)], work.sampling,
+                peer_runs.append(peer.serve_one_by_one(engine, clips[:max(work.users)], work.frame_sampling,
                                                        work.new_tokens))
             grid, served = median_runs(rounds), median_run(peer_runs)
             log("ViT batching")
-            report["vit_batching"] = vit_batching(engine, clips[:work.vit_videos], work.sampling, work.vit_repeats)
+            report["vit_batching"] = vit_batching(engine, clips[:work.vit_videos], work.frame_sampling,
+                                                  work.vit_repeats)
             log("reading vs the rest of TTFT")
             report["reading"] = reading_rows(engine, {"short clip (4 s, 224x224)": clips[0], "long-GOP file": long_file},
                                              QUESTION, params(0.0, work.new_tokens), work.repeats)
@@ -63,7 +65,7 @@ def run(work: Workload, device: str, mode: str, command: str, keep: Path | None 
         report["peer"] = peer_record(served, work.new_tokens)
         report["concurrency"] = concurrency_rows(grid, work.concurrency, work.burst_rates)
         log("follow-up vs cold")
-        with Engine(EngineConfig(model=work.model, device=device, sampling=work.sampling)) as engine:
+        with Engine(EngineConfig(model=work.model, device=device, frame_sampling=work.frame_sampling)) as engine:
             report["follow_up"] = follow_up_rows(engine, clips, work.burst_rates, work.new_tokens)
         log("video reading")
         report["decoding"] = decoding_results(mode == "quick", long_file.parent)

@@ -1,6 +1,6 @@
 """N users at once: the engine's TTFT against the pipelined ideal, and against the peer.
 
-pipelined ideal(N) = decode_video + (N + 1) / 2 * (ViT + EVS + prefill), with one request's stages from the
+pipelined ideal(N) = read_video + (N + 1) / 2 * (ViT + EVS + prefill), with one request's stages from the
 N = 1 burst at the same q: what the mean TTFT would be if the device worked through the users' vision and
 prefill one after another and each user's first token came as soon as its own prefill ended.
 The peer (bench/peer.py) serves one user at a time, so its N-user figures are its first N users.
@@ -15,7 +15,7 @@ from .summary import burst_summary
 
 def pipelined_ideal_s(single: dict, users: int) -> float:
     """Mean TTFT (seconds) of `users` users under ideal pipelining, from one request's stats."""
-    return single["decode_video_s"] + (users + 1) / 2 * (single["vit_s"] + single["evs_s"] + single["prefill_s"])
+    return single["read_video_s"] + (users + 1) / 2 * (single["vit_s"] + single["evs_s"] + single["prefill_s"])
 
 
 def users_rows(grid: dict[tuple[int, float], BurstRun], peer: BurstRun, users: tuple[int, ...],

@@ -1,25 +1,26 @@
 """One ViT forward over several users' videos against one forward per video, measured outside the engine.
 
-Also the engine's own split of that batch (its patch budget, `vit_token_budget`) against separate
-forwards: below 1 means batching users' videos pays on this device.
+Also the split of that batch the engine's scheduler would make (`vision_chunks` within `vit_patch_budget`)
+against separate forwards: below 1 means batching users' videos pays on this device.
 """
 
 import statistics
 from pathlib import Path
 
-from engine import Engine, SamplingParams
-from engine.vision import chunk_by_budget
+from engine import Engine, FrameSampling
+from engine.scheduler import vision_chunks, vit_patch_budget
 
 from .markdown import table
 from .vit_timing import prepared_prompts, vit_forward_s
 from .workload import QUESTION
 
 
-def vit_batching(engine: Engine, clips: list[Path], sampling: SamplingParams, repeats: int) -> dict:
+def vit_batching(engine: Engine, clips: list[Path], sampling: FrameSampling, repeats: int) -> dict:
     """Medians over `repeats` rounds, each measuring the three ways back to back (drift hits all alike)."""
     prompts = prepared_prompts(engine, clips, sampling, QUESTION)
     sizes = [prompt.pixel_values.shape[0] for prompt in prompts]
-    chunks = chunk_by_budget(sizes, engine.vision.token_budget)
+    budget = vit_patch_budget(engine.config, engine.loaded.device.type)
+    chunks = vision_chunks(sizes, budget)
     vit_forward_s(engine, prompts[:1])  # warm-up: kernel selection, allocator growth
     together, budgeted, separate = [], [], []
     for _ in range(repeats):
@@ -30,7 +31,7 @@ def vit_batching(engine: Engine, clips: list[Path], sampling: SamplingParams, re
     return {
         "videos": len(prompts),
         "patches_per_video": sizes[0],
-        "patch_budget": engine.vision.token_budget,
+        "patch_budget": budget,
         "budgeted_forwards": len(chunks),
         "separate_forwards_s": separate_s,
         "one_forward_s": statistics.median(together),

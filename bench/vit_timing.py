@@ -6,12 +6,12 @@ from pathlib import Path
 
 import torch
 
-from engine import Engine, SamplingParams
+from engine import Engine, FrameSampling
 from engine.prompt import PreparedPrompt, prepare_prompt
 from engine.video import load_video
 
 
-def prepared_prompts(engine: Engine, clips: list[Path], sampling: SamplingParams,
+def prepared_prompts(engine: Engine, clips: list[Path], sampling: FrameSampling,
                      question: str) -> list[PreparedPrompt]:
     """Each clip's frames sampled and run through the HF processor as the engine does, no size limits."""
     loaded = engine.loaded

@@ -4,13 +4,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from assets.clips import write_clip
-from engine import GenerationParams, SamplingParams
+from engine import FrameSampling, GenerationParams
 
 QUESTION = "What happens in this video?"
 FOLLOW_UP_QUESTION = "And then?"
 CLIP_KINDS = ("moving_object", "pan", "scene_cut", "static")
 # 16 frames of at most 224x224 pixels: 392 video tokens per clip on Qwen3-VL (8 groups of 7x7).
-SAMPLING = SamplingParams(fps=4.0, max_frames=16, max_pixels_per_frame=224 * 224)
+FRAME_SAMPLING = FrameSampling(fps=4.0, max_frames=16, max_pixels_per_frame=224 * 224)
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ class Workload:
     repeats: int
     vit_videos: int
     vit_repeats: int
-    sampling: SamplingParams = SAMPLING
+    frame_sampling: FrameSampling = FRAME_SAMPLING
 
     @property
     def burst_sizes(self) -> tuple[int, ...]:

@@ -1,6 +1,6 @@
 """EVS Video Chat engine: video in, EVS-pruned prompt, batched streaming generation out."""
 
-from .config import EngineConfig, GenerationParams, SamplingParams
+from .config import EngineConfig, FrameSampling, GenerationParams
 from .engine import Engine
 from .errors import BusyError, InputError
 from .stats import STATS_KEYS
@@ -13,9 +13,9 @@ __all__ = [
     "EngineConfig",
     "Event",
     "EvsPicture",
+    "FrameSampling",
     "GenerationParams",
     "InputError",
     "STATS_KEYS",
-    "SamplingParams",
     "Stream",
 ]

@@ -19,7 +19,7 @@ import argparse
 import json
 import sys
 
-from .config import GPU_SAMPLING, EngineConfig, GenerationParams
+from .config import GPU_FRAME_SAMPLING, EngineConfig, GenerationParams
 from .engine import Engine
 from .errors import InputError, one_line
 from .front_door import request_params
@@ -76,8 +76,9 @@ def print_plans(model: str, free_gib: list[float]) -> int:
     except (UnknownCheckpoint, OSError, ValueError, AttributeError) as error:
         print(f"error: cannot plan {model!r}: {one_line(error)}", file=sys.stderr)
         return 2
-    print(f"{model} ({config.model_type}), bfloat16, the GPU's default sampling ({GPU_SAMPLING.fps:g} fps, at most "
-          f"{GPU_SAMPLING.max_frames} frames of {GPU_SAMPLING.max_pixels_per_frame:,} pixels)")
+    sampling = GPU_FRAME_SAMPLING
+    print(f"{model} ({config.model_type}), bfloat16, the GPU's default sampling ({sampling.fps:g} fps, at most "
+          f"{sampling.max_frames} frames of {sampling.max_pixels_per_frame:,} pixels)")
     for plan in plans:
         print(plan.summary())
         for reason in plan.reasons:

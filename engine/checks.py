@@ -7,7 +7,7 @@ import re
 
 import evs
 
-from .config import EngineConfig, GenerationParams, SamplingLimits
+from .config import EngineConfig, FrameSamplingLimits, GenerationParams
 from .errors import BAD_HISTORY, NO_VIDEO, InputError
 
 CONTROL_TOKEN = re.compile(r"<\|[a-z_]+\|>")
@@ -20,7 +20,7 @@ def check_text(text: str, what: str) -> None:
 
 
 def check_params(question: str, params: GenerationParams, config: EngineConfig,
-                 limits: SamplingLimits) -> None:
+                 limits: FrameSamplingLimits) -> None:
     """Raise InputError for anything in the request a user could have got wrong."""
     if not isinstance(question, str) or not question.strip():
         raise InputError("Please type a question about the video.")
@@ -42,7 +42,7 @@ def check_params(question: str, params: GenerationParams, config: EngineConfig,
         raise InputError("Think first must be true or false.")
     if not (isinstance(params.top_p, (int, float)) and 0 < params.top_p <= 1):
         raise InputError("Top-p must be above 0 and at most 1.")
-    sampling = params.sampling
+    sampling = params.frame_sampling
     if sampling is not None and not (sampling.fps > 0 and sampling.max_frames >= 2 and sampling.max_pixels_per_frame >= 28 * 28):
         raise InputError("Sampling needs fps above 0, at least 2 frames and at least 28x28 pixels per frame.")
     if sampling is not None:
@@ -53,7 +53,7 @@ def check_params(question: str, params: GenerationParams, config: EngineConfig,
 
 
 def check_request(video, question: str, params: GenerationParams, history, config: EngineConfig,
-                  limits: SamplingLimits) -> list[tuple[str, str]]:
+                  limits: FrameSamplingLimits) -> list[tuple[str, str]]:
     """Every check of this module on one request; returns the history as (question, answer) string pairs."""
     check_params(question, params, config, limits)
     if video is None or not str(video).strip():

@@ -1,8 +1,11 @@
 """Engine-wide settings and per-request generation settings."""
 
+import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 
 def default_cache_dir() -> Path:
@@ -11,7 +14,7 @@ def default_cache_dir() -> Path:
 
 
 @dataclass(frozen=True)
-class SamplingParams:
+class FrameSampling:
     """How frames are taken from an upload; part of the feature-cache key.
 
     fps: frames sampled per second of video. max_frames: cap on sampled frames (rounded down to a
@@ -25,7 +28,7 @@ class SamplingParams:
 
 
 @dataclass(frozen=True)
-class SamplingLimits:
+class FrameSamplingLimits:
     """The largest sampling settings on a device: the UI's slider maxima, and the engine refuses a request
     asking for more; on a GPU its memory plan also refuses a request whose video would not fit."""
 
@@ -52,23 +55,23 @@ def video_tokens(frames: int, max_pixels_per_frame: int, patch_size: int, merge_
 # per group on Qwen3-VL, so 64 x 196 = 12,544 video tokens (16x16 = 256 per group, 16,384 in all, on
 # Qwen2.5-VL). Qwen3-VL-4B's KV cache holds that in 1.7 GiB (147,456 bytes a token), and its ViT takes it
 # as 50,176 patches, inside the GPU's 65,536-patch forward budget, so one request is one forward.
-CPU_SAMPLING = SamplingParams()
-GPU_SAMPLING = SamplingParams(fps=2.0, max_frames=128, max_pixels_per_frame=448 * 448)
+CPU_FRAME_SAMPLING = FrameSampling()
+GPU_FRAME_SAMPLING = FrameSampling(fps=2.0, max_frames=128, max_pixels_per_frame=448 * 448)
 # Slider maxima: the CPU keeps today's ranges; a GPU offers twice the frames and 896x896 frames (the
 # memory plan says when a combination is too large for the GPU's free memory).
-CPU_SAMPLING_LIMITS = SamplingLimits(max_fps=8.0, max_frames=128, max_pixels_per_frame=32 * 112 * 112)
-GPU_SAMPLING_LIMITS = SamplingLimits(max_fps=8.0, max_frames=256, max_pixels_per_frame=896 * 896)
+CPU_FRAME_SAMPLING_LIMITS = FrameSamplingLimits(max_fps=8.0, max_frames=128, max_pixels_per_frame=32 * 112 * 112)
+GPU_FRAME_SAMPLING_LIMITS = FrameSamplingLimits(max_fps=8.0, max_frames=256, max_pixels_per_frame=896 * 896)
 
 
-def default_sampling(device_type: str) -> SamplingParams:
+def default_frame_sampling(device_type: str) -> FrameSampling:
     """How frames are sampled when a request does not say: by the device the model runs on ("cuda",
     "cpu", ...; anything but "cuda" gets the CPU defaults)."""
-    return GPU_SAMPLING if device_type == "cuda" else CPU_SAMPLING
+    return GPU_FRAME_SAMPLING if device_type == "cuda" else CPU_FRAME_SAMPLING
 
 
-def sampling_limits(device_type: str) -> SamplingLimits:
-    """The UI's slider maxima on `device_type`, as default_sampling picks its defaults."""
-    return GPU_SAMPLING_LIMITS if device_type == "cuda" else CPU_SAMPLING_LIMITS
+def frame_sampling_limits(device_type: str) -> FrameSamplingLimits:
+    """The UI's slider maxima on `device_type`, as default_frame_sampling picks its defaults."""
+    return GPU_FRAME_SAMPLING_LIMITS if device_type == "cuda" else CPU_FRAME_SAMPLING_LIMITS
 
 
 DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
@@ -83,7 +86,7 @@ MAX_VIDEO_SOURCE_PIXELS = 4096 * 2160
 # 0.2 GB for 32 frames of 224x224, 0.8 GB at the UI's largest (256 frames of up to 896x896, 0.6 GB of them);
 # a 4K source adds a few hundred MB of reference frames. A file that makes FFmpeg allocate without bound
 # gets a MemoryError in its own process and the user a sentence.
-DECODE_MEMORY_BYTES = 4 << 30
+READ_MEMORY_BYTES = 4 << 30
 # The largest video a request may send: an upload (app.py's --max-file-mb), a data: URL, a fetched file.
 MAX_FILE_BYTES = 200 << 20
 
@@ -92,24 +95,26 @@ MAX_FILE_BYTES = 200 << 20
 class EngineConfig:
     model: str = "tiny-random"
     device: str = "auto"  # auto | cuda | cpu
-    # None follows the device the model loads on (default_sampling): the engine's `default_sampling`.
-    sampling: SamplingParams | None = None
+    # None follows the device the model loads on (the function default_frame_sampling): the engine's
+    # `default_frame_sampling`.
+    frame_sampling: FrameSampling | None = None
     max_video_seconds: float = MAX_VIDEO_SECONDS
     max_video_source_pixels: int = MAX_VIDEO_SOURCE_PIXELS  # width*height of the frames as stored, before resizing
-    decode_memory_bytes: int = DECODE_MEMORY_BYTES  # a reader process's memory cap per file (RLIMIT_DATA)
+    read_memory_bytes: int = READ_MEMORY_BYTES  # a reader process's memory cap per file (RLIMIT_DATA)
     max_file_bytes: int = MAX_FILE_BYTES
-    decode_timeout_s: float = 60.0  # reading one upload, once a reader has it (waiting for one is not counted)
+    read_timeout_s: float = 60.0  # reading one upload, once a reader has it (waiting for one is not counted)
     # Warm reader processes (engine/reader_pool.py): how many uploads are read at once, and how many parts
     # a long video is read in. None: one per core this process may run on.
     video_readers: int | None = None
-    # Patches (pre-merge rows) in one ViT forward before the batch is split; None picks by device:
+    # Patches (pre-merge rows) in one ViT forward; the scheduler splits a burst's videos into forwards within
+    # it (engine/scheduler.py). None picks by device:
     # 65536 on a GPU (bounds activation memory), 4096 on a CPU, where larger batches overflow the caches
     # and turn the elementwise ops memory-bound (2 cores, 8 videos of 1568 patches: one forward 1.18x
     # eight separate ones, forwards of 2 videos 0.97x; `python -m bench`).
-    vit_token_budget: int | None = None
+    vit_patch_budget: int | None = None
     feature_cache_bytes: int = 1 << 30
     prefix_cache_bytes: int = 1 << 30
-    decoded_video_cache_bytes: int = 256 << 20  # sampled frames of recent uploads (follow-ups skip decoding)
+    frame_cache_bytes: int = 256 << 20  # sampled frames of recent uploads (follow-ups skip reading the file)
     max_queue: int = 64  # requests waiting for admission before submit answers "busy"
     max_running: int = 16  # requests decoding together (the memory plan may lower it on a GPU)
     max_question_chars: int = 4000
@@ -141,7 +146,7 @@ class GenerationParams:
     top_p: float = 1.0
     ignore_eos: bool = False  # benchmarks decode a fixed number of tokens
     seed: int = 0
-    sampling: SamplingParams | None = None  # None: the engine's default
+    frame_sampling: FrameSampling | None = None  # None: the engine's default
     # The done event then carries each generated token's logits, (generated, V) float32: for equivalence
     # tests and research, at V * 4 bytes per token.
     return_logits: bool = False
@@ -155,8 +160,8 @@ class GenerationParams:
 LIMIT_ENV = {
     "max_video_seconds": "EVS_MAX_VIDEO_SECONDS",
     "max_video_source_pixels": "EVS_MAX_VIDEO_SOURCE_PIXELS",
-    "decode_timeout_s": "EVS_DECODE_TIMEOUT_S",
-    "decode_memory_bytes": "EVS_DECODE_MEMORY_BYTES",
+    "read_timeout_s": "EVS_READ_TIMEOUT_S",
+    "read_memory_bytes": "EVS_READ_MEMORY_BYTES",
     "max_queue": "EVS_MAX_QUEUE",
     "max_running": "EVS_MAX_RUNNING",
     "max_question_chars": "EVS_MAX_QUESTION_CHARS",
@@ -164,14 +169,25 @@ LIMIT_ENV = {
     "max_history_tokens": "EVS_MAX_HISTORY_TOKENS",
     "max_new_tokens": "EVS_MAX_NEW_TOKENS",
 }
+# Variables renamed when reading a video stopped being called decoding: variable -> its old name, still read
+# (with a warning) when the new one is not set, for one release.
+OLD_LIMIT_ENV = {
+    "EVS_READ_TIMEOUT_S": "EVS_DECODE_TIMEOUT_S",
+    "EVS_READ_MEMORY_BYTES": "EVS_DECODE_MEMORY_BYTES",
+}
 
 
 def limits_from_env(environ=os.environ) -> dict:
-    """EngineConfig fields for every LIMIT_ENV variable set in environ; ValueError names a bad one."""
+    """EngineConfig fields for every LIMIT_ENV variable set in environ (or its OLD_LIMIT_ENV name);
+    ValueError names a bad one."""
     kinds = {name: type(getattr(EngineConfig, name)) for name in LIMIT_ENV}
     found = {}
     for name, variable in LIMIT_ENV.items():
         text = environ.get(variable, "").strip()
+        old = OLD_LIMIT_ENV.get(variable)
+        if not text and old and environ.get(old, "").strip():
+            log.warning("%s is deprecated and will be ignored after this release; set %s instead", old, variable)
+            variable, text = old, environ[old].strip()
         if not text:
             continue
         try:

@@ -15,11 +15,11 @@ from .config import (
     DEFAULT_PRUNING_RATE,
     DEFAULT_SYSTEM_PROMPT,
     EngineConfig,
+    FrameSampling,
+    FrameSamplingLimits,
     GenerationParams,
-    SamplingLimits,
-    SamplingParams,
-    default_sampling,
-    sampling_limits,
+    default_frame_sampling,
+    frame_sampling_limits,
     video_tokens,
 )
 from .errors import QUEUE_FULL, RESTARTING, BusyError, InputError
@@ -31,8 +31,8 @@ from .models import load_model
 from .prompt import prepare_prompt
 from .reader_pool import ReaderPool, default_size
 from .request import Request
-from .runner import vit_token_budget
 from .sampling import SplitDetokenizer
+from .scheduler import vit_patch_budget
 from .stream import Event, Stream
 from .video import SampledVideo, file_sha256, load_video
 from .worker import Worker
@@ -67,28 +67,28 @@ class Engine:
         self._closed = False
         self._submit_lock = threading.Lock()  # a submit never races shutdown past the closed check
         self._preparing = 0  # requests submitted and not yet handed to the worker
-        # Sampled frames of recent uploads, so a follow-up question skips decoding the file again.
-        self._decoded = ByteLRU(self.config.decoded_video_cache_bytes)
-        self._decoding: dict[tuple, Future] = {}  # decodes under way, by (digest, sampling)
-        self._decoded_lock = threading.Lock()
+        # The frame cache: sampled frames of recent uploads, so a follow-up question skips reading the file again.
+        self._frames = ByteLRU(self.config.frame_cache_bytes)
+        self._reading: dict[tuple, Future] = {}  # reads under way, by (digest, frame sampling)
+        self._frames_lock = threading.Lock()
         self._prepared = threading.Condition()
         self._pauses = 0  # paused() blocks open; admission is held while above 0
         device_type = self.loaded.device.type
-        self._default_sampling = self.config.sampling or default_sampling(device_type)
-        self._sampling_limits = sampling_limits(device_type)
+        self._default_frame_sampling = self.config.frame_sampling or default_frame_sampling(device_type)
+        self._frame_sampling_limits = frame_sampling_limits(device_type)
         patch, merge, temporal = video_geometry(self.loaded.model.config)
 
-        def tokens_of(sampling: SamplingParams) -> int:
+        def tokens_of(sampling: FrameSampling) -> int:
             return video_tokens(sampling.max_frames, sampling.max_pixels_per_frame, patch, merge, temporal)
 
-        planned_video_tokens = tokens_of(self._default_sampling)
+        planned_video_tokens = tokens_of(self._default_frame_sampling)
         self._memory_plan = engine_plan(
-            self.loaded, self.config, planned_video_tokens, vit_token_budget(self.config, self.loaded.device)
+            self.loaded, self.config, planned_video_tokens, vit_patch_budget(self.config, self.loaded.device.type)
         )
         log.info("%s", self._memory_plan.summary())
         # Not worth starting if even a small request (the CPU default, or a smaller configured default)
         # would be refused.
-        self._memory_plan.check_serviceable(min(planned_video_tokens, tokens_of(SamplingParams())))
+        self._memory_plan.check_serviceable(min(planned_video_tokens, tokens_of(FrameSampling())))
         self._worker = Worker(self.loaded, self.family, self.config, max_running=self._memory_plan.max_running)
         cuda = self.loaded.device.type == "cuda"
         self.metrics = Metrics(running=lambda: self.running_requests, queued=lambda: self.queued_requests,
@@ -123,14 +123,14 @@ class Engine:
         }
 
     @property
-    def default_sampling(self) -> SamplingParams:
-        """Sampling of a request that names none: EngineConfig.sampling, else the device's default."""
-        return self._default_sampling
+    def default_frame_sampling(self) -> FrameSampling:
+        """Sampling of a request that names none: EngineConfig.frame_sampling, else the device's default."""
+        return self._default_frame_sampling
 
     @property
-    def sampling_limits(self) -> SamplingLimits:
+    def frame_sampling_limits(self) -> FrameSamplingLimits:
         """The sampling ranges a UI should offer on this engine's device."""
-        return self._sampling_limits
+        return self._frame_sampling_limits
 
     @property
     def memory_plan(self) -> Plan:
@@ -189,7 +189,7 @@ class Engine:
         """
         try:
             params = params or GenerationParams(pruning_rate=self._default_pruning_rate)
-            history = check_request(video, question, params, history, self.config, self._sampling_limits)
+            history = check_request(video, question, params, history, self.config, self._frame_sampling_limits)
             self._check_text_tokens(question, history)
             with self._submit_lock:
                 if self._closed:
@@ -221,7 +221,7 @@ class Engine:
             question=question.strip(),
             history=history,
             params=params,
-            sampling=params.sampling or self._default_sampling,
+            frame_sampling=params.frame_sampling or self._default_frame_sampling,
             admission=self._admission,
         )
         request.stats.pruning_rate = float(params.pruning_rate)
@@ -250,7 +250,7 @@ class Engine:
                     self._worker.admitting.set()
 
     def _prepare(self, request: Request) -> None:
-        """CPU work off the GPU thread: decode and sample the video, run the HF processor."""
+        """CPU work off the GPU thread: read the video's sampled frames, run the HF processor."""
         try:
             self._prepare_request(request)
         finally:
@@ -267,7 +267,7 @@ class Engine:
         try:
             stream.push(Event("status", "reading video"))
             start = time.perf_counter()
-            sampling = request.sampling
+            sampling = request.frame_sampling
             request.video, read_now = self._sampled_video(request.video_path, sampling)
             think_end = self._think_end if request.params.enable_thinking else None
             request.prompt = prepare_prompt(
@@ -282,7 +282,7 @@ class Engine:
             )
             T, h, w = request.prompt.grid_thw
             stats = request.stats
-            stats.decode_video_s = time.perf_counter() - start
+            stats.read_video_s = time.perf_counter() - start
             stats.read_wait_s = request.video.read_wait_s if read_now else 0.0
             stats.read_s = request.video.read_s if read_now else 0.0
             stats.frames_sampled = len(request.video.frames)
@@ -321,28 +321,28 @@ class Engine:
         if not hashable:  # load_video says what is wrong with it
             return self._load_video(path, sampling, None), True
         key = (file_sha256(path), sampling)
-        with self._decoded_lock:
-            video = self._decoded.get(key)
-            pending = self._decoding.get(key)
+        with self._frames_lock:
+            video = self._frames.get(key)
+            pending = self._reading.get(key)
             owner = video is None and pending is None
             if owner:
-                pending = self._decoding[key] = Future()
+                pending = self._reading[key] = Future()
         if video is not None:
             return video, False
         if not owner:
             return pending.result(), True
         try:
             video = self._load_video(path, sampling, key[0])
-            with self._decoded_lock:
-                self._decoded.put(key, video, video.frames.nbytes)
+            with self._frames_lock:
+                self._frames.put(key, video, video.frames.nbytes)
             pending.set_result(video)
             return video, True
         except BaseException as error:
             pending.set_exception(error)
             raise
         finally:
-            with self._decoded_lock:
-                del self._decoding[key]
+            with self._frames_lock:
+                del self._reading[key]
 
     def _load_video(self, path: str, sampling, digest: str | None) -> SampledVideo:
         config = self.config
@@ -351,11 +351,11 @@ class Engine:
             sampling,
             max_seconds=config.max_video_seconds,
             max_bytes=config.max_file_bytes,
-            timeout_s=config.decode_timeout_s,
+            timeout_s=config.read_timeout_s,
             temporal_patch=self.family.temporal_patch,
             content_hash=digest,
             max_source_pixels=config.max_video_source_pixels,
-            memory_bytes=config.decode_memory_bytes,
+            memory_bytes=config.read_memory_bytes,
             readers=self._readers,
         )
 

@@ -7,10 +7,10 @@ import math
 
 import numpy as np
 
-from engine.config import SamplingParams
+from engine.config import FrameSampling
 
 
-def sampled_frame_count(duration_s: float, total_frames: int, sampling: SamplingParams, temporal_patch: int = 2) -> int:
+def sampled_frame_count(duration_s: float, total_frames: int, sampling: FrameSampling, temporal_patch: int = 2) -> int:
     """Frames to sample: round(duration_s * fps) clamped to [temporal_patch, max_frames], rounded down to a
     multiple of temporal_patch, and no more than total_frames rounded down the same way (a video of fewer
     than temporal_patch frames still gives temporal_patch, repeating its last frame)."""
@@ -20,7 +20,7 @@ def sampled_frame_count(duration_s: float, total_frames: int, sampling: Sampling
 
 
 def sample_frame_indices(
-    duration_s: float, total_frames: int, sampling: SamplingParams, temporal_patch: int = 2
+    duration_s: float, total_frames: int, sampling: FrameSampling, temporal_patch: int = 2
 ) -> list[int]:
     """Source frame indices of a constant-rate video: sampled_frame_count of them, evenly spaced from the
     first frame to the last. (The decoder samples by time, `sample_by_time`; at a constant rate the two

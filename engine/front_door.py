@@ -16,7 +16,7 @@ import dataclasses
 from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 
-from .config import GenerationParams, SamplingParams
+from .config import FrameSampling, GenerationParams
 from .errors import BAD_HISTORY, BAD_NUMBERS, EXPIRED_VIDEO, NO_VIDEO, InputError
 from .serving import Serving
 from .stream import Event, Stream
@@ -26,7 +26,8 @@ def defaults(engine: Serving) -> GenerationParams:
     """A request's settings where it names none: GenerationParams' own, at the pruning rate the engine
     settled at start-up (the checkpoint's `video_pruning_rate`, else the default) and the sampling of its
     device."""
-    return GenerationParams(pruning_rate=engine.model_info["default_pruning_rate"], sampling=engine.default_sampling)
+    return GenerationParams(pruning_rate=engine.model_info["default_pruning_rate"],
+                            frame_sampling=engine.default_frame_sampling)
 
 
 def request_params(engine: Serving, *, pruning_rate=None, fps=None, max_frames=None, max_pixels_per_frame=None,
@@ -39,12 +40,12 @@ def request_params(engine: Serving, *, pruning_rate=None, fps=None, max_frames=N
     """
     base = defaults(engine)
     try:
-        sampling = SamplingParams(fps=_number(fps, float, base.sampling.fps),
-                                  max_frames=_number(max_frames, int, base.sampling.max_frames),
-                                  max_pixels_per_frame=_number(max_pixels_per_frame, int,
-                                                               base.sampling.max_pixels_per_frame))
+        sampling = FrameSampling(fps=_number(fps, float, base.frame_sampling.fps),
+                                 max_frames=_number(max_frames, int, base.frame_sampling.max_frames),
+                                 max_pixels_per_frame=_number(max_pixels_per_frame, int,
+                                                              base.frame_sampling.max_pixels_per_frame))
         return dataclasses.replace(
-            base, sampling=sampling,
+            base, frame_sampling=sampling,
             pruning_rate=_number(pruning_rate, float, base.pruning_rate),
             max_new_tokens=_number(max_new_tokens, int, base.max_new_tokens),
             temperature=_number(temperature, float, base.temperature),

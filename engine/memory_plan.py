@@ -15,7 +15,7 @@ What the plan counts (bytes; N requests decoding together, each with at most V v
     row(V)   = kv_copies * (kv_per_token * (V + text + new + spare)  one request's KV cache
                             + state_per_sequence)                    and its linear-attention state
              + feature_per_video_token * V                          its video features (full + EVS-kept)
-    one(V)   = max(ViT forward over max(vit_patches, V * merge^2) patches, prefill of V + text + new tokens)
+    one(V)   = max(ViT forward over max(vit_patch_budget, V * merge^2) patches, prefill of V + text + new tokens)
     N * row(V) + one(V) <= usable
 
 - kv_per_token = 2 (K and V) * KV layers * KV heads * head_dim * dtype bytes (147,456 on Qwen3-VL-4B in
@@ -38,7 +38,7 @@ What the plan counts (bytes; N requests decoding together, each with at most V v
   request), and left padding makes every row of the batch as long as the longest.
 - The ViT and the prefill never run at the same time and free their activations layer by layer
   (inference mode), so only the larger of the two counts, at one layer's worth: the vision tower's depth
-  does not enter. A request over the ViT patch budget is encoded alone, hence max(vit_patches, V * merge^2).
+  does not enter. A request over the ViT patch budget is encoded alone, hence max(vit_patch_budget, V * merge^2).
   A hybrid model's prefill peaks in its linear-attention layers, whose chunked delta rule runs in float32
   (ModelDims.prefill_bytes).
 - margin (10%) covers what the estimate leaves out: allocator fragmentation, cuBLAS / attention
@@ -297,7 +297,7 @@ class PlanSettings:
     few turns of history. new_tokens: answer tokens planned per request, the UI's slider maximum; an API
     request may ask for up to the engine's 4,096 when the rest of its row leaves room (Plan.check_request
     counts the whole row). spare_tokens: KV slots a growing cache allocates ahead (engine/lm_state.py
-    GrowingLayer.SPARE_TOKENS). vit_patches: the ViT forward budget in patches. reserved_bytes: device
+    GrowingLayer.SPARE_TOKENS). vit_patch_budget: the ViT forward budget in patches. reserved_bytes: device
     memory held by the feature and prefix caches at their bounds. margin_fraction: of the free memory,
     kept back. kv_copies: of the decode batch's KV and recurrent state alive while it is rebuilt (module
     docstring).
@@ -308,7 +308,7 @@ class PlanSettings:
     text_tokens: int = 4096
     new_tokens: int = 1024
     spare_tokens: int = 256
-    vit_patches: int = 65536
+    vit_patch_budget: int = 65536
     reserved_bytes: int = 2 * GIB
     margin_fraction: float = 0.10
     kv_copies: int = 3
@@ -397,7 +397,7 @@ def plan_memory(dims: ModelDims, free_bytes: int, settings: PlanSettings) -> Pla
                 + dims.feature_bytes_per_video_token * video)
 
     def one_forward_bytes(video: int) -> int:
-        return max(dims.vit_bytes(max(s.vit_patches, video * dims.merge_patches)),
+        return max(dims.vit_bytes(max(s.vit_patch_budget, video * dims.merge_patches)),
                    dims.prefill_bytes(video + s.text_tokens + s.new_tokens))
 
     def fits(rows: int, video: int) -> bool:
@@ -437,7 +437,7 @@ def plan_memory(dims: ModelDims, free_bytes: int, settings: PlanSettings) -> Pla
         *_cache_reasons(dims, s.kv_copies),
         f"one request of {planned:,} video tokens (+{s.text_tokens} text, {s.new_tokens} new, {s.spare_tokens} "
         f"spare): {row_bytes(planned) / GIB:.2f} GiB of {'state, ' if dims.linear else ''}KV and features",
-        f"one forward at a time: ViT {dims.vit_bytes(max(s.vit_patches, planned * dims.merge_patches)) / GIB:.2f} "
+        f"one forward at a time: ViT {dims.vit_bytes(max(s.vit_patch_budget, planned * dims.merge_patches)) / GIB:.2f} "
         f"GiB, prefill {dims.prefill_bytes(planned + s.text_tokens + s.new_tokens) / GIB:.2f} GiB",
         running_note,
     )
@@ -478,7 +478,7 @@ def measured_free_bytes(device) -> int:
     return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
 
 
-def engine_settings(config, planned_video_tokens: int, vit_patches: int) -> PlanSettings:
+def engine_settings(config, planned_video_tokens: int, vit_patch_budget: int) -> PlanSettings:
     """The settings an engine under `config` (EngineConfig) plans with."""
     from .lm_state import GrowingLayer
 
@@ -486,12 +486,12 @@ def engine_settings(config, planned_video_tokens: int, vit_patches: int) -> Plan
         planned_video_tokens=planned_video_tokens,
         max_running=config.max_running,
         spare_tokens=GrowingLayer.SPARE_TOKENS,
-        vit_patches=vit_patches,
+        vit_patch_budget=vit_patch_budget,
         reserved_bytes=config.feature_cache_bytes + config.prefix_cache_bytes,
     )
 
 
-def engine_plan(loaded, config, planned_video_tokens: int, vit_patches: int) -> Plan:
+def engine_plan(loaded, config, planned_video_tokens: int, vit_patch_budget: int) -> Plan:
     """The plan for a freshly loaded model under `config` (EngineConfig); see the module docstring."""
     dims = ModelDims.from_config(loaded.model.config, dtype_bytes=loaded.dtype.itemsize)
     free_bytes = config.memory_budget_bytes
@@ -499,7 +499,7 @@ def engine_plan(loaded, config, planned_video_tokens: int, vit_patches: int) -> 
         if loaded.device.type != "cuda":
             return unbounded_plan(dims, config.max_running, f"{loaded.device.type}: requests are not bounded by memory")
         free_bytes = measured_free_bytes(loaded.device)
-    return plan_memory(dims, free_bytes, engine_settings(config, planned_video_tokens, vit_patches))
+    return plan_memory(dims, free_bytes, engine_settings(config, planned_video_tokens, vit_patch_budget))
 
 
 def checkpoint_config(model: str):
@@ -517,16 +517,17 @@ def checkpoint_config(model: str):
 
 def checkpoint_plan(config, free_bytes: int, engine_config=None) -> Plan:
     """The plan a GPU engine would make for the model of `config` (a *ForConditionalGeneration config) with
-    `free_bytes` free after loading: bfloat16, the GPU's default sampling (engine/config.py GPU_SAMPLING) as
+    `free_bytes` free after loading: bfloat16, the GPU's default sampling (engine/config.py GPU_FRAME_SAMPLING) as
     the planned video, the GPU's ViT patch budget, and `engine_config`'s (EngineConfig, default: the
     defaults) max_running and cache bounds, as engine_plan. Nothing is built or measured."""
     import torch
 
-    from .config import GPU_SAMPLING, EngineConfig, video_tokens
-    from .runner import vit_token_budget
+    from .config import GPU_FRAME_SAMPLING, EngineConfig, video_tokens
+    from .scheduler import vit_patch_budget
 
     engine_config = engine_config or EngineConfig()
     dims = ModelDims.from_config(config, dtype_bytes=torch.bfloat16.itemsize)
-    planned = video_tokens(GPU_SAMPLING.max_frames, GPU_SAMPLING.max_pixels_per_frame, *video_geometry(config))
-    settings = engine_settings(engine_config, planned, vit_token_budget(engine_config, torch.device("cuda")))
+    sampling = GPU_FRAME_SAMPLING
+    planned = video_tokens(sampling.max_frames, sampling.max_pixels_per_frame, *video_geometry(config))
+    settings = engine_settings(engine_config, planned, vit_patch_budget(engine_config, "cuda"))
     return plan_memory(dims, free_bytes, settings)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers.cache_utils import Cache
 
-from .config import GenerationParams, SamplingParams
+from .config import FrameSampling, GenerationParams
 from .families import VideoFeatures
 from .lm_state import Snapshot
 from .prompt import PreparedPrompt
@@ -26,7 +26,7 @@ class Request:
     question: str
     history: list[tuple[str, str]]
     params: GenerationParams
-    sampling: SamplingParams
+    frame_sampling: FrameSampling
     stage: Stage = Stage.QUEUED
     submitted_at: float = field(default_factory=time.perf_counter)
     stats: Stats = field(default_factory=Stats)

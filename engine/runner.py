@@ -19,14 +19,6 @@ from .scheduler import WorkWeights
 from .vision import VisionEncoder
 
 
-def vit_token_budget(config, device: torch.device) -> int:
-    """Patches per vision forward: on a CPU, batches past ~2 short clips overflow the caches (measured
-    1.18x the separate forwards for 8 clips against 0.97x for 2); on a GPU one forward per burst pays."""
-    if config.vit_token_budget is not None:
-        return config.vit_token_budget
-    return 65536 if device.type == "cuda" else 4096
-
-
 def eos_token_ids(loaded) -> set[int]:
     ids = loaded.model.generation_config.eos_token_id
     ids = set(ids if isinstance(ids, list) else [ids] if ids is not None else [])
@@ -46,9 +38,7 @@ class ModelRunner:
     def __init__(self, loaded, family: Family, config):
         self.model = loaded.model
         self.family = family
-        self.vision = VisionEncoder(
-            self.model, family, loaded.name, config.feature_cache_bytes, vit_token_budget(config, loaded.device)
-        )
+        self.vision = VisionEncoder(self.model, family, loaded.name, config.feature_cache_bytes)
         self.layer_kinds = layer_kinds(self.model.config.text_config)
         self.prefix = PrefixCache(config.prefix_cache_bytes)
         self.batch = DecodeBatch()
@@ -59,7 +49,7 @@ class ModelRunner:
         return self.vision.lookup(request.feature_key, request.prompt.grid_thw) is not None
 
     def encode(self, requests: list[Request], on_forward) -> None:
-        """Features for every request, in one vision forward when they fit the patch budget."""
+        """Features for every request of a chunk the scheduler chose, in one vision forward."""
         self.vision.encode(requests, on_batch=on_forward)
 
     def prune(self, request: Request) -> None:

@@ -5,6 +5,7 @@ A request moves QUEUED -> ENCODING -> PREFILLING -> DECODING and from any stage 
 1. `encode_chunk()`: the requests of the next vision forward, but only once every request encoded
    earlier has been prefilled. So a burst is pipelined: the first chunk's users get their first
    token after one vision forward and their own prefill, not after every video of the burst is encoded.
+   Only the scheduler splits requests into vision forwards, within a budget of patches (`vit_patch_budget`).
 2. `prefill_batch()`: prompts to prefill, within a token budget, so running rows wait a bounded time;
 3. then one decode step for everyone in `running`.
 
@@ -16,12 +17,36 @@ later never overtake earlier ones, so a large video waits behind at most one bur
 
 from collections import deque
 from dataclasses import dataclass
+from itertools import takewhile
 from typing import TYPE_CHECKING, Callable, Iterator
 
 from .stage import Stage
 
 if TYPE_CHECKING:  # for annotations only: request.py brings torch, which bookkeeping does without
     from .request import Request
+
+
+def vit_patch_budget(config, device_type: str) -> int:
+    """Patches (rows of pixel_values) in one vision forward: EngineConfig.vit_patch_budget, else 65,536 on a
+    GPU ("cuda"; one forward per burst pays, and the memory plan counts its activations) and 4,096 on a CPU
+    (where larger batches overflow the caches: EngineConfig says what was measured)."""
+    if config.vit_patch_budget is not None:
+        return config.vit_patch_budget
+    return 65536 if device_type == "cuda" else 4096
+
+
+def vision_chunks(patches: list[int], budget: int) -> list[list[int]]:
+    """The indices of videos of `patches` patches each, in order, cut into consecutive chunks of at most
+    `budget` patches, one vision forward each; a video over the budget is a chunk alone."""
+    chunks: list[list[int]] = []
+    total = budget + 1
+    for index, size in enumerate(patches):
+        if total + size > budget:
+            chunks.append([])
+            total = 0
+        chunks[-1].append(index)
+        total += size
+    return chunks
 
 
 @dataclass(frozen=True)
@@ -76,16 +101,14 @@ class Scheduler:
         and so does any whose features are cached (they cost the forward nothing)."""
         if self.prefilling or not self.encoding:
             return []
-        chunk, keys, patches = [], set(), 0
+        videos: dict[tuple, int] = {}  # the videos still to encode, in order: feature key -> patches
         for request in self.encoding:
-            if request.feature_key not in keys and not self.has_features(request):
-                size = len(request.prompt.pixel_values)
-                if keys and patches + size > self.vit_patch_budget:
-                    break
-                keys.add(request.feature_key)
-                patches += size
-            chunk.append(request)
-        riders = [r for r in self.encoding[len(chunk):] if r.feature_key in keys]
+            if request.feature_key not in videos and not self.has_features(request):
+                videos[request.feature_key] = len(request.prompt.pixel_values)
+        keys, chunks = list(videos), vision_chunks(list(videos.values()), self.vit_patch_budget)
+        taken = {keys[index] for index in chunks[0]} if chunks else set()
+        chunk = list(takewhile(lambda r: r.feature_key in taken or r.feature_key not in videos, self.encoding))
+        riders = [r for r in self.encoding[len(chunk):] if r.feature_key in taken]
         return chunk + riders
 
     def prefill_batch(self) -> list["Request"]:

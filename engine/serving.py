@@ -6,7 +6,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Protocol
 
-from .config import GenerationParams, SamplingLimits, SamplingParams
+from .config import FrameSampling, FrameSamplingLimits, GenerationParams
 from .metrics import Metrics
 from .stream import Stream
 
@@ -19,12 +19,12 @@ class Serving(Protocol):
         """name, device, default_pruning_rate, thinks, ... (Engine.model_info)."""
 
     @property
-    def default_sampling(self) -> SamplingParams:
+    def default_frame_sampling(self) -> FrameSampling:
         """How frames are sampled when a request does not say."""
 
     @property
-    def sampling_limits(self) -> SamplingLimits:
-        """The largest sampling a request may ask for."""
+    def frame_sampling_limits(self) -> FrameSamplingLimits:
+        """The largest frame sampling a request may ask for."""
 
     def submit(self, video: str | Path | None, question: str, params: GenerationParams | None = None,
                history: Sequence[tuple[str, str]] = ()) -> Stream:

@@ -1,7 +1,8 @@
 """The per-request stats: their names are a public contract (UI, `/ask` JSON, tests, benchmarks).
 
 A dataclass with slots, so a mistyped name raises AttributeError instead of quietly adding a key; the
-done event carries `asdict()` of it, a plain dict with every key below.
+done event carries `as_dict()` of it, a plain dict with every key below and, for one release, the old name
+of a renamed key beside it (OLD_KEYS).
 """
 
 from dataclasses import asdict, dataclass, fields
@@ -23,9 +24,9 @@ class Stats:
     answer_tokens: int | None = None  # after the thinking
     ttft_s: float | None = None  # submit -> first generated token (thinking or answer)
     total_s: float | None = None  # submit -> done
-    decode_video_s: float | None = None  # reading the file + frame sampling + HF processor
-    read_wait_s: float | None = None  # of decode_video_s, waiting for a free reader process (0 on a frame cache hit)
-    read_s: float | None = None  # of decode_video_s, the reader(s) reading the file (0 on a frame cache hit)
+    read_video_s: float | None = None  # reading the file + frame sampling + HF processor
+    read_wait_s: float | None = None  # of read_video_s, waiting for a free reader process (0 on a frame cache hit)
+    read_s: float | None = None  # of read_video_s, the reader(s) reading the file (0 on a frame cache hit)
     vit_s: float | None = None  # the vision forward this request took part in
     evs_s: float | None = None
     prefill_s: float | None = None
@@ -36,7 +37,11 @@ class Stats:
     decode_batch_max: int | None = None  # most requests in one decode step with this one
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        """Every key below, and each OLD_KEYS name beside the key it was renamed to."""
+        values = asdict(self)
+        return {**values, **{old: values[new] for old, new in OLD_KEYS.items()}}
 
 
 STATS_KEYS = tuple(field.name for field in fields(Stats))
+# Keys renamed, still sent under the old name too for one release: old name -> key.
+OLD_KEYS = {"decode_video_s": "read_video_s"}

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.config import DECODE_MEMORY_BYTES, MAX_VIDEO_SOURCE_PIXELS, SamplingParams
+from engine.config import MAX_VIDEO_SOURCE_PIXELS, READ_MEMORY_BYTES, FrameSampling
 from engine.errors import NO_VIDEO, InputError
 from engine.reader_pool import ReaderPool
 from engine.video_segments import assemble
@@ -69,7 +69,7 @@ def file_sha256(path) -> str:
 
 def load_video(
     path,
-    sampling: SamplingParams,
+    sampling: FrameSampling,
     *,
     max_seconds: float,
     max_bytes: int,
@@ -77,7 +77,7 @@ def load_video(
     temporal_patch: int = 2,
     content_hash: str | None = None,
     max_source_pixels: int = MAX_VIDEO_SOURCE_PIXELS,
-    memory_bytes: int = DECODE_MEMORY_BYTES,
+    memory_bytes: int = READ_MEMORY_BYTES,
     readers: ReaderPool | None = None,
 ) -> SampledVideo:
     """Check the upload, read the sampled frames in a reader process, and return them.
@@ -97,7 +97,7 @@ def load_video(
     if size_bytes > max_bytes:
         size_text, limit_text = size_pair(size_bytes, max_bytes)
         raise InputError(f"The video is {size_text}; the limit is {limit_text}.")
-    request = {"path": str(path), "sampling": asdict(sampling), "max_seconds": max_seconds,
+    request = {"path": str(path), "frame_sampling": asdict(sampling), "max_seconds": max_seconds,
                "patch": temporal_patch, "max_source_pixels": max_source_pixels, "memory_bytes": memory_bytes}
     if readers is None:  # the reader's start counts against the timeout, as a fresh process per file did
         with ReaderPool(1) as own:

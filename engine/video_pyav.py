@@ -24,7 +24,7 @@ from fractions import Fraction
 import av
 import numpy as np
 
-from engine.config import SamplingParams
+from engine.config import FrameSampling
 from engine.frame_sampling import fit_pixels, sample_by_time, sampled_frame_count
 from engine.video_segments import assemble
 
@@ -79,7 +79,7 @@ class Plan:
     fit_hw: tuple[int, int]
 
 
-def plan_file(path: str, sampling: SamplingParams, max_seconds: float, temporal_patch: int,
+def plan_file(path: str, sampling: FrameSampling, max_seconds: float, temporal_patch: int,
               max_source_pixels: int) -> tuple[dict, Plan | None]:
     """(header, plan): the file's checks and its sampled frames' pts, from one pass over its packets.
 
@@ -144,8 +144,8 @@ def read_targets(path: str, plan: Plan, targets: list[int]) -> tuple[list[dict],
     return entries, frames, work
 
 
-def decode_file(path: str, sampling: SamplingParams, max_seconds: float, temporal_patch: int,
-                max_source_pixels: int) -> tuple[dict, np.ndarray | None]:
+def read_file(path: str, sampling: FrameSampling, max_seconds: float, temporal_patch: int,
+              max_source_pixels: int) -> tuple[dict, np.ndarray | None]:
     """(header, (N, H, W, 3) uint8 frames or None): one upload read whole in this process, as one reader
     reads it.
 

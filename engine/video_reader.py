@@ -6,11 +6,11 @@ whole start-up cost, paid once, before its first file.
 Every message, both ways, is one JSON line, then `payload_bytes` raw bytes (none when absent). The reader
 answers each request on its stdout pipe; anything the native decoder prints goes to stderr.
 - At start, once PyAV and numpy are imported: {"status": "ready", "pid"}.
-- {"op": "read", path, sampling, max_seconds, patch, max_source_pixels, memory_bytes, parts,
+- {"op": "read", path, frame_sampling, max_seconds, patch, max_source_pixels, memory_bytes, parts,
   split_min_pixels}: the file's checks and timeline, then its frames: {"status": "ok", total_frames,
   duration_s, wanted, entries, shape, work} and the (K, H, W, 3) uint8 frames
   (engine/video_segments.assemble puts them in sampled order).
-  When parts > 1 and the decode is worth splitting, {"status": "split", ..., units, plan} instead, with
+  When parts > 1 and the read is worth splitting, {"status": "split", ..., units, plan} instead, with
   the timeline's bytes: the pool hands the units out as segments to `parts` readers at most.
 - {"op": "segment", path, memory_bytes, plan, targets} with the timeline's bytes: {"status": "ok",
   entries, shape, work} and the frames at those targets.
@@ -27,7 +27,7 @@ import sys
 
 import numpy as np
 
-from engine.config import SamplingParams
+from engine.config import FrameSampling
 from engine.video_pyav import Plan, plan_file, read_targets, timeline_from_message, timeline_message
 from engine.video_segments import units, worth_splitting
 
@@ -78,7 +78,7 @@ def _answer(request: dict, payload: bytes) -> tuple[dict, np.ndarray | bytes | N
 
 
 def _read(request: dict) -> tuple[dict, np.ndarray | bytes | None]:
-    header, plan = plan_file(request["path"], SamplingParams(**request["sampling"]), request["max_seconds"],
+    header, plan = plan_file(request["path"], FrameSampling(**request["frame_sampling"]), request["max_seconds"],
                              request["patch"], request["max_source_pixels"])
     if plan is None:
         return header, None

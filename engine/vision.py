@@ -1,6 +1,6 @@
 """Cross-request vision batching: one ViT forward for every request whose features are not cached.
 
-Identical videos (same content hash, sampling parameters and model) are encoded once, also when they
+Identical videos (same content hash, frame sampling and model) are encoded once, also when they
 arrive together; a byte-bounded LRU keeps features for later questions on the same video.
 """
 
@@ -20,35 +20,19 @@ class CachedFeatures:
     grid_thw: tuple[int, int, int]
 
 
-def chunk_by_budget(sizes: list[int], budget: int) -> list[list[int]]:
-    """Split indices into consecutive chunks whose sizes sum to at most budget (one oversize item alone)."""
-    chunks: list[list[int]] = []
-    total = budget + 1
-    for i, size in enumerate(sizes):
-        if total + size > budget:
-            chunks.append([])
-            total = 0
-        chunks[-1].append(i)
-        total += size
-    return chunks
-
-
 class VisionEncoder:
-    """Fills request.features for a set of admitted requests.
+    """Fills request.features for a chunk of admitted requests, in one forward: the scheduler decides the
+    chunks (engine/scheduler.py, within its patch budget)."""
 
-    token_budget: most patches (pre-merge rows of pixel_values) in one forward; larger batches split.
-    """
-
-    def __init__(self, model, family: Family, model_name: str, cache_bytes: int, token_budget: int):
+    def __init__(self, model, family: Family, model_name: str, cache_bytes: int):
         self.model = model
         self.family = family
         self.model_name = model_name
         self.cache = ByteLRU(cache_bytes)
-        self.token_budget = token_budget
         self.forwards = 0  # vision forwards run so far (tests count them)
 
     def feature_key(self, request: Request) -> tuple:
-        return (request.video.content_hash, request.sampling, self.model_name)
+        return (request.video.content_hash, request.frame_sampling, self.model_name)
 
     def lookup(self, key: tuple, grid_thw: tuple[int, int, int]) -> VideoFeatures | None:
         cached = self.cache.get(key)
@@ -58,8 +42,8 @@ class VisionEncoder:
         return cached.features
 
     def encode(self, requests: list[Request], on_batch=None) -> None:
-        """Set features and vision stats on every request; on_batch(requests_in_forward) is called
-        before each forward so callers can report progress."""
+        """Set features and vision stats on every request, each video not cached encoded once, all of them
+        in one forward; on_batch(requests_in_forward) is called before it so callers can report progress."""
         misses: dict[tuple, list[Request]] = {}
         for request in requests:
             request.feature_key = self.feature_key(request)
@@ -70,12 +54,11 @@ class VisionEncoder:
                 stats.vit_cache_hit, stats.vit_s, stats.vit_batch_requests = True, 0.0, 0
             else:
                 misses.setdefault(request.feature_key, []).append(request)
-        keys = list(misses)
-        sizes = [misses[key][0].prompt.pixel_values.shape[0] for key in keys]
-        for chunk in chunk_by_budget(sizes, self.token_budget):
-            self._forward([keys[i] for i in chunk], misses, on_batch)
+        if misses:
+            self._forward(misses, on_batch)
 
-    def _forward(self, keys: list[tuple], misses: dict[tuple, list[Request]], on_batch) -> None:
+    def _forward(self, misses: dict[tuple, list[Request]], on_batch) -> None:
+        keys = list(misses)
         owners = [misses[key][0] for key in keys]
         served = [request for key in keys for request in misses[key]]
         if on_batch is not None:

@@ -17,7 +17,7 @@ from .families import Family
 from .request import Request
 from .runner import ModelRunner
 from .sampling import next_token
-from .scheduler import Scheduler
+from .scheduler import Scheduler, vit_patch_budget
 from .stage import Stage
 
 log = logging.getLogger(__name__)
@@ -44,7 +44,7 @@ class Worker(threading.Thread):
         self.temporal_patch = family.temporal_patch
         self.scheduler = Scheduler(
             max_running=config.max_running if max_running is None else min(max_running, config.max_running),
-            vit_patch_budget=self.runner.vision.token_budget,
+            vit_patch_budget=vit_patch_budget(config, loaded.device.type),
             prefill_token_budget=config.prefill_token_budget,
             weights=self.runner.weights,
             has_features=self.runner.has_features,

@@ -8,7 +8,7 @@
 `submit` checks the request as `Engine.submit` does (the same InputError / BusyError sentences), returns
 a real `engine.stream.Stream` at once, and a background event loop feeds it from the deployment handle's
 streaming response. Cancelling the stream cancels the call, which cancels the request on its replica.
-Read-only properties (`model_info`, `default_sampling`, ...) are fetched once from a replica.
+Read-only properties (`model_info`, `default_frame_sampling`, ...) are fetched once from a replica.
 
 When a replica dies mid-answer, its requests end with REPLICA_LOST (a BusyError: the UI shows it, the
 OpenAI route answers 429, a retry is right); a call that fails before its replica said hello never
@@ -31,7 +31,7 @@ from ray.exceptions import RayActorError
 from ray.serve.exceptions import RequestCancelledError
 
 from engine.checks import check_request
-from engine.config import EngineConfig, GenerationParams, SamplingLimits, SamplingParams
+from engine.config import EngineConfig, FrameSampling, FrameSamplingLimits, GenerationParams
 from engine.errors import QUEUE_FULL, RESTARTING, SERVER_FAULT, SHUTTING_DOWN, BusyError, InputError
 from engine.memory_plan import Plan
 from engine.metrics import Metrics
@@ -174,12 +174,12 @@ class ReplicatedEngine:
         return {**self._about["model_info"], "replicas": self.replica_count}
 
     @property
-    def default_sampling(self) -> SamplingParams:
-        return self._about["default_sampling"]
+    def default_frame_sampling(self) -> FrameSampling:
+        return self._about["default_frame_sampling"]
 
     @property
-    def sampling_limits(self) -> SamplingLimits:
-        return self._about["sampling_limits"]
+    def frame_sampling_limits(self) -> FrameSamplingLimits:
+        return self._about["frame_sampling_limits"]
 
     @property
     def memory_plan(self) -> Plan:
@@ -232,7 +232,7 @@ class ReplicatedEngine:
         """
         try:
             params = params or GenerationParams()
-            history = check_request(video, question, params, history, self.config, self.sampling_limits)
+            history = check_request(video, question, params, history, self.config, self.frame_sampling_limits)
             with self._lock:
                 if self._closed:
                     raise BusyError(RESTARTING)
@@ -254,7 +254,7 @@ class ReplicatedEngine:
     def paused(self, timeout_s: float = 120.0):
         """Engine.paused's contract: requests submitted inside the block start together. Here they are
         sent on exit, one call per video, so each video's requests reach its replica as one burst that
-        replica serves with one decode and one ViT forward. (timeout_s is accepted for the same
+        replica serves with one read of the video and one ViT forward. (timeout_s is accepted for the same
         signature; nothing here waits.)"""
         with self._lock:
             outer = self._held is not None

@@ -68,12 +68,12 @@ class EngineReplica:
         self.files = VideoFiles()
 
     def describe(self) -> dict:
-        """What the client's `model_info`, `default_sampling` and the other read-only properties return."""
+        """What the client's `model_info`, `default_frame_sampling` and the other read-only properties return."""
         engine = self.engine
         return {
             "model_info": engine.model_info,
-            "default_sampling": engine.default_sampling,
-            "sampling_limits": engine.sampling_limits,
+            "default_frame_sampling": engine.default_frame_sampling,
+            "frame_sampling_limits": engine.frame_sampling_limits,
             "memory_plan": engine.memory_plan,
             "system_prompt": engine.system_prompt,
             "replica": self.name,
@@ -99,7 +99,7 @@ class EngineReplica:
 
         digest: the video's sha256 hex (the router's key); video: {"path"} or {"ref", "suffix"}
         (replicas/videos.py). Several requests are submitted inside `Engine.paused()`, so they share one
-        decode of the video and one ViT forward, as a local engine's burst does.
+        read of the video and one ViT forward, as a local engine's burst does.
         """
         yield {"kind": HELLO, "replica": self.name, "pid": self.pid, "node": self.node}
         streams: dict[int, Stream] = {}

@@ -113,7 +113,7 @@ class VideoFiles:
                 return
             del self._users[digest]
             # Under the lock, so a call arriving now writes the file again rather than finding it gone.
-            # The engine has its decoded frames (and may still have the file open: unlinking is fine).
+            # The engine has its sampled frames (and may still have the file open: unlinking is fine).
             if self._folder is not None:
                 for file in self._folder.glob(f"{digest}.*"):
                     file.unlink(missing_ok=True)

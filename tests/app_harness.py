@@ -30,12 +30,12 @@ class SubmitSpy:
         return self.engine.model_info
 
     @property
-    def default_sampling(self):
-        return self.engine.default_sampling
+    def default_frame_sampling(self):
+        return self.engine.default_frame_sampling
 
     @property
-    def sampling_limits(self):
-        return self.engine.sampling_limits
+    def frame_sampling_limits(self):
+        return self.engine.frame_sampling_limits
 
     @property
     def metrics(self):

@@ -159,6 +159,20 @@ def test_flags_win_over_environment(monkeypatch):
     assert app.parse_args([]).video_readers == 3 and app.parse_args(["--video-readers", "5"]).video_readers == 5
 
 
+def test_the_temp_cleaning_interval_keeps_its_old_names_for_a_release(monkeypatch, capsys):
+    monkeypatch.delenv("EVS_TEMP_CLEAN_S", raising=False)
+    monkeypatch.setenv("EVS_TEMP_SWEEP_S", "60")
+    assert app.parse_args([]).temp_clean_s == 60
+    monkeypatch.setenv("EVS_TEMP_CLEAN_S", "90")
+    assert app.parse_args([]).temp_clean_s == 90
+    assert app.parse_args(["--temp-sweep-s", "30"]).temp_clean_s == 30
+    assert app.parse_args(["--temp-clean-s", "20"]).temp_clean_s == 20
+    with pytest.raises(SystemExit):
+        app.parse_args(["--help"])
+    usage = capsys.readouterr().out
+    assert "--temp-clean-s" in usage and "--temp-sweep-s" not in usage
+
+
 def test_bad_port_in_environment_is_a_usage_error(monkeypatch, capsys):
     monkeypatch.setenv("EVS_PORT", "seventy")
     with pytest.raises(SystemExit) as exit_info:

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from engine import attention, models
-from engine.config import SamplingParams
+from engine.config import FrameSampling
 from engine.models import _pick_attention, load_model
 from engine.prompt import prepare_prompt
 from engine.video import load_video
@@ -92,7 +92,7 @@ def batch(clip):
     sampled = [
         load_video(
             clip(kind, seconds=seconds, fps=8, size=size),
-            SamplingParams(fps=fps, max_frames=frames, max_pixels_per_frame=PIXELS),
+            FrameSampling(fps=fps, max_frames=frames, max_pixels_per_frame=PIXELS),
             max_seconds=60,
             max_bytes=10**8,
             timeout_s=60,

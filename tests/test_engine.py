@@ -1,6 +1,7 @@
 """One request end to end on real H.264 files: the Engine API, the command line, user errors."""
 
 import asyncio
+import logging
 import os
 import subprocess
 import sys
@@ -9,15 +10,20 @@ from pathlib import Path
 import pytest
 
 from engine import STATS_KEYS, BusyError, Engine, EngineConfig, GenerationParams, InputError
-from engine.config import SamplingParams
+from engine.config import FrameSampling
 
 REPO = Path(__file__).resolve().parent.parent
-SAMPLING = SamplingParams(fps=4.0, max_frames=8, max_pixels_per_frame=160 * 128)
+FRAME_SAMPLING = FrameSampling(fps=4.0, max_frames=8, max_pixels_per_frame=160 * 128)
+
+
+def tiny_config(cache_dir, **overrides) -> EngineConfig:
+    return EngineConfig(model="tiny-random", device="cpu", cache_dir=cache_dir, frame_sampling=FRAME_SAMPLING,
+                        **overrides)
 
 
 @pytest.fixture(scope="module")
 def engine(tiny_cache_dir):
-    with Engine(EngineConfig(model="tiny-random", device="cpu", cache_dir=tiny_cache_dir, sampling=SAMPLING)) as eng:
+    with Engine(tiny_config(tiny_cache_dir)) as eng:
         yield eng
 
 
@@ -33,6 +39,7 @@ def test_request_streams_text_then_stats(engine, clip):
     assert stats["video_tokens_kept"] < stats["video_tokens_total"]
     assert sum(stats["tokens_kept_per_frame"]) == stats["video_tokens_kept"]
     assert stats["ttft_s"] <= stats["total_s"] and stats["vit_batch_requests"] == 1
+    assert stats["decode_video_s"] == stats["read_video_s"] > 0  # the key's old name, kept for one release
     picture = next(e.evs for e in events if e.kind == "evs")
     T, h, w = picture.grid_thw
     assert picture.kept_mask.shape == (T, h, w) and picture.frames.shape[0] == T
@@ -93,7 +100,7 @@ def test_command_line(tiny_cache_dir, clip):
 
 
 def test_full_queue_answers_busy_and_recovers(tiny_cache_dir, clip):
-    config = EngineConfig(model="tiny-random", device="cpu", cache_dir=tiny_cache_dir, sampling=SAMPLING, max_queue=1)
+    config = tiny_config(tiny_cache_dir, max_queue=1)
     with Engine(config) as small:
         with small.paused():
             first = small.submit(clip("moving_object"), "What?", GenerationParams(max_new_tokens=3))
@@ -110,7 +117,7 @@ def test_malformed_history_is_refused(engine, clip):
 
 
 def test_shutdown_ends_every_accepted_stream_and_refuses_new_ones(tiny_cache_dir, clip):
-    closing = Engine(EngineConfig(model="tiny-random", device="cpu", cache_dir=tiny_cache_dir, sampling=SAMPLING))
+    closing = Engine(tiny_config(tiny_cache_dir))
     streams = [closing.submit(clip(kind), "What?", GenerationParams(max_new_tokens=200, ignore_eos=True))
                for kind in ("moving_object", "pan", "scene_cut")]
     closing.shutdown()
@@ -144,7 +151,7 @@ def test_two_requests_on_the_same_upload_at_once_decode_it_once(tiny_cache_dir, 
         return real_load(*args, **kwargs)
 
     monkeypatch.setattr(engine_module, "load_video", counting_load)
-    with Engine(EngineConfig(model="tiny-random", device="cpu", cache_dir=tiny_cache_dir, sampling=SAMPLING)) as eng:
+    with Engine(tiny_config(tiny_cache_dir)) as eng:
         with eng.paused():  # compare mode: q = 0 and the chosen q on the same file, submitted together
             pair = [eng.submit(clip("scene_cut"), "What?", GenerationParams(pruning_rate=q, max_new_tokens=3))
                     for q in (0.0, 0.7)]
@@ -176,9 +183,20 @@ def test_limits_come_from_the_environment_and_a_bad_one_is_named():
         limits_from_env({"EVS_MAX_RUNNING": "0"})
 
 
+def test_the_reading_limits_keep_their_old_variable_names_for_a_release(caplog):
+    from engine.config import limits_from_env
+
+    with caplog.at_level(logging.WARNING, logger="engine.config"):
+        limits = limits_from_env({"EVS_DECODE_TIMEOUT_S": "30", "EVS_DECODE_MEMORY_BYTES": "1e9"})
+    assert limits == {"read_timeout_s": 30.0, "read_memory_bytes": 10**9}
+    assert "EVS_DECODE_TIMEOUT_S is deprecated" in caplog.text and "set EVS_READ_TIMEOUT_S" in caplog.text
+    assert limits_from_env({"EVS_READ_TIMEOUT_S": "20", "EVS_DECODE_TIMEOUT_S": "30"}) == {"read_timeout_s": 20.0}
+    with pytest.raises(ValueError, match="EVS_DECODE_TIMEOUT_S='soon' is not a number"):
+        limits_from_env({"EVS_DECODE_TIMEOUT_S": "soon"})
+
+
 def test_question_and_history_are_counted_in_tokens(tiny_cache_dir, clip):
-    config = EngineConfig(model="tiny-random", device="cpu", cache_dir=tiny_cache_dir, sampling=SAMPLING,
-                          max_question_tokens=20, max_history_tokens=50)
+    config = tiny_config(tiny_cache_dir, max_question_tokens=20, max_history_tokens=50)
     with Engine(config) as small:
         with pytest.raises(InputError, match=r"The question is \d+ tokens long; the limit is 20\."):
             small.submit(clip("pan"), "Why? " * 10, GenerationParams(max_new_tokens=1))
@@ -195,6 +213,7 @@ def test_a_request_past_the_models_context_is_refused_before_the_gpu(engine, cli
 
 
 def test_sampling_past_the_servers_limits_is_refused(engine, clip):
-    too_many = SamplingParams(fps=2.0, max_frames=engine.sampling_limits.max_frames + 2, max_pixels_per_frame=160 * 128)
+    too_many = FrameSampling(fps=2.0, max_frames=engine.frame_sampling_limits.max_frames + 2,
+                             max_pixels_per_frame=160 * 128)
     with pytest.raises(InputError, match="frames were asked for; this server samples at most"):
-        engine.submit(clip("pan"), "What?", GenerationParams(sampling=too_many))
+        engine.submit(clip("pan"), "What?", GenerationParams(frame_sampling=too_many))

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from engine import Engine, EngineConfig, GenerationParams
-from engine.config import SamplingParams
+from engine.config import FrameSampling
 from engine.lm import LMInput, embed_prompt, lm_logits
 from engine.prompt import chat_text, processor_inputs, prepare_prompt
 from engine.pruning import prune_prompt
@@ -16,12 +16,12 @@ QUESTION = "What moves?"
 # 2 s at 4 fps -> 8 frames, 4 temporal groups; 224x224 -> 7x7 (Qwen3) or 8x8 (Qwen2.5) tokens per group.
 # For Qwen2.5 the video's temporal extent (3 groups x 1 position) stays below its spatial extent, where
 # stock transformers' text-after-video offset agrees with the original Qwen rule.
-SAMPLING = SamplingParams(fps=4.0, max_frames=8, max_pixels_per_frame=224 * 224)
+FRAME_SAMPLING = FrameSampling(fps=4.0, max_frames=8, max_pixels_per_frame=224 * 224)
 MODELS = ["tiny-random", "tiny-random-qwen2.5-vl"]
 
 
 def sampled(path):
-    return load_video(path, SAMPLING, max_seconds=60, max_bytes=10**8, timeout_s=60)
+    return load_video(path, FRAME_SAMPLING, max_seconds=60, max_bytes=10**8, timeout_s=60)
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -35,7 +35,7 @@ def test_q0_equals_stock_generate(name, tiny_models, tiny_cache_dir, clip):
         )
     stock_tokens = stock.sequences[0, inputs["input_ids"].shape[1] :].tolist()
 
-    engine = Engine(EngineConfig(model=name, device="cpu", cache_dir=tiny_cache_dir, sampling=SAMPLING))
+    engine = Engine(EngineConfig(model=name, device="cpu", cache_dir=tiny_cache_dir, frame_sampling=FRAME_SAMPLING))
     try:
         params = GenerationParams(pruning_rate=0.0, max_new_tokens=16, return_logits=True)
         answer = engine.submit(video=path, question=QUESTION, params=params).result(timeout_s=300)

@@ -39,7 +39,7 @@ def sample_stats(**overrides) -> dict:
     values = dict(
         pruning_rate=0.7, frames_sampled=6, sampled_fps=2.0, grid_thw=[3, 2, 3], video_tokens_total=18,
         video_tokens_kept=8, tokens_kept_per_frame=[6, 2, 0], prompt_tokens=40, prefill_tokens=40, generated_tokens=11,
-        ttft_s=0.5, total_s=1.5, decode_video_s=0.004, vit_s=0.12, evs_s=0.0021, prefill_s=0.2,
+        ttft_s=0.5, total_s=1.5, read_video_s=0.004, vit_s=0.12, evs_s=0.0021, prefill_s=0.2,
         decode_s=1.0, vit_batch_requests=2, vit_cache_hit=True, prefix_cache_hit=False, decode_batch_max=3,
         thinking_tokens=0, answer_tokens=11,
     )
@@ -157,7 +157,7 @@ def test_stats_cards_show_the_headline_numbers():
 
 
 def test_the_video_stage_splits_reading_from_waiting_for_a_reader():
-    html = stats_panel.stats_html(sample_stats(decode_video_s=0.05, read_s=0.032, read_wait_s=0.0012))
+    html = stats_panel.stats_html(sample_stats(read_video_s=0.05, read_s=0.032, read_wait_s=0.0012))
     assert "video 50 ms (read 32 ms, waited 1.2 ms)" in html
     assert "(read" not in stats_panel.stats_html(sample_stats(read_s=0.0, read_wait_s=0.0))  # a cache hit
 

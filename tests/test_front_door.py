@@ -43,7 +43,7 @@ def through_the_page(app, video: Path | None, question: str, rate: float) -> str
     """The browser's Ask handler (a private endpoint, so called here as Gradio calls it), with the
     sliders' other values."""
     settings = defaults(app.spy)
-    sampling = settings.sampling
+    sampling = settings.frame_sampling
 
     async def ask():
         async for _ in Handlers(app.spy).chat(str(video) if video else None, question, rate, sampling.fps,
@@ -100,7 +100,7 @@ def expected_sentence(app, case: str) -> str:
         "a question too long": ("x" * (engine.config.max_question_chars + 1), GenerationParams()),
         "a bad pruning rate": (QUESTION, GenerationParams(pruning_rate=BAD_RATE)),
     }[case]
-    return refusal(lambda: check_params(question, params, engine.config, engine.sampling_limits))
+    return refusal(lambda: check_params(question, params, engine.config, engine.frame_sampling_limits))
 
 
 @pytest.mark.parametrize("case", ["a question too long", "a bad pruning rate", "no video"])
@@ -120,8 +120,8 @@ def test_loose_values_become_settings_and_left_out_ones_the_engines_defaults(app
     engine = app.spy
     params = request_params(engine, pruning_rate="0.5", max_frames=12.0, max_new_tokens="7", temperature=None)
     assert params.pruning_rate == 0.5 and params.max_new_tokens == 7
-    assert params.sampling.max_frames == 12 and isinstance(params.sampling.max_frames, int)
-    assert params.sampling.fps == engine.default_sampling.fps
+    assert params.frame_sampling.max_frames == 12 and isinstance(params.frame_sampling.max_frames, int)
+    assert params.frame_sampling.fps == engine.default_frame_sampling.fps
     assert params.temperature == GenerationParams.temperature
     assert request_params(engine) == defaults(engine)
     assert defaults(engine).pruning_rate == engine.model_info["default_pruning_rate"]

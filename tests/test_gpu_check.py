@@ -51,7 +51,7 @@ def test_quick_run_saves_every_figure(quick_run):
     kept = [row["video_tokens_kept"] for row in report["ttft_by_rate"]]
     assert kept == sorted(kept, reverse=True) and kept[0] == report["ttft_by_rate"][0]["video_tokens_total"]
     for row in report["ttft_by_rate"]:
-        assert row["ttft_s"] >= row["decode_video_s"] + row["vit_s"] + row["prefill_s"] > 0
+        assert row["ttft_s"] >= row["read_video_s"] + row["vit_s"] + row["prefill_s"] > 0
         assert row["ideal_ttft_s"] > 0
     assert [row["video"] for row in report["reading"]] == ["3-s 160x120", "10-s 160x120"]
     for row in report["reading"]:

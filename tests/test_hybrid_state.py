@@ -12,7 +12,7 @@ import evs
 
 from app_harness import wait_until
 from engine import Engine, EngineConfig, GenerationParams
-from engine.config import SamplingParams
+from engine.config import FrameSampling
 from engine.decode_batch import DecodeBatch
 from engine.lm_state import KV, LMState, Recurrent, cache_of, new_cache, state_of
 from engine.prefix_cache import PrefixCache
@@ -20,7 +20,7 @@ from engine.prompt import chat_text, prepare_prompt, processor_inputs
 from engine.video import load_video
 
 DENSE, MOE = "tiny-random-qwen3.5", "tiny-random-qwen3.5-moe"
-SAMPLING = SamplingParams(fps=4.0, max_frames=8, max_pixels_per_frame=160 * 128)
+FRAME_SAMPLING = FrameSampling(fps=4.0, max_frames=8, max_pixels_per_frame=160 * 128)
 SYSTEM = "You are a helpful assistant."
 ATOL = 1e-4
 # (video, q, question): prompts of different lengths, q = 0 included.
@@ -29,7 +29,8 @@ WORKLOAD = [(0, 0.0, "What happens?"), (0, 0.7, "What happens in this clip, and 
 
 
 def make_engine(name, tiny_cache_dir, **overrides) -> Engine:
-    return Engine(EngineConfig(model=name, device="cpu", cache_dir=tiny_cache_dir, sampling=SAMPLING, **overrides))
+    return Engine(EngineConfig(model=name, device="cpu", cache_dir=tiny_cache_dir, frame_sampling=FRAME_SAMPLING,
+                               **overrides))
 
 
 def params(q: float, tokens: int = 10) -> GenerationParams:
@@ -62,8 +63,9 @@ def alone(tiny_cache_dir, videos):
 @pytest.mark.parametrize("name", [DENSE, MOE])
 def test_q0_equals_stock_generate(name, tiny_models, tiny_cache_dir, videos):
     loaded, family = tiny_models(name)
-    video = load_video(videos[0], SAMPLING, max_seconds=60, max_bytes=10**8, timeout_s=60)
-    inputs = processor_inputs(loaded, video, chat_text(family, SYSTEM, "What moves?", []), SAMPLING.max_pixels_per_frame)
+    video = load_video(videos[0], FRAME_SAMPLING, max_seconds=60, max_bytes=10**8, timeout_s=60)
+    inputs = processor_inputs(loaded, video, chat_text(family, SYSTEM, "What moves?", []),
+                              FRAME_SAMPLING.max_pixels_per_frame)
     with torch.inference_mode():
         stock = loaded.model.generate(**inputs, max_new_tokens=12, do_sample=False, output_logits=True,
                                       return_dict_in_generate=True)
@@ -200,8 +202,8 @@ def test_pruned_equals_the_stock_model_on_the_compacted_sequence(name, tiny_mode
     gave, teacher-forced: its logits at each answer step must be the engine's (its argmax, the engine's
     tokens, for the MoE model)."""
     loaded, family = tiny_models(name)
-    video = load_video(videos[0], SAMPLING, max_seconds=60, max_bytes=10**8, timeout_s=60)
-    prompt = prepare_prompt(loaded, family, video, "What moves?", [], SYSTEM, SAMPLING.max_pixels_per_frame)
+    video = load_video(videos[0], FRAME_SAMPLING, max_seconds=60, max_bytes=10**8, timeout_s=60)
+    prompt = prepare_prompt(loaded, family, video, "What moves?", [], SYSTEM, FRAME_SAMPLING.max_pixels_per_frame)
     with make_engine(name, tiny_cache_dir) as engine:
         answer = engine.submit(videos[0], "What moves?", params(0.5)).result(120)
     with torch.inference_mode():

@@ -166,7 +166,7 @@ def test_sixteen_users_three_rounds_with_cancels_stay_bounded(loaded_app, user_c
     and memory, live requests and the temp folder do not grow after round 1.
 
     Why these bounds. Rounds 2 and 3 repeat round 1 (same users, clips, questions and q), so everything
-    the app needs for them already exists after round 1: decoded frames, ViT features and the
+    the app needs for them already exists after round 1: sampled frames, ViT features and the
     conversation KV are cached (bounded caches), and Gradio stores uploads and frame pictures under the
     hash of their content. Anything that still grows is per-request residue:
     - resident memory: within 10 % of round 1 (the issue's bound; it absorbs allocator noise of a process
@@ -174,7 +174,7 @@ def test_sixteen_users_three_rounds_with_cancels_stay_bounded(loaded_app, user_c
     - live engine Requests: none once the round is over (a finished request must be unreachable; each
       holds its frames, pixel tensors and KV, so this finds a leak RSS is too coarse to see);
     - temp folder: no file appears after round 1 and its bytes do not grow. A per-request file (a unique
-      name per answer) would only go when app.py's sweeper reaches its age, an hour by default, so the
+      name per answer) would only go when app.py's cleaner reaches its age, an hour by default, so the
       folder would grow with traffic (54 new files a round here: 2 pictures per answer, saved twice).
     """
     (running, temp_dir), spy = loaded_app, loaded_app[0].spy

@@ -14,13 +14,13 @@ from transformers.video_utils import VideoMetadata
 
 from engine import Engine, EngineConfig, GenerationParams, InputError
 from engine.config import (
-    CPU_SAMPLING_LIMITS,
+    CPU_FRAME_SAMPLING_LIMITS,
     DEFAULT_PRUNING_RATE,
-    GPU_SAMPLING,
-    GPU_SAMPLING_LIMITS,
-    SamplingParams,
-    default_sampling,
-    sampling_limits,
+    GPU_FRAME_SAMPLING,
+    GPU_FRAME_SAMPLING_LIMITS,
+    FrameSampling,
+    default_frame_sampling,
+    frame_sampling_limits,
     video_tokens,
 )
 from engine.__main__ import main as engine_main
@@ -32,14 +32,14 @@ from engine.tiny import build_tokenizer
 
 QWEN3_4B = "Qwen/Qwen3-VL-4B-Instruct"
 QWEN35_9B = "Qwen/Qwen3.5-9B"
-SAMPLING = SamplingParams(fps=4.0, max_frames=8, max_pixels_per_frame=160 * 128)  # 4 groups x 5x4 tokens
+FRAME_SAMPLING = FrameSampling(fps=4.0, max_frames=8, max_pixels_per_frame=160 * 128)  # 4 groups x 5x4 tokens
 
 
 def config_of(checkpoint: str):
     return spec_config(checkpoint_spec(checkpoint))
 
 
-def gpu_video_tokens(checkpoint: str, frames: int, pixels: int = GPU_SAMPLING.max_pixels_per_frame) -> int:
+def gpu_video_tokens(checkpoint: str, frames: int, pixels: int = GPU_FRAME_SAMPLING.max_pixels_per_frame) -> int:
     vision = config_of(checkpoint).vision_config
     return video_tokens(frames, pixels, vision.patch_size, vision.spatial_merge_size, vision.temporal_patch_size)
 
@@ -62,19 +62,19 @@ def settings(planned_video_tokens: int = 12_544, **overrides) -> PlanSettings:
 
 def test_cpu_defaults_are_unchanged():
     """The CPU tests and tiny models are sized for 32 frames at 224x224; the GPU defaults must not leak."""
-    assert default_sampling("cpu") == SamplingParams() == SamplingParams(fps=2.0, max_frames=32,
-                                                                         max_pixels_per_frame=224 * 224)
-    assert sampling_limits("cpu") == CPU_SAMPLING_LIMITS
-    assert (CPU_SAMPLING_LIMITS.max_fps, CPU_SAMPLING_LIMITS.max_frames) == (8.0, 128)
-    assert CPU_SAMPLING_LIMITS.max_pixels_per_frame == 32 * 112 * 112
+    assert default_frame_sampling("cpu") == FrameSampling() == FrameSampling(fps=2.0, max_frames=32,
+                                                                             max_pixels_per_frame=224 * 224)
+    assert frame_sampling_limits("cpu") == CPU_FRAME_SAMPLING_LIMITS
+    assert (CPU_FRAME_SAMPLING_LIMITS.max_fps, CPU_FRAME_SAMPLING_LIMITS.max_frames) == (8.0, 128)
+    assert CPU_FRAME_SAMPLING_LIMITS.max_pixels_per_frame == 32 * 112 * 112
 
 
 def test_gpu_defaults_give_a_90_second_clip_about_ten_thousand_video_tokens():
     """On a GPU the old defaults (about 800 video tokens) showed almost nothing of EVS."""
-    assert default_sampling("cuda") == GPU_SAMPLING == SamplingParams(fps=2.0, max_frames=128,
-                                                                      max_pixels_per_frame=448 * 448)
-    assert sampling_limits("cuda") == GPU_SAMPLING_LIMITS
-    frames = len(sample_frame_indices(90.0, 90 * 30, GPU_SAMPLING))  # 180 frames at 2 fps, capped
+    assert default_frame_sampling("cuda") == GPU_FRAME_SAMPLING == FrameSampling(fps=2.0, max_frames=128,
+                                                                                 max_pixels_per_frame=448 * 448)
+    assert frame_sampling_limits("cuda") == GPU_FRAME_SAMPLING_LIMITS
+    frames = len(sample_frame_indices(90.0, 90 * 30, GPU_FRAME_SAMPLING))  # 180 frames at 2 fps, capped
     assert frames == 128
     # Qwen3-VL: 32x32 pixels x 2 frames per token -> 64 groups x (448/32)^2 = 64 x 196.
     assert gpu_video_tokens(QWEN3_4B, frames) == 64 * 196 == 12_544
@@ -99,7 +99,7 @@ def test_the_checkpoints_own_processor_agrees_with_the_token_arithmetic(checkpoi
                                  height=height, width=width)
         out = processor.video_processor(videos=[frames], video_metadata=[metadata], do_sample_frames=False,
                                         return_tensors="pt",
-                                        **sized_processor(loaded, 4, GPU_SAMPLING.max_pixels_per_frame)[1])
+                                        **sized_processor(loaded, 4, GPU_FRAME_SAMPLING.max_pixels_per_frame)[1])
         groups, h, w = out["video_grid_thw"][0].tolist()
         assert groups == 2 and (h // merge) * (w // merge) <= per_group
         if height == width:
@@ -124,7 +124,7 @@ def planned_peak_bytes(dims: ModelDims, s: PlanSettings, rows: int, video: int) 
     kv_row = s.kv_copies * (dims.kv_bytes_per_token * (video + s.text_tokens + s.new_tokens + s.spare_tokens)
                             + dims.state_bytes_per_sequence)
     row = kv_row + dims.feature_bytes_per_video_token * video
-    vit = dims.vit_bytes(max(s.vit_patches, video * dims.merge_patches))
+    vit = dims.vit_bytes(max(s.vit_patch_budget, video * dims.merge_patches))
     prefill = dims.prefill_bytes(video + s.text_tokens + s.new_tokens)
     return rows * row + max(vit, prefill)
 
@@ -326,8 +326,8 @@ def test_the_command_line_prints_a_checkpoints_plan_without_a_gpu(capsys):
 
 def test_a_cpu_engine_has_no_memory_plan_and_the_cpu_defaults(tiny_cache_dir):
     with Engine(EngineConfig(model="tiny-random", device="cpu", cache_dir=tiny_cache_dir)) as engine:
-        assert engine.default_sampling == SamplingParams()
-        assert engine.sampling_limits == CPU_SAMPLING_LIMITS
+        assert engine.default_frame_sampling == FrameSampling()
+        assert engine.frame_sampling_limits == CPU_FRAME_SAMPLING_LIMITS
         plan = engine.memory_plan
         assert not plan.bounded and plan.max_video_tokens is None and plan.max_running == 16
         plan.check_request(video_tokens=10**9, prompt_tokens=10**9, max_new_tokens=4096)  # never refuses
@@ -341,7 +341,7 @@ def small_plan_engine(tiny_cache_dir):
     for the default 80 video tokens (+5,376 others, x3) is 12.7 MB; one ViT forward over the CPU's
     4,096-patch budget takes 55 MB (float32 pixels): 3 rows fit, 16 rows of anything more do not."""
     budget = int((2 * GIB + 100 * 1024**2) / 0.9)
-    config = EngineConfig(model="tiny-random", device="cpu", cache_dir=tiny_cache_dir, sampling=SAMPLING,
+    config = EngineConfig(model="tiny-random", device="cpu", cache_dir=tiny_cache_dir, frame_sampling=FRAME_SAMPLING,
                           memory_budget_bytes=budget)
     with Engine(config) as engine:
         yield engine
@@ -355,8 +355,8 @@ def test_a_forced_plan_bounds_the_engine(small_plan_engine):
 
 def test_an_over_plan_video_is_refused_with_a_sentence_and_the_engine_keeps_serving(small_plan_engine, clip):
     video = clip("moving_object", seconds=2.0)  # 16 frames at 8 fps
-    larger = GenerationParams(max_new_tokens=4, sampling=SamplingParams(fps=8.0, max_frames=16,
-                                                                        max_pixels_per_frame=160 * 128))
+    larger = GenerationParams(max_new_tokens=4, frame_sampling=FrameSampling(fps=8.0, max_frames=16,
+                                                                             max_pixels_per_frame=160 * 128))
     refused = small_plan_engine.submit(video, "What moves?", larger)
     with pytest.raises(InputError, match=r"^This video comes to 160 video tokens, more than the 80 .*"
                                          r"choose fewer frames or fewer pixels per frame\.$"):
@@ -391,8 +391,8 @@ class GpuLikeEngine:
 
     model_info = {"name": "Qwen/Qwen3-VL-4B-Instruct", "device": "cuda:0", "is_tiny": False,
                   "default_pruning_rate": DEFAULT_PRUNING_RATE, "thinks": False}
-    default_sampling = GPU_SAMPLING
-    sampling_limits = GPU_SAMPLING_LIMITS
+    default_frame_sampling = GPU_FRAME_SAMPLING
+    frame_sampling_limits = GPU_FRAME_SAMPLING_LIMITS
 
 
 def test_sliders_and_api_defaults_follow_the_engines_device():
@@ -401,7 +401,7 @@ def test_sliders_and_api_defaults_follow_the_engines_device():
     demo = ui.build_demo(GpuLikeEngine())
     sliders = {block.elem_id: block for block in demo.blocks.values() if getattr(block, "elem_id", None)}
     assert (sliders["evs-fps"].value, sliders["evs-max-frames"].value) == (2.0, 128)
-    assert sliders["evs-max-frames"].maximum == GPU_SAMPLING_LIMITS.max_frames
+    assert sliders["evs-max-frames"].maximum == GPU_FRAME_SAMPLING_LIMITS.max_frames
     assert sliders["evs-max-pixels"].value == 448 * 448
     assert sliders["evs-max-pixels"].maximum == 896 * 896 and "448 × 448 = 200,704" in sliders["evs-max-pixels"].info
     parameters = demo.get_api_info()["named_endpoints"]["/ask"]["parameters"]
@@ -435,12 +435,12 @@ def test_ask_called_without_sampling_uses_the_engines_device_defaults(clip):
 
     with pytest.raises(gr.Error, match="recorded"):
         asyncio.run(ask())
-    assert engine.submitted[0].sampling == GPU_SAMPLING
+    assert engine.submitted[0].frame_sampling == GPU_FRAME_SAMPLING
 
 
 def test_an_engine_without_room_for_a_small_request_refuses_to_start(tiny_cache_dir):
     """Less device memory than the caches' own bounds: one sentence at start, not a server that refuses all."""
-    config = EngineConfig(model="tiny-random", device="cpu", cache_dir=tiny_cache_dir, sampling=SAMPLING,
+    config = EngineConfig(model="tiny-random", device="cpu", cache_dir=tiny_cache_dir, frame_sampling=FRAME_SAMPLING,
                           memory_budget_bytes=1 * GIB)
     with pytest.raises(InsufficientMemory, match=r"GPU has 1\.0 GiB free, room for 0 video tokens per request, "
                                                  r"fewer than the 80 of a small clip"):

@@ -290,13 +290,13 @@ def test_the_checkpoints_video_pruning_rate_is_the_servers_default(cache_dir, tm
     import shutil
 
     from engine import Engine, EngineConfig
-    from engine.config import SamplingParams
+    from engine.config import FrameSampling
 
     folder = shutil.copytree(tiny.ensure_tiny_model("tiny-random-qwen3.5", cache_dir), tmp_path / "checkpoint")
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, "video_pruning_rate": rate}))
-    sampling = SamplingParams(fps=2.0, max_frames=4, max_pixels_per_frame=64 * 64)
-    with Engine(EngineConfig(model=str(folder), device="cpu", sampling=sampling)) as engine:
+    sampling = FrameSampling(fps=2.0, max_frames=4, max_pixels_per_frame=64 * 64)
+    with Engine(EngineConfig(model=str(folder), device="cpu", frame_sampling=sampling)) as engine:
         assert engine.model_info["default_pruning_rate"] == served
         answer = engine.submit(clip("moving_object", seconds=2.0), "What moves?").result(120)
     assert answer.stats["pruning_rate"] == served

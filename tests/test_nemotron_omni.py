@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from engine import Engine, EngineConfig, GenerationParams
-from engine.config import SamplingParams
+from engine.config import FrameSampling
 from engine.prompt import chat_text, prepare_prompt, processor_inputs
 from engine.pruning import prune_prompt
 from engine.video import load_video
@@ -21,7 +21,7 @@ NAME = "tiny-random-nemotron-omni"
 # 8 frames (4 tubelets) of at most 64 patches: 4 x 3 x 4 = 48 video tokens for the first clip, 4 x 3 x 5 = 60
 # for the second, small enough for seconds per test; at each rate used with the model's own EVS, transformers'
 # float count (int(T * h * w * (1 - q))) and our exact one agree.
-SAMPLING = SamplingParams(fps=4.0, max_frames=8, max_pixels_per_frame=128 * 128)
+FRAME_SAMPLING = FrameSampling(fps=4.0, max_frames=8, max_pixels_per_frame=128 * 128)
 SYSTEM = "You are a helpful assistant."
 ATOL = 1e-4
 # (video, q, question): rows of different lengths and rates, q = 0 included, no two on the same (video, q),
@@ -31,7 +31,8 @@ WORKLOAD = [(0, 0.0, "What moves?"), (0, 0.6, "What happens in this clip, and wh
 
 
 def make_engine(tiny_cache_dir, **overrides) -> Engine:
-    return Engine(EngineConfig(model=NAME, device="cpu", cache_dir=tiny_cache_dir, sampling=SAMPLING, **overrides))
+    return Engine(EngineConfig(model=NAME, device="cpu", cache_dir=tiny_cache_dir, frame_sampling=FRAME_SAMPLING,
+                               **overrides))
 
 
 def params(q: float, tokens: int = 8) -> GenerationParams:
@@ -71,9 +72,9 @@ def alone(tiny_cache_dir, videos):
 
 def stock_inputs(tiny_models, video_path, question):
     loaded, family = tiny_models(NAME)
-    video = load_video(video_path, SAMPLING, max_seconds=60, max_bytes=10**8, timeout_s=60)
+    video = load_video(video_path, FRAME_SAMPLING, max_seconds=60, max_bytes=10**8, timeout_s=60)
     text = chat_text(family, SYSTEM, question, [])
-    return loaded, processor_inputs(loaded, video, text, SAMPLING.max_pixels_per_frame)
+    return loaded, processor_inputs(loaded, video, text, FRAME_SAMPLING.max_pixels_per_frame)
 
 
 def test_per_request_pruning_equals_the_models_own_evs(tiny_models, videos, alone):
@@ -148,8 +149,8 @@ def test_follow_ups_equal_the_same_conversations_asked_cold(tiny_cache_dir, vide
 
 def test_a_tubelet_that_keeps_no_token_keeps_its_frame_text(tiny_models, videos):
     loaded, family = tiny_models(NAME)
-    video = load_video(videos[0], SAMPLING, max_seconds=60, max_bytes=10**8, timeout_s=60)
-    prompt = prepare_prompt(loaded, family, video, "What moves?", [], SYSTEM, SAMPLING.max_pixels_per_frame)
+    video = load_video(videos[0], FRAME_SAMPLING, max_seconds=60, max_bytes=10**8, timeout_s=60)
+    prompt = prepare_prompt(loaded, family, video, "What moves?", [], SYSTEM, FRAME_SAMPLING.max_pixels_per_frame)
     with torch.inference_mode():
         features = family.encode(loaded.model, prompt.pixel_values, prompt.grid_thw_patches[None])[0]
     pruned = prune_prompt(prompt, features, 0.9)

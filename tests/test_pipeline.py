@@ -8,9 +8,9 @@ import pytest
 from app_harness import wait_until
 
 from engine import Engine, EngineConfig, GenerationParams, Stream
-from engine.config import SamplingParams
+from engine.config import FrameSampling
 
-SAMPLING = SamplingParams(fps=4.0, max_frames=8, max_pixels_per_frame=160 * 128)
+FRAME_SAMPLING = FrameSampling(fps=4.0, max_frames=8, max_pixels_per_frame=160 * 128)
 
 
 @pytest.fixture
@@ -30,7 +30,8 @@ def pushes(monkeypatch):
 
 def burst(tiny_cache_dir, paths, pushes, **config) -> tuple[list, list[Stream], int]:
     """Answers to one burst (queued in the order of paths), its streams and the vision forwards run."""
-    engine = Engine(EngineConfig(model="tiny-random", device="cpu", cache_dir=tiny_cache_dir, sampling=SAMPLING, **config))
+    engine = Engine(EngineConfig(model="tiny-random", device="cpu", cache_dir=tiny_cache_dir,
+                                 frame_sampling=FRAME_SAMPLING, **config))
     params = GenerationParams(pruning_rate=0.5, max_new_tokens=6, ignore_eos=True)
     with engine:
         with engine.paused():
@@ -49,7 +50,7 @@ def first_index(log, request_id, kind, prefix="") -> int:
 
 def test_first_tokens_arrive_between_the_vision_forwards(tiny_cache_dir, clip, pushes):
     paths = [clip(kind, seconds=2.0) for kind in ("moving_object", "pan", "scene_cut")]
-    answers, streams, forwards = burst(tiny_cache_dir, paths, pushes, vit_token_budget=1)  # one video per forward
+    answers, streams, forwards = burst(tiny_cache_dir, paths, pushes, vit_patch_budget=1)  # one video per forward
     assert forwards == 3
     encoded = sorted(streams, key=lambda s: first_index(pushes, s.request_id, "status", "encoding"))
     starts = [first_index(pushes, s.request_id, "status", "encoding") for s in encoded]
@@ -63,7 +64,7 @@ def test_first_tokens_arrive_between_the_vision_forwards(tiny_cache_dir, clip, p
 
 def test_the_shorter_video_of_a_burst_goes_first(tiny_cache_dir, clip, pushes):
     long, short = clip("pan", seconds=2.0), clip("pan", seconds=1.0)  # 8 frames against 4
-    answers, streams, _ = burst(tiny_cache_dir, [long, short], pushes, vit_token_budget=1)
+    answers, streams, _ = burst(tiny_cache_dir, [long, short], pushes, vit_patch_budget=1)
     long_start, short_start = (first_index(pushes, s.request_id, "status", "encoding") for s in streams)
     assert short_start < long_start
     assert answers[1].stats["ttft_s"] < answers[0].stats["ttft_s"]
@@ -71,7 +72,8 @@ def test_the_shorter_video_of_a_burst_goes_first(tiny_cache_dir, clip, pushes):
 
 def test_overlapping_pauses_hold_admission_until_the_last_ends(tiny_cache_dir, clip):
     """Two bursts at once (two users sweeping) must not end each other's hold early."""
-    engine = Engine(EngineConfig(model="tiny-random", device="cpu", cache_dir=tiny_cache_dir, sampling=SAMPLING))
+    engine = Engine(EngineConfig(model="tiny-random", device="cpu", cache_dir=tiny_cache_dir,
+                                 frame_sampling=FRAME_SAMPLING))
     with engine:
         outer = engine.paused()
         outer.__enter__()

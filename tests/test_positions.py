@@ -4,18 +4,18 @@ the unpruned maximum + 1; a Qwen3-VL group that keeps zero tokens keeps its time
 import torch
 
 import evs
-from engine.config import SamplingParams
+from engine.config import FrameSampling
 from engine.families import Qwen25VL, Qwen3VL
 from engine.prompt import prepare_prompt
 from engine.pruning import prune_prompt
 from engine.video import load_video
 
-SAMPLING = SamplingParams(fps=4.0, max_frames=8, max_pixels_per_frame=224 * 224)
+FRAME_SAMPLING = FrameSampling(fps=4.0, max_frames=8, max_pixels_per_frame=224 * 224)
 
 
 def prepared(tiny_models, name, path, question="What moves?"):
     loaded, family = tiny_models(name)
-    video = load_video(path, SAMPLING, max_seconds=60, max_bytes=10**8, timeout_s=60)
+    video = load_video(path, FRAME_SAMPLING, max_seconds=60, max_bytes=10**8, timeout_s=60)
     prompt = prepare_prompt(loaded, family, video, question, [], "You are a helpful assistant.", 224 * 224)
     return loaded, family, video, prompt
 

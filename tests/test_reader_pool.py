@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from bench.decoding import write_long_gop_clip
 from engine import Engine, EngineConfig
-from engine.config import SamplingParams
+from engine.config import FrameSampling
 from engine.reader_pool import ReaderPool
 from engine.video import load_video
 from engine.video_segments import segments, units
@@ -30,7 +30,7 @@ from test_video_formats import VARIABLE, write_video
 
 ROOT = Path(__file__).resolve().parent.parent
 LIMITS = dict(max_seconds=600.0, max_bytes=1 << 30, timeout_s=120.0)
-SAMPLING = SamplingParams(fps=4.0, max_frames=32, max_pixels_per_frame=224 * 224)
+FRAME_SAMPLING = FrameSampling(fps=4.0, max_frames=32, max_pixels_per_frame=224 * 224)
 # Long-GOP H.264 as the bench makes it (bench/decoding.py), 12 s of 320x240 with a keyframe every 1.5 s
 # and B-frames: 8 keyframe groups for 32 samples, made in about a second.
 LONG_GOP = dict(seconds=12, fps=30, size=(320, 240), gop_s=1.5)
@@ -60,8 +60,8 @@ def test_segments_read_at_once_give_the_frames_one_reader_gives(long_files, one_
     same frames to the bit, the same ordinals and times, as one reader reading the whole file."""
     with ReaderPool(readers, split_min_pixels=0) as pool:
         assert wait_until(lambda: pool.idle == readers, 60)
-        together = load_video(long_files[name], SAMPLING, readers=pool, **LIMITS)
-    alone = load_video(long_files[name], SAMPLING, readers=one_reader, **LIMITS)
+        together = load_video(long_files[name], FRAME_SAMPLING, readers=pool, **LIMITS)
+    alone = load_video(long_files[name], FRAME_SAMPLING, readers=one_reader, **LIMITS)
     assert together.readers == readers and alone.readers == 1
     assert together.frames.shape == alone.frames.shape and len(alone.frames) >= 20
     assert np.array_equal(together.frames, alone.frames)
@@ -74,7 +74,7 @@ def test_a_short_clip_is_read_by_one_reader(long_files):
     """Below the pool's threshold a video is not split, however many readers are free."""
     with ReaderPool(2) as pool:
         assert wait_until(lambda: pool.idle == 2, 60)
-        assert load_video(long_files["long_gop"], SAMPLING, readers=pool, **LIMITS).readers == 1
+        assert load_video(long_files["long_gop"], FRAME_SAMPLING, readers=pool, **LIMITS).readers == 1
 
 
 @given(gaps=st.lists(st.integers(1, 5), min_size=1, max_size=200), every=st.integers(1, 40),
@@ -100,7 +100,7 @@ def test_a_reader_killed_while_idle_is_replaced_and_blames_no_file(clip):
         (pid,) = pool.pids()
         os.kill(pid, signal.SIGKILL)
         assert wait_until(lambda: not alive(pid), 5)
-        video = load_video(clip("pan", seconds=2.0), SAMPLING, readers=pool, **LIMITS)
+        video = load_video(clip("pan", seconds=2.0), FRAME_SAMPLING, readers=pool, **LIMITS)
         assert len(video.frames) == 8 and pid not in pool.pids() and len(pool.pids()) == 1
 
 
@@ -124,7 +124,7 @@ pool = reader_pool.ReaderPool(2)
 while pool.idle < 2:
     time.sleep(0.05)
 print(" ".join(str(pid) for pid in pool.pids()), flush=True)
-request = {"path": sys.argv[2], "sampling": {}, "max_seconds": 60, "patch": 2, "max_source_pixels": 10**8,
+request = {"path": sys.argv[2], "frame_sampling": {}, "max_seconds": 60, "patch": 2, "max_source_pixels": 10**8,
            "memory_bytes": 1 << 30}
 threading.Thread(target=pool.read, args=(request, 3600), daemon=True).start()
 time.sleep(3600)

@@ -22,7 +22,7 @@ import ray
 import torch
 
 from assets.clips import write_clip
-from engine import Engine, EngineConfig, GenerationParams, InputError, SamplingParams
+from engine import Engine, EngineConfig, FrameSampling, GenerationParams, InputError
 from engine.errors import NO_VIDEO
 from engine.video import UNREADABLE, file_sha256
 from replicas import REPLICA_LOST, ReplicaLost, ReplicasUnavailable, ReplicatedEngine
@@ -30,7 +30,7 @@ from replicas.routing import home_of, ranks
 from replicas.videos import VideoSender
 
 REPO = Path(__file__).resolve().parent.parent
-SAMPLING = SamplingParams(fps=4.0, max_frames=8, max_pixels_per_frame=160 * 128)
+FRAME_SAMPLING = FrameSampling(fps=4.0, max_frames=8, max_pixels_per_frame=160 * 128)
 KINDS = ("moving_object", "pan", "scene_cut", "static")
 TIMEOUT_S = 120
 SPILL_AFTER = 2
@@ -75,7 +75,7 @@ def test_the_single_engine_path_never_imports_ray():
 # --- a local cluster of 2 replicas -------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def config(tiny_cache_dir) -> EngineConfig:
-    return EngineConfig(model="tiny-random", device="cpu", cache_dir=tiny_cache_dir, sampling=SAMPLING)
+    return EngineConfig(model="tiny-random", device="cpu", cache_dir=tiny_cache_dir, frame_sampling=FRAME_SAMPLING)
 
 
 @pytest.fixture(scope="module")

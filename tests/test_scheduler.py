@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from engine.config import GenerationParams
-from engine.scheduler import Scheduler, WorkWeights
+from engine.config import EngineConfig, GenerationParams
+from engine.scheduler import Scheduler, WorkWeights, vision_chunks, vit_patch_budget
 from engine.stage import Stage
 from engine.stats import Stats
 
@@ -105,6 +105,16 @@ def test_one_video_over_the_budget_is_encoded_alone():
     s.add(small)
     s.admit()
     assert s.encode_chunk() == [big]
+
+
+def test_vision_chunks_keep_each_forward_within_the_budget_and_a_larger_video_alone():
+    assert vision_chunks([40, 50, 20, 150, 30, 30], 100) == [[0, 1], [2], [3], [4, 5]]
+    assert vision_chunks([], 100) == []
+
+
+def test_the_patch_budget_is_the_configs_else_the_devices():
+    assert vit_patch_budget(EngineConfig(), "cpu") == 4096 and vit_patch_budget(EngineConfig(), "cuda") == 65536
+    assert vit_patch_budget(EngineConfig(vit_patch_budget=1), "cuda") == 1
 
 
 def test_prefill_batch_spends_the_token_budget_but_takes_at_least_one_prompt():

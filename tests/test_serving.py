@@ -8,16 +8,17 @@ import torch
 
 from app_harness import wait_until
 from engine import Engine, EngineConfig, GenerationParams
-from engine.config import SamplingParams
+from engine.config import FrameSampling
 
-SAMPLING = SamplingParams(fps=4.0, max_frames=8, max_pixels_per_frame=160 * 128)
+FRAME_SAMPLING = FrameSampling(fps=4.0, max_frames=8, max_pixels_per_frame=160 * 128)
 KINDS = ("moving_object", "pan", "scene_cut")
 # (video, q) pairs: every video twice, q = 0 included.
 WORKLOAD = [(0, 0.0), (0, 0.7), (1, 0.5), (1, 0.0), (2, 0.3), (2, 0.9)]
 
 
 def make_engine(tiny_cache_dir, **overrides) -> Engine:
-    return Engine(EngineConfig(model="tiny-random", device="cpu", cache_dir=tiny_cache_dir, sampling=SAMPLING, **overrides))
+    return Engine(EngineConfig(model="tiny-random", device="cpu", cache_dir=tiny_cache_dir,
+                               frame_sampling=FRAME_SAMPLING, **overrides))
 
 
 def params(q: float, tokens: int = 12) -> GenerationParams:
@@ -149,8 +150,8 @@ def test_cancel_mid_stream_leaves_the_others_unchanged(tiny_cache_dir, videos, a
         assert_same_answer(result, alone[item], item)
 
 
-def test_token_budget_splits_the_vit_forward(tiny_cache_dir, videos, alone):
-    with make_engine(tiny_cache_dir, vit_token_budget=1) as engine:
+def test_the_patch_budget_splits_the_vit_forward(tiny_cache_dir, videos, alone):
+    with make_engine(tiny_cache_dir, vit_patch_budget=1) as engine:
         with engine.paused():
             streams = {item: engine.submit(videos[item[0]], "What happens?", params(item[1])) for item in WORKLOAD}
         answers = {item: stream.result(120) for item, stream in streams.items()}

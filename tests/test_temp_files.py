@@ -1,6 +1,6 @@
 """Uploads and generated images are deleted on a schedule, and the app keeps answering afterwards.
 
-`python app.py` is launched with a 3-second age and a 1-second sweep and its own GRADIO_TEMP_DIR, so the
+`python app.py` is launched with a 3-second age, cleaning every second, and its own GRADIO_TEMP_DIR, so the
 files a request leaves behind can be listed and watched disappear.
 """
 
@@ -17,7 +17,7 @@ from assets.make_examples import example_questions
 from test_app_startup import ROOT, free_port, offline_env, stop, wait_for_health
 
 MAX_AGE_S = 8  # long enough that an upload outlives a request on 2 loaded cores
-SWEEP_S = 1
+CLEAN_S = 1
 QUESTION = dict(question="What moves?", pruning_rate=0.7, max_new_tokens=4, api_name="/ask")
 
 
@@ -31,7 +31,7 @@ def short_lived_app(tmp_path_factory):
     temp_dir = home / "gradio-temp"
     port = free_port()
     env = offline_env(home, GRADIO_TEMP_DIR=str(temp_dir), EVS_TEMP_MAX_AGE_S=str(MAX_AGE_S),
-                      EVS_TEMP_SWEEP_S=str(SWEEP_S))
+                      EVS_TEMP_CLEAN_S=str(CLEAN_S))
     with open(home / "app.log", "w") as log:
         proc = subprocess.Popen([sys.executable, "app.py", "--model", "tiny-random", "--device", "cpu",
                                  "--port", str(port)], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -55,7 +55,7 @@ def test_uploads_and_frame_images_are_deleted_after_their_age(short_lived_app, c
     assert len(images) == len(frames) == stats["grid_thw"][0], "one picture per temporal group"
     examples = {path for path in files_under(temp_dir) if path.name in {name for name, _, _ in example_questions()}}
 
-    deadline = time.monotonic() + MAX_AGE_S + 4 * SWEEP_S + 10
+    deadline = time.monotonic() + MAX_AGE_S + 4 * CLEAN_S + 10
     while files_under(temp_dir) & (uploads | images) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not files_under(temp_dir) & (uploads | images), "files older than EVS_TEMP_MAX_AGE_S must be gone"
@@ -71,7 +71,7 @@ def test_a_follow_up_on_a_deleted_upload_asks_for_it_again(short_lived_app, clip
     job = client.submit(handle_file(str(clip("moving_object"))), **QUESTION)
     answer, _, _, _ = job.result(timeout=120)
     uploaded = next(path for path in files_under(temp_dir) if path.name == clip("moving_object").name)
-    deadline = time.monotonic() + MAX_AGE_S + 4 * SWEEP_S + 10
+    deadline = time.monotonic() + MAX_AGE_S + 4 * CLEAN_S + 10
     while uploaded.exists() and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not uploaded.exists()

@@ -13,7 +13,7 @@ from playwright.sync_api import sync_playwright
 
 from app_harness import launched_app
 from engine import outputs
-from engine.config import GenerationParams, SamplingParams
+from engine.config import FrameSampling, GenerationParams
 from engine.engine import think_end_id
 from engine.families import Qwen3VL, Qwen35, Qwen25VL
 from engine.prompt import chat_text
@@ -98,7 +98,8 @@ def served(tokenizer, token_ids: list[int], thinking: bool):
     """Feed token_ids to a request as the worker does, end it, and return its Answer and events."""
     think_end = think_end_id(Qwen35(temporal_patch=2), tokenizer) if thinking else None
     request = Request(stream=Stream(1), video_path="clip.mp4", question="What moves?", history=[],
-                      params=GenerationParams(max_new_tokens=100, enable_thinking=thinking), sampling=SamplingParams())
+                      params=GenerationParams(max_new_tokens=100, enable_thinking=thinking),
+                      frame_sampling=FrameSampling())
     request.detokenizer = SplitDetokenizer(tokenizer, think_end)
     for token_id in token_ids:
         if outputs.token(request, token_id, logits=None, eos_ids={tokenizer.eos_token_id}):

@@ -22,7 +22,7 @@ import av
 
 from assets.clips import write_clip
 from engine import reader_pool
-from engine.config import EngineConfig, SamplingParams
+from engine.config import EngineConfig, FrameSampling
 from engine.errors import NO_VIDEO, InputError
 from engine.frame_sampling import fit_pixels, sample_by_time, sample_frame_indices
 from engine.video import (
@@ -40,7 +40,7 @@ from reader_processes import alive, faulty_program
 LIMITS = dict(max_seconds=600.0, max_bytes=200 * 1024 * 1024, timeout_s=30.0)
 
 
-def _load(path, sampling=SamplingParams(), **overrides):
+def _load(path, sampling=FrameSampling(), **overrides):
     return load_video(path, sampling, **{**LIMITS, **overrides})
 
 
@@ -64,7 +64,7 @@ def clips(tmp_path_factory):
 )
 def test_sampled_frame_count_and_metadata(tmp_path, seconds, clip_fps, fps, max_frames, patch, expected):
     path = write_clip(tmp_path / "clip.mp4", "moving_object", seconds=seconds, fps=clip_fps)
-    sampling = SamplingParams(fps=fps, max_frames=max_frames)
+    sampling = FrameSampling(fps=fps, max_frames=max_frames)
     video = _load(path, sampling, temporal_patch=patch)
     total = round(seconds * clip_fps)
     assert video.frames.shape == (expected, 120, 160, 3)
@@ -87,7 +87,7 @@ def test_single_frame_clip_repeats_its_frame(tmp_path):
 
 
 def test_frames_are_rgb_and_the_square_moves(clips):
-    video = _load(clips["moving_object"], SamplingParams(fps=2.0))
+    video = _load(clips["moving_object"], FrameSampling(fps=2.0))
     assert video.frame_indices == [0, 4, 9, 13, 18, 22, 27, 31]
     red = (video.frames[..., 0] > 170) & (video.frames[..., 1] < 80) & (video.frames[..., 2] < 80)
     assert red.any(axis=(1, 2)).all(), "every frame shows the red square (R first: RGB, not BGR)"
@@ -98,7 +98,7 @@ def test_frames_are_rgb_and_the_square_moves(clips):
 
 
 def test_scene_cut_frames_differ_across_the_cut(clips):
-    video = _load(clips["scene_cut"], SamplingParams(fps=2.0))
+    video = _load(clips["scene_cut"], FrameSampling(fps=2.0))
     frames = video.frames.astype(np.int16)
     cut = next(i for i, index in enumerate(video.frame_indices) if index >= video.total_frames // 2)
     same_scene = np.abs(frames[cut - 1] - frames[0]).mean()
@@ -108,7 +108,7 @@ def test_scene_cut_frames_differ_across_the_cut(clips):
 
 @pytest.mark.parametrize("max_pixels", [4000, 160 * 120 - 1])
 def test_frames_are_downscaled_to_the_pixel_cap(clips, max_pixels):
-    video = _load(clips["moving_object"], SamplingParams(max_pixels_per_frame=max_pixels))
+    video = _load(clips["moving_object"], FrameSampling(max_pixels_per_frame=max_pixels))
     _, height, width, _ = video.frames.shape
     assert height * width <= max_pixels
     assert abs(width / height - 160 / 120) < 0.05
@@ -116,7 +116,7 @@ def test_frames_are_downscaled_to_the_pixel_cap(clips, max_pixels):
 
 
 def test_frames_are_never_upscaled(clips):
-    video = _load(clips["moving_object"], SamplingParams(max_pixels_per_frame=10**7))
+    video = _load(clips["moving_object"], FrameSampling(max_pixels_per_frame=10**7))
     assert video.frames.shape[1:] == (120, 160, 3)
 
 
@@ -193,7 +193,7 @@ def test_long_video_is_sampled_over_its_whole_length(tmp_path):
     """2.5 hours, under the default 3-hour limit: 32 frames spread from the first second to the last,
     at the rate they actually cover (32 / 9,000 s), each the frame shown at its time."""
     path = _slow_clip(tmp_path / "lecture.mp4", hours=2.5)
-    video = _load(path, SamplingParams(fps=2.0, max_frames=32), max_seconds=EngineConfig().max_video_seconds)
+    video = _load(path, FrameSampling(fps=2.0, max_frames=32), max_seconds=EngineConfig().max_video_seconds)
     assert video.duration_s == pytest.approx(9000.0) and video.total_frames == 300
     assert video.sampled_fps == pytest.approx(32 / 9000.0)
     assert video.frame_indices == [int(i) for i in np.linspace(0, 299, 32).round()]
@@ -234,12 +234,12 @@ def test_8k_is_refused_by_default(tmp_path):
         _load(path)
 
 
-def test_decoder_memory_is_capped(tmp_path):
-    """32 frames of 1280x720 kept whole need 88 MB on top of the ~100 MB the decoder process starts with:
-    a 200 MB cap is a sentence, not a crash; the default cap decodes the same request."""
+def test_reader_memory_is_capped(tmp_path):
+    """32 frames of 1280x720 kept whole need 88 MB on top of the ~100 MB a reader process starts with:
+    a 200 MB cap is a sentence, not a crash; the default cap reads the same request."""
     path = write_clip(tmp_path / "hd.mp4", "pan", seconds=4.0, fps=8, size=(1280, 720),
                       options={"preset": "ultrafast", "threads": "1"})
-    sampling = SamplingParams(fps=8.0, max_frames=32, max_pixels_per_frame=1280 * 720)
+    sampling = FrameSampling(fps=8.0, max_frames=32, max_pixels_per_frame=1280 * 720)
     with pytest.raises(InputError, match=f"^{OUT_OF_MEMORY}$"):
         _load(path, sampling, memory_bytes=200 << 20)
     assert _load(path, sampling).frames.shape == (32, 720, 1280, 3)
@@ -307,7 +307,7 @@ def test_garbled_answer_is_unreadable(tmp_path, faulty_readers, clips):
     patch=st.integers(1, 4),
 )
 def test_sampling_rule(duration_s, fps, total_frames, max_frames, patch):
-    sampling = SamplingParams(fps=fps, max_frames=max_frames)
+    sampling = FrameSampling(fps=fps, max_frames=max_frames)
     indices = sample_frame_indices(duration_s, total_frames, sampling, patch)
     wanted = min(max(round(duration_s * fps), patch), max_frames) // patch * patch
     available = total_frames // patch * patch
@@ -336,7 +336,7 @@ def test_sampling_by_time_at_a_constant_rate_is_sampling_by_index(total_frames, 
         assert picked == list(range(total_frames)) + [total_frames - 1] * (count - total_frames)
         return
     positions = np.linspace(0, total_frames - 1, count)
-    by_index = sample_frame_indices(total_frames, total_frames, SamplingParams(fps=1.0, max_frames=count), 1)
+    by_index = sample_frame_indices(total_frames, total_frames, FrameSampling(fps=1.0, max_frames=count), 1)
     assert len(by_index) == count
     for ordinal, index, position in zip(picked, by_index, positions):
         halfway = abs(position % 1 - 0.5) < 1e-6
@@ -375,7 +375,7 @@ def test_av1_which_decord_cannot_read_is_decoded(tmp_path):
     decord = pytest.importorskip("decord")
     with pytest.raises(Exception):
         decord.VideoReader(str(path)).get_batch([0]).asnumpy()  # decord 0.6 has no AV1 decoder
-    video = _load(path, SamplingParams(fps=2.0, max_frames=32))
+    video = _load(path, FrameSampling(fps=2.0, max_frames=32))
     assert video.frames.shape == (4, 120, 160, 3)
     assert video.frame_indices == [0, 5, 10, 15] and video.total_frames == 16 and video.native_fps == 8.0
 
@@ -384,7 +384,7 @@ def test_av1_which_decord_cannot_read_is_decoded(tmp_path):
 def test_decord_reads_the_same_pictures_at_the_sampled_frames(clips, max_pixels):
     """An independent reader (decord, by frame index) agrees with the engine's frames and sizes."""
     decord = pytest.importorskip("decord")
-    sampling = SamplingParams(fps=2.0, max_frames=32, max_pixels_per_frame=max_pixels)
+    sampling = FrameSampling(fps=2.0, max_frames=32, max_pixels_per_frame=max_pixels)
     video = _load(clips["moving_object"], sampling)
     _, height, width, _ = video.frames.shape
     reader = decord.VideoReader(str(clips["moving_object"]), width=width, height=height)

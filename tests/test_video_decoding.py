@@ -10,23 +10,23 @@ import numpy as np
 import pytest
 from test_video_formats import picture, write_video
 
-from engine.config import SamplingParams
+from engine.config import FrameSampling
 from engine.video import load_video
 from engine.video_pyav import (
     decode_everything,
-    decode_file,
     decode_planned,
+    read_file,
     read_timeline,
     with_fresh_decoder,
 )
 
-SAMPLING = SamplingParams(fps=2.0, max_frames=16, max_pixels_per_frame=96 * 72)
+FRAME_SAMPLING = FrameSampling(fps=2.0, max_frames=16, max_pixels_per_frame=96 * 72)
 SIX_SECONDS = [Fraction(i, 30) for i in range(180)]  # 30 fps
 GOP = {"g": "45", "keyint_min": "45"}  # a keyframe every 1.5 s: 4 of them, 12 samples
 
 
-def decode(path, sampling=SAMPLING) -> tuple[dict, np.ndarray]:
-    header, frames = decode_file(str(path), sampling, max_seconds=600.0, temporal_patch=2, max_source_pixels=10**8)
+def read(path, sampling=FRAME_SAMPLING) -> tuple[dict, np.ndarray]:
+    header, frames = read_file(str(path), sampling, max_seconds=600.0, temporal_patch=2, max_source_pixels=10**8)
     assert header["status"] == "ok", header
     return header, frames
 
@@ -48,7 +48,7 @@ INTENDED = [int(i) for i in np.linspace(0, 179, 12).round()]  # 12 times evenly 
 @pytest.mark.parametrize("name, container_format, codec, options", LONG_GOP, ids=[row[0] for row in LONG_GOP])
 def test_planned_decoding_gives_the_frames_decoding_everything_gives(tmp_path, name, container_format, codec, options):
     path = write_video(tmp_path / name, container_format, codec, SIX_SECONDS, options=options)
-    header, frames = decode(path)
+    header, frames = read(path)
     assert header["frame_indices"] == INTENDED  # each sampled frame itself, none a neighbour standing in
     reference, work = decode_everything(str(path), INTENDED, frames.shape[1:3])
     assert frames.shape == reference.shape == (12, 72, 96, 3)
@@ -63,7 +63,7 @@ def test_program_stream_times_after_a_seek_disagree_so_it_is_decoded_from_the_st
     """MPEG-PS stamps some packets and FFmpeg fills in the rest, differently after a seek than from the
     start: frames come out at times the timeline does not hold, and the decode starts over in order."""
     path = write_video(tmp_path / "mpeg2.mpg", "mpeg", "mpeg2video", SIX_SECONDS, options={"g": "15", "bf": "2"})
-    header, frames = decode(path)
+    header, frames = read(path)
     assert header["in_order"] and header["frame_indices"] == INTENDED
     assert np.array_equal(frames, decode_everything(str(path), INTENDED, frames.shape[1:3])[0])
 
@@ -92,7 +92,7 @@ def test_h264_seeks_and_skips_non_reference_frames(tmp_path):
     options = {"g": "90", "keyint_min": "90", "sc_threshold": "0", "bf": "3", "preset": "fast"}
     path = write_video(tmp_path / "long_gop.mp4", "mp4", "libx264", [Fraction(i, 30) for i in range(360)],
                        options=options)
-    header, _ = decode(path, SamplingParams(fps=1.0, max_frames=8, max_pixels_per_frame=96 * 72))
+    header, _ = read(path, FrameSampling(fps=1.0, max_frames=8, max_pixels_per_frame=96 * 72))
     assert header["seeks"] == 3  # into GOPs 2, 3 and 4; the first is decoded from the start
     assert header["frames_decoded"] < 360 * 0.6, header["frames_decoded"]
 
@@ -100,7 +100,7 @@ def test_h264_seeks_and_skips_non_reference_frames(tmp_path):
 def test_samples_close_together_are_decoded_through(tmp_path):
     """Samples 4 frames apart in one GOP: no seek (each would restart at the only keyframe)."""
     path = write_video(tmp_path / "one_gop.mp4", "mp4", "libx264", SIX_SECONDS, options={"g": "250", "bf": "3"})
-    header, _ = decode(path, SamplingParams(fps=8.0, max_frames=64, max_pixels_per_frame=96 * 72))
+    header, _ = read(path, FrameSampling(fps=8.0, max_frames=64, max_pixels_per_frame=96 * 72))
     assert header["seeks"] == 0 and len(header["frame_indices"]) == 48
     assert header["frames_decoded"] < 180
 
@@ -112,7 +112,7 @@ def test_decodes_at_a_reduced_size_where_the_codec_can(tmp_path, codec, pix_fmt)
     times = [Fraction(i, 8) for i in range(16)]
     path = write_video(tmp_path / f"{codec}.avi", "avi", codec, times, size=(640, 480), pix_fmt=pix_fmt,
                        options={"qscale": "2"})
-    header, frames = decode(path, SamplingParams(fps=4.0, max_frames=32, max_pixels_per_frame=160 * 120))
+    header, frames = read(path, FrameSampling(fps=4.0, max_frames=32, max_pixels_per_frame=160 * 120))
     assert header["decoded_size"] == [160, 120] and frames.shape == (8, 120, 160, 3)
     with av.open(str(path)) as container:  # the decoder's own defaults: full size
         decoded = list(container.decode(video=0))
@@ -126,14 +126,14 @@ def test_decodes_at_a_reduced_size_where_the_codec_can(tmp_path, codec, pix_fmt)
 def test_h264_is_decoded_at_full_size_then_scaled(tmp_path):
     """H.264 has no reduced-size decoding: the decoder gives the stored size."""
     path = write_video(tmp_path / "h264.mp4", "mp4", "libx264", [Fraction(i, 8) for i in range(16)], size=(320, 240))
-    header, frames = decode(path, SamplingParams(fps=4.0, max_frames=32, max_pixels_per_frame=80 * 60))
+    header, frames = read(path, FrameSampling(fps=4.0, max_frames=32, max_pixels_per_frame=80 * 60))
     assert header["decoded_size"] == [320, 240] and frames.shape == (8, 60, 80, 3)
 
 
 def test_raw_stream_without_times_is_matched_by_order(tmp_path):
     """An Annex-B .h264 file has no timestamps: frames are counted at the rate its headers give."""
     path = write_video(tmp_path / "raw.h264", "h264", "libx264", [Fraction(i, 8) for i in range(16)])
-    video = load_video(path, SamplingParams(fps=4.0), max_seconds=60, max_bytes=10**8, timeout_s=60)
+    video = load_video(path, FrameSampling(fps=4.0), max_seconds=60, max_bytes=10**8, timeout_s=60)
     assert video.total_frames == 16 and video.duration_s == pytest.approx(2.0)
     assert video.frame_indices == [0, 2, 4, 6, 9, 11, 13, 15]
     assert video.timestamps_s == pytest.approx([i / 8 for i in video.frame_indices])

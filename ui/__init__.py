@@ -1,10 +1,10 @@
 """The Gradio user interface of EVS Video Chat, and the other faces of the same server.
 
     demo = ui.build_demo(engine, banner=None, delete_cache=(every_s, older_than_s))  # queue configured
-    sweeper = ui.start_sweeper(demo, every_s, older_than_s)   # also the images Gradio does not track
+    cleaner = ui.start_cleaner(demo, every_s, older_than_s)   # also the images Gradio does not track
     routes = ui.openai_routes(engine, max_file_bytes, fetch_video_urls=False)   # /v1/chat/completions, /v1/models
     demo.launch(app_kwargs={"routes": routes}, **ui.launch_kwargs(max_file_bytes))   # MCP server on
-    sweeper.stop()
+    cleaner.stop()
 
 Gradio's MCP server (streamable HTTP at /gradio_api/mcp/) lists one tool, `answer_video_question`
 (ui/mcp_tool.py, also the API endpoint of that name); `/ask` and `/sweep` are API endpoints only.
@@ -20,7 +20,7 @@ Inputs, in order (all after the first three have defaults):
     max_frames            int, cap on sampled frames (default by device: 32 on a CPU, 128 on a GPU)
     max_pixels_per_frame  int, cap on height*width of each frame (default by device: 50176 = 224*224 on a
                           CPU, 200704 = 448*448 on a GPU); the three sampling defaults are the engine's
-                          `default_sampling`, and on a GPU a video over its memory plan is refused with
+                          `default_frame_sampling`, and on a GPU a video over its memory plan is refused with
                           a sentence that says to choose fewer frames or fewer pixels per frame
     max_new_tokens        int (default 128)
     temperature           float, 0 decodes greedily (default 0.0)
@@ -48,7 +48,7 @@ other way in gives for the same mistake (engine/front_door.py); the numbers have
 
 API endpoint `/sweep` (gradio_client: `client.predict(video, question, api_name="/sweep")`)
 --------------------------------------------------------------------------------------------
-The question answered at several pruning rates as one burst (one decode of the video, one ViT forward,
+The question answered at several pruning rates as one burst (one read of the video, one ViT forward,
 the answers decoding together). Inputs: video, question, then with defaults rates ("0, 0.3, 0.5, 0.7, 0.9",
 or a list of numbers; at most 8), fps, max_frames, max_pixels_per_frame (None: the device's defaults),
 max_new_tokens (128), temperature (0.0), enable_thinking (False: a model that can think does so first at
@@ -61,6 +61,6 @@ every rate). Streams (table, figure, answers_html); the final result holds:
 
 from ui.layout import build_demo, default_banner, launch_kwargs
 from ui.openai_api import openai_routes
-from ui.temp_files import start_sweeper
+from ui.temp_files import start_cleaner
 
-__all__ = ["build_demo", "default_banner", "launch_kwargs", "openai_routes", "start_sweeper"]
+__all__ = ["build_demo", "default_banner", "launch_kwargs", "openai_routes", "start_cleaner"]

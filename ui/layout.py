@@ -10,7 +10,7 @@ from pathlib import Path
 import gradio as gr
 
 from assets.make_examples import example_questions
-from engine.config import MAX_FILE_BYTES, GenerationParams, SamplingLimits
+from engine.config import MAX_FILE_BYTES, FrameSamplingLimits, GenerationParams
 from engine.front_door import defaults
 from engine.serving import Serving
 from ui import stats_panel
@@ -161,7 +161,7 @@ def _controls(engine: Serving, settings: GenerationParams) -> Controls:
             ask = gr.Button("Ask", variant="primary", elem_id="evs-ask", min_width=80)
             sweep = gr.Button("Sweep", variant="secondary", elem_id="evs-sweep-button", min_width=80)
             stop = gr.Button("Stop", variant="stop", elem_id="evs-stop", min_width=80)
-        advanced = _advanced(settings, engine.sampling_limits)
+        advanced = _advanced(settings, engine.frame_sampling_limits)
         examples = [[str(EXAMPLES_DIR / name), text, q] for name, text, q in EXAMPLES
                     if (EXAMPLES_DIR / name).is_file()]
         if examples:
@@ -170,10 +170,10 @@ def _controls(engine: Serving, settings: GenerationParams) -> Controls:
                     ask=ask, sweep=sweep, stop=stop, **advanced)
 
 
-def _advanced(settings: GenerationParams, limits: SamplingLimits) -> dict:
+def _advanced(settings: GenerationParams, limits: FrameSamplingLimits) -> dict:
     """The folded settings: sampling up to the device's limits (a GPU samples far more than a CPU), the
     answer's length and temperature, the sweep's rates."""
-    sampling = settings.sampling
+    sampling = settings.frame_sampling
     with gr.Accordion("Advanced", open=False, elem_id="evs-advanced"):
         fps = gr.Slider(0.5, max(limits.max_fps, sampling.fps), value=sampling.fps, step=0.5,
                         label="Frames sampled per second", elem_id="evs-fps")
@@ -265,7 +265,7 @@ def _wire_page(handlers: Handlers, q_sweep: Sweep, controls: Controls, shown: di
 def _api_numbers(settings: GenerationParams, *names: str) -> list[gr.Number]:
     """Hidden inputs for an API endpoint's numbers, at the engine's defaults and without the sliders' ends,
     so that a number out of range gets the engine's sentence, as on every other way in."""
-    sampling = settings.sampling
+    sampling = settings.frame_sampling
     values = dict(pruning_rate=settings.pruning_rate, fps=sampling.fps, max_frames=sampling.max_frames,
                   max_pixels_per_frame=sampling.max_pixels_per_frame, max_new_tokens=settings.max_new_tokens,
                   temperature=settings.temperature)

@@ -60,8 +60,8 @@ def stats_html(stats: dict | None) -> str:
          " · ".join([*_thinking_and_answer(stats), "—" if speed is None else f"{speed:.1f} tokens/s decode"])),
         ("Time to first token", format_seconds(stats["ttft_s"]), f"total {format_seconds(stats['total_s'])}"),
         ("Stages", f"ViT {vit} · EVS {format_seconds(stats['evs_s'])}",
-         f"video {format_seconds(stats['decode_video_s'])}{_reading(stats)} · prefill {format_seconds(stats['prefill_s'])}"
-         f" · decode {format_seconds(stats['decode_s'])}"),
+         f"video {format_seconds(stats['read_video_s'])}{_reading(stats)}"
+         f" · prefill {format_seconds(stats['prefill_s'])} · decode {format_seconds(stats['decode_s'])}"),
         ("Batching", f"ViT × {stats['vit_batch_requests']} · decode × {stats['decode_batch_max']}",
          "requests sharing the ViT forward · most in one decode step"),
         ("Caches", f"features {_hit(stats['vit_cache_hit'])} · prefix {_hit(stats['prefix_cache_hit'])}",

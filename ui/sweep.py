@@ -1,7 +1,7 @@
 """The q sweep: one question about one video answered at several pruning rates at once.
 
 The requests go to the engine as one burst (`engine.paused()`, through front_door.follow): the video is
-decoded once, its features come from one ViT forward (identical uploads are encoded once), and the
+read once, its features come from one ViT forward (identical uploads are encoded once), and the
 prompts prefill and decode together. What comes back is the picture the EVS papers print, for the
 user's own video: the answers side by side, kept tokens, TTFT and prefill time against q, and a table of
 per-rate stats.
@@ -30,7 +30,7 @@ UPDATE_EVERY_S = 0.15  # five answers growing token by token would otherwise sen
 TABLE_HEADERS = ["q", "answer", "video tokens kept", "video tokens total", "prompt tokens", "TTFT (s)",
                  "prefill (s)", "ViT (s)", "requests in the ViT forward", "total (s)"]
 PLACEHOLDER_HTML = (f'<div class="evs-sweep-empty">Press <b>Sweep</b> to answer the question at q = '
-                    f'{DEFAULT_RATES_TEXT} in one go: one video decode, one ViT forward, the answers '
+                    f'{DEFAULT_RATES_TEXT} in one go: one read of the video, one ViT forward, the answers '
                     "decoding together.</div>")
 
 

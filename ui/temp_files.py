@@ -2,7 +2,7 @@
 
 Gradio's own `delete_cache` removes only the files it tracks (uploads, files returned as paths); the
 images it writes for a gr.Gallery of arrays (our frame pictures, one per temporal group per answer) are
-never tracked, so they would pile up forever. TempFileSweeper sweeps the whole folder instead; the app
+never tracked, so they would pile up forever. TempFileCleaner cleans the whole folder instead; the app
 gives Gradio a folder of its own (GRADIO_TEMP_DIR) so no other program's files are in it.
 """
 
@@ -27,7 +27,7 @@ def _is_old(path: str, older_than_s: float, now_s: float) -> bool:
     return now_s - os.lstat(path).st_ctime > older_than_s
 
 
-def sweep(folder: Path, older_than_s: float, keep: set[str], now_s: float | None = None) -> int:
+def clean_folder(folder: Path, older_than_s: float, keep: set[str], now_s: float | None = None) -> int:
     """Delete the files under `folder` last changed more than `older_than_s` seconds ago, except `keep`
     (absolute paths), then the old folders left empty; returns how many files went. ctime, as Gradio ages
     its files: it touches a cached copy when it hands it out again. A young empty folder stays: Gradio makes
@@ -42,7 +42,7 @@ def sweep(folder: Path, older_than_s: float, keep: set[str], now_s: float | None
                     os.remove(path)
                     deleted += 1
             except FileNotFoundError:
-                continue  # deleted meanwhile (by Gradio's own sweep, or a request that finished)
+                continue  # deleted meanwhile (by Gradio's own delete_cache, or a request that finished)
         for name in dirs:
             path = os.path.join(root, name)
             try:
@@ -53,39 +53,39 @@ def sweep(folder: Path, older_than_s: float, keep: set[str], now_s: float | None
     return deleted
 
 
-class TempFileSweeper:
-    """Runs sweep(folder, older_than_s, keep()) every `every_s` seconds on a daemon thread until stop()."""
+class TempFileCleaner:
+    """Runs clean_folder(folder, older_than_s, keep()) every `every_s` seconds on a daemon thread until stop()."""
 
     def __init__(self, folder: Path, every_s: float, older_than_s: float, keep: Callable[[], set[str]]):
         self.folder, self.every_s, self.older_than_s, self.keep = Path(folder), every_s, older_than_s, keep
         self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="evs-temp-sweeper", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="evs-temp-cleaner", daemon=True)
 
-    def start(self) -> "TempFileSweeper":
+    def start(self) -> "TempFileCleaner":
         self._thread.start()
         return self
 
     def stop(self) -> None:
-        """End the sweeping and delete every file the app made (the example clips stay), as Gradio does
+        """End the cleaning and delete every file the app made (the example clips stay), as Gradio does
         with the files it tracks when the server stops."""
         self._stopped.set()
         self._thread.join(timeout=5)
-        sweep(self.folder, -1.0, self.keep())
+        clean_folder(self.folder, -1.0, self.keep())
 
     def _run(self) -> None:
         while not self._stopped.wait(self.every_s):
             try:
-                deleted = sweep(self.folder, self.older_than_s, self.keep())
-            except Exception:  # a full disk or a Gradio internals change must not end the sweeping for good
-                log.exception("temp-file sweep of %s failed", self.folder)
+                deleted = clean_folder(self.folder, self.older_than_s, self.keep())
+            except Exception:  # a full disk or a Gradio internals change must not end the cleaning for good
+                log.exception("cleaning the temp files of %s failed", self.folder)
                 continue
             if deleted:
                 log.info("deleted %d temporary files older than %d s", deleted, self.older_than_s)
 
 
-def start_sweeper(demo: gr.Blocks, every_s: float, older_than_s: float) -> TempFileSweeper:
-    """Sweep Gradio's temp folder (GRADIO_TEMP_DIR) for `demo`, keeping its example clips."""
+def start_cleaner(demo: gr.Blocks, every_s: float, older_than_s: float) -> TempFileCleaner:
+    """Clean Gradio's temp folder (GRADIO_TEMP_DIR) for `demo` on a schedule, keeping its example clips."""
     folder = Path(gr.utils.get_upload_folder())
     log.info("temporary files in %s are deleted %d s after they were made (checked every %d s)", folder,
              older_than_s, every_s)
-    return TempFileSweeper(folder, every_s, older_than_s, keep=lambda: files_to_keep(demo)).start()
+    return TempFileCleaner(folder, every_s, older_than_s, keep=lambda: files_to_keep(demo)).start()

@@ -29,7 +29,7 @@ import httpx
 from engine.config import MAX_FILE_BYTES
 from engine.errors import EXPIRED_VIDEO, NO_VIDEO, InputError
 
-API_VIDEOS_FOLDER = "api-videos"  # under the upload folder, so the temp-file sweeper bounds it too
+API_VIDEOS_FOLDER = "api-videos"  # under the upload folder, so the temp-file cleaner bounds it too
 GRADIO_FILE_ROUTE = "/gradio_api/file="
 FETCH_TIMEOUT_S = 30.0
 MAX_REDIRECTS = 3
