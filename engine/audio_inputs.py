@@ -25,12 +25,17 @@ def min_soundtrack_samples(processor) -> int:
 
 def audio_token_count(processor, samples: int) -> int:
     """`<so_embedding>` tokens the processor writes for a soundtrack of `samples` samples, which the audio tower
-    gives as many rows of: 1 + samples // hop mel frames (a centred STFT), then log2(subsampling factor)
-    stride-2 convolutions (kernel 3, padding 1), each of which halves the frames, rounding up. It is the
-    processor's own estimate, written out so the engine can count audio tokens before running it (the memory
-    plan, the context check)."""
-    frames = 1 + samples // processor.audio_hop_length
-    for _ in range(int(math.log2(processor.audio_subsampling_factor))):
+    gives as many rows of. It is the processor's own estimate, written out so the engine can count audio tokens
+    before running it (the memory plan, the context check)."""
+    return audio_tokens(samples, processor.audio_hop_length, processor.audio_subsampling_factor)
+
+
+def audio_tokens(samples: int, hop_length: int, subsampling_factor: int) -> int:
+    """audio_token_count's arithmetic, from the sizes alone (the memory plan of a checkpoint has no processor):
+    1 + samples // hop_length mel frames (a centred STFT), then log2(subsampling_factor) stride-2 convolutions
+    (kernel 3, padding 1), each of which halves the frames, rounding up."""
+    frames = 1 + samples // hop_length
+    for _ in range(int(math.log2(subsampling_factor))):
         frames = -(-frames // 2)
     return frames
 

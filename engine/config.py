@@ -89,6 +89,9 @@ MAX_VIDEO_SOURCE_PIXELS = 4096 * 2160
 READ_MEMORY_BYTES = 4 << 30
 # The largest video a request may send: an upload (app.py's --max-file-mb), a data: URL, a fetched file.
 MAX_FILE_BYTES = 200 << 20
+# The most of an upload's soundtrack a model that hears is given, from its start: 10 minutes are 7,501 audio
+# tokens on Nemotron-H Omni (12.5 a second) and 38 MB of samples at 16 kHz; past it the rest is not heard.
+MAX_SOUNDTRACK_SECONDS = 600.0
 
 
 @dataclass
@@ -103,6 +106,8 @@ class EngineConfig:
     read_memory_bytes: int = READ_MEMORY_BYTES  # a reader process's memory cap per file (RLIMIT_DATA)
     max_file_bytes: int = MAX_FILE_BYTES
     read_timeout_s: float = 60.0  # reading one upload, once a reader has it (waiting for one is not counted)
+    # Seconds of soundtrack a model with an audio tower hears; a longer one is cut there (a status line says so).
+    max_soundtrack_seconds: float = MAX_SOUNDTRACK_SECONDS
     # Warm reader processes (engine/reader_pool.py): how many uploads are read at once, and how many parts
     # a long video is read in. None: one per core this process may run on.
     video_readers: int | None = None
@@ -153,6 +158,9 @@ class GenerationParams:
     # Think before answering (the chat template's enable_thinking): the thinking streams as "thinking" events
     # before the answer's "text". A model without the switch (Engine.model_info["thinks"]) ignores it.
     enable_thinking: bool = False
+    # Hear the upload's soundtrack beside its frames. None: whenever the model has an audio tower
+    # (Engine.model_info["hears"]); a model without one ignores True, as enable_thinking is ignored.
+    hear_soundtrack: bool | None = None
 
 
 # Every limit a user can hit, and the environment variable that overrides it (README, "Limits").
@@ -162,6 +170,7 @@ LIMIT_ENV = {
     "max_video_source_pixels": "EVS_MAX_VIDEO_SOURCE_PIXELS",
     "read_timeout_s": "EVS_READ_TIMEOUT_S",
     "read_memory_bytes": "EVS_READ_MEMORY_BYTES",
+    "max_soundtrack_seconds": "EVS_MAX_SOUNDTRACK_SECONDS",
     "max_queue": "EVS_MAX_QUEUE",
     "max_running": "EVS_MAX_RUNNING",
     "max_question_chars": "EVS_MAX_QUESTION_CHARS",

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from .audio_inputs import audio_token_count, soundtrack_rate_hz
 from .checks import check_request
 from .config import (
     DEFAULT_PRUNING_RATE,
@@ -28,7 +29,7 @@ from .lru import ByteLRU
 from .memory_plan import Plan, engine_plan
 from .metrics import Metrics
 from .models import load_model
-from .prompt import prepare_prompt
+from .prompt import PreparedPrompt, prepare_prompt
 from .reader_pool import ReaderPool, default_size
 from .request import Request
 from .sampling import SplitDetokenizer
@@ -38,6 +39,32 @@ from .video import SampledVideo, file_sha256, load_video
 from .worker import Worker
 
 log = logging.getLogger(__name__)
+
+NO_SOUNDTRACK = "the upload has no soundtrack"
+UNREADABLE_SOUNDTRACK = "the soundtrack could not be read; answering from the frames"
+
+
+def soundtrack_verdict(hears: bool, asked: bool | None, video: SampledVideo, prompt: PreparedPrompt) -> str:
+    """The `soundtrack` stat: "unsupported" (the model has no audio tower), "off" (the request turned it off),
+    "unreadable" (its stream did not decode), "none" (no audio stream, or one too short to hear), "cut" (only
+    its first max_soundtrack_seconds were heard) or "heard"."""
+    if not hears:
+        return "unsupported"
+    if asked is False:
+        return "off"
+    if video.soundtrack_status == "unreadable":
+        return "unreadable"
+    if prompt.audio is None:
+        return "none"
+    return "cut" if video.soundtrack.cut else "heard"
+
+
+def soundtrack_status_line(verdict: str, seconds: float) -> str | None:
+    """The status line of a request whose soundtrack was to be heard and was not, or not all of it (verdict:
+    soundtrack_verdict's; seconds: how much was heard); None otherwise."""
+    if verdict == "cut":
+        return f"heard the first {seconds:g} s of the soundtrack"
+    return {"none": NO_SOUNDTRACK, "unreadable": UNREADABLE_SOUNDTRACK}.get(verdict)
 
 
 def think_end_id(family, tokenizer) -> int | None:
@@ -59,6 +86,9 @@ class Engine:
         self.loaded = load_model(self.config.model, self.config.device, self.config.cache_dir)
         self.family = family_for(self.loaded.model)
         self._think_end = think_end_id(self.family, self.loaded.processor.tokenizer)
+        self._hears = self.family.hears(self.loaded.model)
+        # The rate every soundtrack is read at (the processor's), or None: a model that cannot hear reads none.
+        self._soundtrack_rate_hz = soundtrack_rate_hz(self.loaded.processor) if self._hears else None
         # The checkpoint's own `video_pruning_rate` when its config.json has one, else DEFAULT_PRUNING_RATE.
         rate = self.loaded.video_pruning_rate
         self._default_pruning_rate = DEFAULT_PRUNING_RATE if rate is None else rate
@@ -82,8 +112,13 @@ class Engine:
             return video_tokens(sampling.max_frames, sampling.max_pixels_per_frame, patch, merge, temporal)
 
         planned_video_tokens = tokens_of(self._default_frame_sampling)
+        # A model that hears is planned with the longest soundtrack it may be given.
+        planned_audio_tokens = audio_token_count(
+            self.loaded.processor, int(self.config.max_soundtrack_seconds * self._soundtrack_rate_hz)
+        ) if self._hears else 0
         self._memory_plan = engine_plan(
-            self.loaded, self.config, planned_video_tokens, vit_patch_budget(self.config, self.loaded.device.type)
+            self.loaded, self.config, planned_video_tokens, vit_patch_budget(self.config, self.loaded.device.type),
+            planned_audio_tokens,
         )
         log.info("%s", self._memory_plan.summary())
         # Not worth starting if even a small request (the CPU default, or a smaller configured default)
@@ -117,6 +152,9 @@ class Engine:
             # Whether GenerationParams.enable_thinking does anything: the family has the switch and the
             # tokenizer the token that ends the thinking.
             "thinks": self._think_end is not None,
+            # Whether the model has an audio tower: GenerationParams.hear_soundtrack does something, and the
+            # soundtrack is heard by default.
+            "hears": self._hears,
             "is_tiny": loaded.is_tiny,
             "random_weights": loaded.random_weights,
             "about": loaded.about,
@@ -250,7 +288,7 @@ class Engine:
                     self._worker.admitting.set()
 
     def _prepare(self, request: Request) -> None:
-        """CPU work off the GPU thread: read the video's sampled frames, run the HF processor."""
+        """CPU work off the GPU thread: read the video's sampled frames (and soundtrack), run the HF processor."""
         try:
             self._prepare_request(request)
         finally:
@@ -270,6 +308,7 @@ class Engine:
             sampling = request.frame_sampling
             request.video, read_now = self._sampled_video(request.video_path, sampling)
             think_end = self._think_end if request.params.enable_thinking else None
+            hear = self._hears and request.params.hear_soundtrack is not False
             request.prompt = prepare_prompt(
                 self.loaded,
                 self.family,
@@ -279,9 +318,14 @@ class Engine:
                 self.system_prompt,
                 sampling.max_pixels_per_frame,
                 thinking=think_end is not None,
+                soundtrack=request.video.soundtrack if hear else None,
             )
             T, h, w = request.prompt.grid_thw
             stats = request.stats
+            stats.soundtrack = soundtrack_verdict(self._hears, request.params.hear_soundtrack, request.video,
+                                                  request.prompt)
+            stats.audio_tokens = int(request.prompt.is_audio.sum())
+            stats.audio_seconds = request.video.soundtrack.seconds if request.prompt.audio is not None else 0.0
             stats.read_video_s = time.perf_counter() - start
             stats.read_wait_s = request.video.read_wait_s if read_now else 0.0
             stats.read_s = request.video.read_s if read_now else 0.0
@@ -294,6 +338,8 @@ class Engine:
             request.detokenizer = SplitDetokenizer(self.loaded.processor.tokenizer, think_end)
             request.generator = torch.Generator().manual_seed(request.params.seed)
             stream.push(Event("status", f"read {stats.frames_sampled} frames at {stats.sampled_fps:.3g} fps"))
+            if line := soundtrack_status_line(stats.soundtrack, stats.audio_seconds):
+                stream.push(Event("status", line))
             stream.push(Event("status", "waiting for the GPU"))
             self._worker.enqueue(request)
         except Exception as error:
@@ -334,7 +380,7 @@ class Engine:
         try:
             video = self._load_video(path, sampling, key[0])
             with self._frames_lock:
-                self._frames.put(key, video, video.frames.nbytes)
+                self._frames.put(key, video, video.nbytes)
             pending.set_result(video)
             return video, True
         except BaseException as error:
@@ -357,6 +403,8 @@ class Engine:
             max_source_pixels=config.max_video_source_pixels,
             memory_bytes=config.read_memory_bytes,
             readers=self._readers,
+            soundtrack_rate_hz=self._soundtrack_rate_hz,
+            max_soundtrack_seconds=config.max_soundtrack_seconds,
         )
 
     def shutdown(self) -> None:

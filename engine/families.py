@@ -1,5 +1,6 @@
 """What differs between the model families: prompt markers, positions, the processor's output, vision
-outputs, where the language model sits in the checkpoint, and how it takes DeepStack features. The Qwen-VL
+outputs, where the language model sits in the checkpoint, and how it takes DeepStack features; and for a
+model that hears (Nemotron-H Omni's audio tower), the soundtrack's markers and audio features. The Qwen-VL
 families (MRoPE positions) and Nemotron-H Omni (no rotary positions) are here.
 
 Everything here works on one unpruned prompt; EVS (evs/) then selects columns from it.
@@ -14,23 +15,27 @@ from torch import nn
 
 @dataclass
 class VideoFeatures:
-    """Vision-tower output for one video, rows in (t, h, w) raster order of LLM tokens.
+    """Vision-tower output for one video, rows in (t, h, w) raster order of LLM tokens, and the audio tower's
+    for its soundtrack when it was heard.
 
     embeds: (T*h*w, D) the final visual embeddings the LLM receives (merger output).
     deepstack: per DeepStack level, (T*h*w, D); empty for families without DeepStack.
+    audio: (A, D) one row per audio token of the prompt, in order; None when no soundtrack was heard.
     """
 
     embeds: torch.Tensor
     deepstack: list[torch.Tensor]
+    audio: torch.Tensor | None = None
 
     @property
     def nbytes(self) -> int:
-        tensors = [self.embeds, *self.deepstack]
+        tensors = [self.embeds, *self.deepstack, *([] if self.audio is None else [self.audio])]
         return sum(t.numel() * t.element_size() for t in tensors)
 
     def select(self, keep: torch.Tensor) -> "VideoFeatures":
-        """Rows where keep (T*h*w,) bool is True; the same mask for every DeepStack level."""
-        return VideoFeatures(self.embeds[keep], [level[keep] for level in self.deepstack])
+        """Rows where keep (T*h*w,) bool is True; the same mask for every DeepStack level. EVS prunes video
+        tokens only: every audio row is kept (the same tensor, not a copy)."""
+        return VideoFeatures(self.embeds[keep], [level[keep] for level in self.deepstack], self.audio)
 
 
 @dataclass
@@ -46,6 +51,17 @@ class VideoInputs:
     grid_thw_patches: torch.Tensor
     grid_thw: tuple[int, int, int]
     second_per_group: float
+
+
+@dataclass
+class AudioInputs:
+    """The soundtrack part of the HF processor's output for one prompt: the audio tower's input.
+
+    features: (1, F, mel bins) float log-mel frames. mask: (1, F) 1 on each real frame (all of them: one clip).
+    """
+
+    features: torch.Tensor
+    mask: torch.Tensor
 
 
 class Family:
@@ -64,6 +80,32 @@ class Family:
 
     def video_placeholder(self) -> str:
         """Text that the HF processor expands into the video's tokens."""
+        raise NotImplementedError
+
+    def hears(self, model) -> bool:
+        """Whether the model has an audio tower, so that a soundtrack can be given to it beside the frames."""
+        return False
+
+    def audio_placeholder(self) -> str:
+        """Text, written right after the video placeholder, that the HF processor expands into the soundtrack's
+        tokens (a family that hears)."""
+        raise NotImplementedError
+
+    def audio_token_id(self, config) -> int:
+        """The token id that stands for one audio token in the prompt (a family that hears)."""
+        raise NotImplementedError
+
+    def audio_end_token_id(self, tokenizer) -> int:
+        """The marker the processor writes right after the soundtrack's last token (a family that hears)."""
+        raise NotImplementedError
+
+    def audio_inputs(self, inputs) -> AudioInputs:
+        """The processor output's audio features (one soundtrack; a family that hears)."""
+        raise NotImplementedError
+
+    def encode_audio(self, model, clips: list[AudioInputs]) -> list[torch.Tensor]:
+        """The audio tower over several soundtracks: one (A, D) tensor of audio-token rows per clip, in order (a
+        family that hears)."""
         raise NotImplementedError
 
     def message_text(self, text: str) -> str:
@@ -308,6 +350,7 @@ class NemotronOmni(Family):
     think_end = "</think>"
     writes_empty_system = True  # the template always opens with `<|im_start|>system\n...<|im_end|>\n`
     _VIDEO_END = "</img>"
+    _AUDIO_END = "<so_end>"
 
     def __init__(self, temporal_patch: int, patch_size: int, merge_size: int):
         super().__init__(temporal_patch)
@@ -316,6 +359,35 @@ class NemotronOmni(Family):
     def video_placeholder(self):
         # The processor expands it into the tubelets, their frame text and markers.
         return "<video>\n"
+
+    def hears(self, model):
+        return model.audio_tower is not None  # built from the config's audio_config, which the released one has
+
+    def audio_placeholder(self):
+        # The processor expands it into `<so_start>`, one `<so_embedding>` per audio token, `<so_end>`.
+        return "<so_embedding>\n"
+
+    def audio_token_id(self, config):
+        return config.audio_token_id
+
+    def audio_end_token_id(self, tokenizer):
+        return tokenizer.convert_tokens_to_ids(self._AUDIO_END)
+
+    def audio_inputs(self, inputs):
+        return AudioInputs(inputs["input_features"], inputs["input_features_mask"])
+
+    def encode_audio(self, model, clips):
+        # Soundtracks of one length go through the tower as one batch: none is padded, so each gives what it
+        # gives alone (a padded clip's convolutions would read the padding).
+        rows: list[torch.Tensor | None] = [None] * len(clips)
+        for frames in dict.fromkeys(clip.features.shape[1] for clip in clips):
+            members = [i for i, clip in enumerate(clips) if clip.features.shape[1] == frames]
+            features = torch.cat([clips[i].features for i in members]).to(model.device)
+            mask = torch.cat([clips[i].mask for i in members]).to(model.device)
+            out = model.get_audio_features(features, mask, return_dict=True).pooler_output  # (sum of A, D)
+            for i, clip_rows in zip(members, out.split(len(out) // len(members))):
+                rows[i] = clip_rows
+        return rows
 
     def earlier_answer(self, answer):
         # truncate_history_thinking (on by default): an answer before the last question is written as an empty

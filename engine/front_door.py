@@ -32,11 +32,12 @@ def defaults(engine: Serving) -> GenerationParams:
 
 def request_params(engine: Serving, *, pruning_rate=None, fps=None, max_frames=None, max_pixels_per_frame=None,
                    max_new_tokens=None, temperature=None, top_p=None, seed=None,
-                   enable_thinking=None) -> GenerationParams:
+                   enable_thinking=None, hear_soundtrack=None) -> GenerationParams:
     """GenerationParams from loose values: numbers or their text, None for the default.
 
     Whole numbers are rounded, since a slider sends 128.0. Raises InputError(BAD_NUMBERS) for a value that
-    is not a number; whether a number is in range is the engine's to say, with its own sentence.
+    is not a number; whether a number is in range is the engine's to say, with its own sentence. The switches
+    pass through as given: a switch that is not a bool gets the engine's own sentence.
     """
     base = defaults(engine)
     try:
@@ -52,6 +53,7 @@ def request_params(engine: Serving, *, pruning_rate=None, fps=None, max_frames=N
             top_p=_number(top_p, float, base.top_p),
             seed=_number(seed, int, base.seed),
             enable_thinking=base.enable_thinking if enable_thinking is None else enable_thinking,
+            hear_soundtrack=base.hear_soundtrack if hear_soundtrack is None else hear_soundtrack,
         )
     except (TypeError, ValueError, OverflowError):
         raise InputError(BAD_NUMBERS) from None

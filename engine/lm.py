@@ -1,4 +1,4 @@
-"""The language-model side of one forward: embeddings with video features scattered in, explicit
+"""The language-model side of one forward: embeddings with video and audio features scattered in, explicit
 positions, DeepStack injection, logits of the last position."""
 
 from dataclasses import dataclass
@@ -25,10 +25,14 @@ class LMInput:
     deepstack: list[torch.Tensor] | None = None
 
 
-def embed_prompt(model, input_ids: torch.Tensor, video_mask: torch.Tensor, features: VideoFeatures) -> torch.Tensor:
-    """(L,) ids -> (L, D) embeddings with the kept video features in place of the video pads."""
+def embed_prompt(model, input_ids: torch.Tensor, video_mask: torch.Tensor, features: VideoFeatures,
+                 audio_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """(L,) ids -> (L, D) embeddings with the kept video features in place of the video pads, and the audio
+    features (when heard) in place of the audio tokens (audio_mask: (L,) bool, one token per row)."""
     embeds = model.get_input_embeddings()(input_ids.to(model.device))
     embeds[video_mask.to(embeds.device)] = features.embeds.to(embeds.device, embeds.dtype)
+    if features.audio is not None:
+        embeds[audio_mask.to(embeds.device)] = features.audio.to(embeds.device, embeds.dtype)
     return embeds
 
 

@@ -9,13 +9,16 @@ so that what the engine keeps on the GPU fits in the memory left after loading, 
 measures the device after loading and is what the Engine calls; `checkpoint_plan` plans a checkpoint from
 its config alone, for any free-memory figure, without a GPU (`python -m engine --model M --plan-gib 40 130`).
 
-What the plan counts (bytes; N requests decoding together, each with at most V video tokens):
+What the plan counts (bytes; N requests decoding together, each with at most V video tokens and, on a model
+that hears, A audio tokens: the longest soundtrack it is given, EngineConfig.max_soundtrack_seconds):
 
     usable   = free * (1 - margin) - reserved                       reserved: feature + prefix cache bounds
-    row(V)   = kv_copies * (kv_per_token * (V + text + new + spare)  one request's KV cache
+    row(V)   = kv_copies * (kv_per_token * (V + A + text + new + spare)  one request's KV cache
                             + state_per_sequence)                    and its linear-attention state
              + feature_per_video_token * V                          its video features (full + EVS-kept)
-    one(V)   = max(ViT forward over max(vit_patch_budget, V * merge^2) patches, prefill of V + text + new tokens)
+             + feature_per_audio_token * A                          its audio features (EVS keeps them all)
+    one(V)   = max(ViT forward over max(vit_patch_budget, V * merge^2) patches, audio forward over A tokens,
+                   prefill of V + A + text + new tokens)
     N * row(V) + one(V) <= usable
 
 - kv_per_token = 2 (K and V) * KV layers * KV heads * head_dim * dtype bytes (147,456 on Qwen3-VL-4B in
@@ -36,9 +39,10 @@ What the plan counts (bytes; N requests decoding together, each with at most V v
   is part of reserved.
 - Every row is planned at the worst case, q = 0 (nothing pruned; compare mode always sends a q = 0
   request), and left padding makes every row of the batch as long as the longest.
-- The ViT and the prefill never run at the same time and free their activations layer by layer
-  (inference mode), so only the larger of the two counts, at one layer's worth: the vision tower's depth
+- The ViT, the audio tower and the prefill never run at the same time and free their activations layer by
+  layer (inference mode), so only the largest of the three counts, at one layer's worth: the towers' depth
   does not enter. A request over the ViT patch budget is encoded alone, hence max(vit_patch_budget, V * merge^2).
+  The audio tower's attention is quadratic in the soundtrack's length (AudioDims.forward_bytes).
   A hybrid model's prefill peaks in its linear-attention layers, whose chunked delta rule runs in float32
   (ModelDims.prefill_bytes).
 - margin (10%) covers what the estimate leaves out: allocator fragmentation, cuBLAS / attention
@@ -57,6 +61,7 @@ the upload, duration and cache limits. EngineConfig.memory_budget_bytes turns th
 
 from dataclasses import dataclass
 
+from .audio_inputs import audio_tokens
 from .errors import InputError
 from .families import video_geometry
 
@@ -147,6 +152,46 @@ class LinearAttentionDims:
 
 
 @dataclass(frozen=True)
+class AudioDims:
+    """The audio tower of a model that hears (Nemotron-H Omni's Parakeet encoder, the config's audio_config):
+    hidden, heads, intermediate: the widths of its conformer layers; mel_bins, conv_channels,
+    subsampling_factor: its convolutional subsampling, which turns subsampling_factor mel frames into one
+    audio token."""
+
+    hidden: int
+    heads: int
+    intermediate: int
+    mel_bins: int
+    conv_channels: int
+    subsampling_factor: int
+
+    @classmethod
+    def from_config(cls, audio) -> "AudioDims":
+        return cls(hidden=audio.hidden_size, heads=audio.num_attention_heads, intermediate=audio.intermediate_size,
+                   mel_bins=audio.num_mel_bins, conv_channels=audio.subsampling_conv_channels,
+                   subsampling_factor=audio.subsampling_factor)
+
+    def forward_bytes(self, tokens: int, dtype_bytes: int) -> int:
+        """Peak activations of the audio tower over a soundtrack of `tokens` audio tokens (tokens *
+        subsampling_factor mel frames): the mel features in float32 and their cast, alive throughout, and the
+        larger of
+        - the subsampling's first convolution, conv_channels x frames / 2 x mel_bins / 2, and its ReLU's copy;
+        - one conformer layer: its relative-position attention scores, heads x tokens x 2 tokens, three of them
+          alive at once (the product, its shifted copy, the scaled and masked bias sdpa takes: transformers'
+          ParakeetEncoderAttention), beside the layer's own tensors (residual, norms, attention output and the
+          feed-forward: 4 * hidden + 2 * intermediate a token) and the relative position embeddings with their
+          projection (2 * hidden at each of 2 * tokens positions).
+        Quadratic in the soundtrack's length: 10 minutes on Nemotron-H Omni (7,501 tokens, 8 heads, bf16) hold
+        5.4 GB of scores. Not measured on a GPU."""
+        frames = tokens * self.subsampling_factor
+        features = frames * self.mel_bins * (FLOAT32_BYTES + dtype_bytes)
+        subsampling = 2 * self.conv_channels * (frames // 2) * (self.mel_bins // 2) * dtype_bytes
+        scores = 3 * self.heads * tokens * 2 * tokens * dtype_bytes
+        layer = scores + dtype_bytes * (tokens * (4 * self.hidden + 2 * self.intermediate) + 2 * tokens * 2 * self.hidden)
+        return features + max(subsampling, layer)
+
+
+@dataclass(frozen=True)
 class ModelDims:
     """The sizes of a loaded model that decide its memory per token and per sequence.
 
@@ -160,7 +205,8 @@ class ModelDims:
     pixel_values (channels * temporal_patch * patch^2); merge_patches: patches per LLM token
     (spatial_merge^2). feature_levels: feature tensors per video token (the merger output, plus one per
     DeepStack level on Qwen3-VL), each feature_dim wide. dtype_bytes: of the model's weights, KV cache,
-    conv state and activations.
+    conv state and activations. audio: the audio tower of a model that hears (None on the others), whose
+    features reach the language model at its width, text_hidden.
     """
 
     text_layers: int
@@ -178,6 +224,7 @@ class ModelDims:
     feature_dim: int
     dtype_bytes: int
     linear: LinearAttentionDims | None = None
+    audio: AudioDims | None = None
 
     @classmethod
     def from_config(cls, config, dtype_bytes: int) -> "ModelDims":
@@ -214,6 +261,7 @@ class ModelDims:
             feature_dim=getattr(vision, "out_hidden_size", None) or text.hidden_size,
             dtype_bytes=dtype_bytes,
             linear=linear,
+            audio=AudioDims.from_config(config.audio_config) if getattr(config, "audio_config", None) else None,
         )
 
     @property
@@ -231,6 +279,15 @@ class ModelDims:
     def feature_bytes_per_video_token(self) -> int:
         """A running request holds its video's features and the EVS-kept copy of them (all of them at q = 0)."""
         return 2 * self.feature_levels * self.feature_dim * self.dtype_bytes
+
+    @property
+    def feature_bytes_per_audio_token(self) -> int:
+        """A running request holds its soundtrack's features once: EVS keeps every row, without a copy."""
+        return self.text_hidden * self.dtype_bytes
+
+    def audio_bytes(self, tokens: int) -> int:
+        """Peak activations of the audio tower over `tokens` audio tokens (0 for a model that does not hear)."""
+        return self.audio.forward_bytes(tokens, self.dtype_bytes) if self.audio and tokens else 0
 
     def cache_summary(self) -> str:
         """What one request keeps, in a few words: "KV 147456 bytes/token", or on a hybrid model
@@ -291,7 +348,9 @@ class PlanSettings:
     """What the plan sizes for, beside the model and the free memory.
 
     planned_video_tokens: the video tokens of a typical large request (the device's default sampling on
-    this model); max_running rows of it must fit. max_running: the configured ceiling. text_tokens: prompt
+    this model); max_running rows of it must fit. planned_audio_tokens: the audio tokens of the longest
+    soundtrack a request is given (EngineConfig.max_soundtrack_seconds), on a model that hears; 0 on the
+    others. max_running: the configured ceiling. text_tokens: prompt
     tokens other than video pads planned per request: system prompt, question (at most 4,000 characters),
     Qwen3-VL's per-group timestamp and markers (a handful of tokens a group, some 600 at 64 groups) and a
     few turns of history. new_tokens: answer tokens planned per request, the UI's slider maximum; an API
@@ -304,6 +363,7 @@ class PlanSettings:
     """
 
     planned_video_tokens: int
+    planned_audio_tokens: int = 0
     max_running: int = 16
     text_tokens: int = 4096
     new_tokens: int = 1024
@@ -390,15 +450,16 @@ def plan_memory(dims: ModelDims, free_bytes: int, settings: PlanSettings) -> Pla
     """The limits under which N * row(V) + one(V) <= free * (1 - margin) - reserved (module docstring)."""
     s = settings
     usable = int(free_bytes * (1 - s.margin_fraction)) - s.reserved_bytes
-    other_tokens = s.text_tokens + s.new_tokens + s.spare_tokens
+    audio = s.planned_audio_tokens
+    other_tokens = audio + s.text_tokens + s.new_tokens + s.spare_tokens
 
     def row_bytes(video: int) -> int:
         return (s.kv_copies * (dims.kv_bytes_per_token * (video + other_tokens) + dims.state_bytes_per_sequence)
-                + dims.feature_bytes_per_video_token * video)
+                + dims.feature_bytes_per_video_token * video + dims.feature_bytes_per_audio_token * audio)
 
     def one_forward_bytes(video: int) -> int:
-        return max(dims.vit_bytes(max(s.vit_patch_budget, video * dims.merge_patches)),
-                   dims.prefill_bytes(video + s.text_tokens + s.new_tokens))
+        return max(dims.vit_bytes(max(s.vit_patch_budget, video * dims.merge_patches)), dims.audio_bytes(audio),
+                   dims.prefill_bytes(video + audio + s.text_tokens + s.new_tokens))
 
     def fits(rows: int, video: int) -> bool:
         return rows * row_bytes(video) + one_forward_bytes(video) <= usable
@@ -431,14 +492,16 @@ def plan_memory(dims: ModelDims, free_bytes: int, settings: PlanSettings) -> Pla
         max_video = max(0, largest_video(1))
         running_note = (f"not even one request of {planned:,} video tokens fits: one request at a time, "
                         f"with at most {max_video:,} video tokens")
+    heard = f"{audio:,} audio, " if audio else ""
+    audio_forward = f"audio {dims.audio_bytes(audio) / GIB:.2f} GiB, " if audio else ""
     reasons = (
         f"free {free_bytes / GIB:.1f} GiB, less a {s.margin_fraction:.0%} margin and {s.reserved_bytes / GIB:.1f} "
         f"GiB for the feature and prefix caches: {usable / GIB:.1f} GiB usable",
         *_cache_reasons(dims, s.kv_copies),
-        f"one request of {planned:,} video tokens (+{s.text_tokens} text, {s.new_tokens} new, {s.spare_tokens} "
+        f"one request of {planned:,} video tokens (+{heard}{s.text_tokens} text, {s.new_tokens} new, {s.spare_tokens} "
         f"spare): {row_bytes(planned) / GIB:.2f} GiB of {'state, ' if dims.linear else ''}KV and features",
         f"one forward at a time: ViT {dims.vit_bytes(max(s.vit_patch_budget, planned * dims.merge_patches)) / GIB:.2f} "
-        f"GiB, prefill {dims.prefill_bytes(planned + s.text_tokens + s.new_tokens) / GIB:.2f} GiB",
+        f"GiB, {audio_forward}prefill {dims.prefill_bytes(planned + audio + s.text_tokens + s.new_tokens) / GIB:.2f} GiB",
         running_note,
     )
     return Plan(
@@ -447,7 +510,7 @@ def plan_memory(dims: ModelDims, free_bytes: int, settings: PlanSettings) -> Pla
         state_bytes_per_sequence=dims.state_bytes_per_sequence,
         cache_summary=dims.cache_summary(),
         max_video_tokens=max_video,
-        max_request_tokens=max_video + s.text_tokens + s.new_tokens,
+        max_request_tokens=max_video + audio + s.text_tokens + s.new_tokens,
         max_running=max_running,
         reasons=reasons,
     )
@@ -478,12 +541,14 @@ def measured_free_bytes(device) -> int:
     return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
 
 
-def engine_settings(config, planned_video_tokens: int, vit_patch_budget: int) -> PlanSettings:
+def engine_settings(config, planned_video_tokens: int, vit_patch_budget: int,
+                    planned_audio_tokens: int = 0) -> PlanSettings:
     """The settings an engine under `config` (EngineConfig) plans with."""
     from .lm_state import GrowingLayer
 
     return PlanSettings(
         planned_video_tokens=planned_video_tokens,
+        planned_audio_tokens=planned_audio_tokens,
         max_running=config.max_running,
         spare_tokens=GrowingLayer.SPARE_TOKENS,
         vit_patch_budget=vit_patch_budget,
@@ -491,15 +556,18 @@ def engine_settings(config, planned_video_tokens: int, vit_patch_budget: int) ->
     )
 
 
-def engine_plan(loaded, config, planned_video_tokens: int, vit_patch_budget: int) -> Plan:
-    """The plan for a freshly loaded model under `config` (EngineConfig); see the module docstring."""
+def engine_plan(loaded, config, planned_video_tokens: int, vit_patch_budget: int,
+                planned_audio_tokens: int = 0) -> Plan:
+    """The plan for a freshly loaded model under `config` (EngineConfig); see the module docstring.
+    planned_audio_tokens: the longest soundtrack's, on a model that hears."""
     dims = ModelDims.from_config(loaded.model.config, dtype_bytes=loaded.dtype.itemsize)
     free_bytes = config.memory_budget_bytes
     if free_bytes is None:
         if loaded.device.type != "cuda":
             return unbounded_plan(dims, config.max_running, f"{loaded.device.type}: requests are not bounded by memory")
         free_bytes = measured_free_bytes(loaded.device)
-    return plan_memory(dims, free_bytes, engine_settings(config, planned_video_tokens, vit_patch_budget))
+    return plan_memory(dims, free_bytes,
+                       engine_settings(config, planned_video_tokens, vit_patch_budget, planned_audio_tokens))
 
 
 def checkpoint_config(model: str):
@@ -519,7 +587,7 @@ def checkpoint_plan(config, free_bytes: int, engine_config=None) -> Plan:
     """The plan a GPU engine would make for the model of `config` (a *ForConditionalGeneration config) with
     `free_bytes` free after loading: bfloat16, the GPU's default sampling (engine/config.py GPU_FRAME_SAMPLING) as
     the planned video, the GPU's ViT patch budget, and `engine_config`'s (EngineConfig, default: the
-    defaults) max_running and cache bounds, as engine_plan. Nothing is built or measured."""
+    defaults) max_running, cache bounds and longest soundtrack, as engine_plan. Nothing is built or measured."""
     import torch
 
     from .config import GPU_FRAME_SAMPLING, EngineConfig, video_tokens
@@ -529,5 +597,18 @@ def checkpoint_plan(config, free_bytes: int, engine_config=None) -> Plan:
     dims = ModelDims.from_config(config, dtype_bytes=torch.bfloat16.itemsize)
     sampling = GPU_FRAME_SAMPLING
     planned = video_tokens(sampling.max_frames, sampling.max_pixels_per_frame, *video_geometry(config))
-    settings = engine_settings(engine_config, planned, vit_patch_budget(engine_config, "cuda"))
+    audio = checkpoint_audio_tokens(config, engine_config.max_soundtrack_seconds) if dims.audio else 0
+    settings = engine_settings(engine_config, planned, vit_patch_budget(engine_config, "cuda"), audio)
     return plan_memory(dims, free_bytes, settings)
+
+
+def checkpoint_audio_tokens(config, seconds: float) -> int:
+    """Audio tokens of `seconds` of soundtrack for a config's audio tower, with the feature extractor's default
+    rate and mel frames (ParakeetFeatureExtractor: 16,000 Hz, a frame every 160 samples), which the released
+    Nemotron-H Omni keeps: its preprocessor config sets the mel bins and the default rate alone. The processor
+    is not part of a config; an engine counts with its own (audio_inputs.audio_token_count)."""
+    from transformers import ParakeetFeatureExtractor
+
+    extractor = ParakeetFeatureExtractor()
+    samples = int(seconds * extractor.sampling_rate)
+    return audio_tokens(samples, extractor.hop_length, config.audio_config.subsampling_factor)

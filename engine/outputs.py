@@ -11,12 +11,14 @@ from .stream import Event, EvsPicture
 
 
 def vision_started(served: list[Request], temporal_patch: int) -> None:
-    """Tell each request in a vision forward how many frames it encodes and with how many others."""
+    """Tell each request in a vision forward how many frames it encodes (and whether its soundtrack) and with
+    how many others."""
     for request in served:
         others = len(served) - 1
         frames = request.prompt.grid_thw[0] * temporal_patch
+        sound = " and the soundtrack" if request.prompt.audio is not None else ""
         tail = f" (batched with {others} other request{'s' if others != 1 else ''})" if others else ""
-        request.stream.push(Event("status", f"encoding {frames} frames{tail}"))
+        request.stream.push(Event("status", f"encoding {frames} frames{sound}{tail}"))
 
 
 def pruned(request: Request, temporal_patch: int) -> None:

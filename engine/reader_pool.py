@@ -7,7 +7,7 @@ that reader in the request's own thread and orders a replacement, which starts i
 other request waits on either. A reader that dies of a SIGKILL the pool did not send (the kernel's
 out-of-memory killer, an operator) was not killed by its file: the file goes to one more reader.
 Frames come back through the reader's stdout pipe as raw bytes read straight into the array that holds
-them (no pickling, no second copy).
+them (no pickling, no second copy), and a soundtrack, when asked for, as float32 samples after them.
 
 Readers are started by one keeper thread, because Linux's parent-death signal (which each reader asks
 for) fires when the thread that started a child ends, not only the process: the keeper lives as long as
@@ -16,7 +16,8 @@ closes. The pool never holds more readers than its size: each of `size` slots is
 
 A video worth splitting (engine/video_segments.py) comes back from its first reader as its timeline and
 keyframe groups (units) instead of frames; the pool hands runs of whole units to that reader and to the
-readers idle at that moment, all decoding at once, and the caller puts the frames back in sampled order.
+readers idle at that moment, all decoding at once, and the caller puts the frames back in sampled order. The
+first segment's reader reads the soundtrack too.
 
 Readers are plain subprocesses, not multiprocessing 'spawn' children: those re-import the parent's main
 module (app.py: gradio, torch) and the engine package (torch, transformers), 14-21 s and 860 MB each.
@@ -38,6 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
+from engine.soundtrack import SAMPLE_DTYPE, Soundtrack, soundtrack_from_message
 from engine.video_segments import SPLIT_MIN_PIXELS, segments
 
 log = logging.getLogger(__name__)
@@ -75,7 +77,9 @@ class Read:
     {"status": "too_slow"} past the timeout, {"status": "unreadable"} when a reader died or answered
     garbage. parts: (entries, (K, H, W, 3) uint8 frames or None) per segment, in order, for
     video_segments.assemble. wait_s: seconds waiting for a free reader; read_s: seconds from handing it
-    the file to the last frame back. readers: how many read it at once.
+    the file to the last frame back. readers: how many read it at once. soundtrack: the file's, when the
+    request asked for it and the file has one; soundtrack_status: "ok", "none" (no audio stream) or
+    "unreadable" when it was asked for and the frames were read, else None.
     """
 
     header: dict
@@ -83,6 +87,8 @@ class Read:
     wait_s: float
     read_s: float
     readers: int
+    soundtrack: Soundtrack | None = None
+    soundtrack_status: str | None = None
 
 
 class ReaderGone(Exception):
@@ -106,9 +112,9 @@ class Reader:
                 chunk = chunk[os.write(fd, chunk):]
 
     def receive(self, deadline: float) -> tuple[dict, np.ndarray | None]:
-        """(header, payload) of the next answer: the payload as (K, H, W, 3) frames when the header has a
-        shape, else flat uint8. TimeoutError past `deadline` (time.monotonic()), ReaderGone when the pipe
-        ends or the header is not JSON."""
+        """(header, payload) of the next answer, the payload flat uint8 (unpack_answer splits an "ok" one).
+        TimeoutError past `deadline` (time.monotonic()), ReaderGone when the pipe ends or the header is not
+        JSON."""
         fd = self.process.stdout.fileno()
         received = bytearray()
         while b"\n" not in received:
@@ -129,12 +135,6 @@ class Reader:
         while filled < size:
             count = self._read_into(fd, view[filled:], deadline)
             filled += count
-        shape = header.get("shape")
-        if shape:
-            try:
-                return header, payload.reshape(shape)
-            except (ValueError, TypeError):
-                raise ReaderGone("the frames do not fill the shape the reader gave") from None
         return header, payload
 
     def _wait_readable(self, fd: int, deadline: float) -> None:
@@ -161,6 +161,26 @@ class Reader:
         if self.process.poll() is None:
             self.process.kill()
         self.process.wait()  # reaped: no zombie; the pipes close with the object, after any reader thread
+
+
+def unpack_answer(header: dict, payload: np.ndarray | None) -> tuple[np.ndarray | None, Soundtrack | None]:
+    """An "ok" answer's payload as ((K, H, W, 3) frames or None, Soundtrack or None): the frames' bytes
+    (header["shape"]), then the samples' when header["soundtrack"] says "ok". ReaderGone when the bytes are not
+    exactly those, or the frames not as many as the entries."""
+    try:
+        shape = header.get("shape")
+        frame_bytes = int(np.prod(shape)) if shape else 0
+        described = header.get("soundtrack") or {}
+        heard = described.get("status") == "ok"
+        sample_bytes = int(described["samples"]) * SAMPLE_DTYPE.itemsize if heard else 0
+        size = 0 if payload is None else payload.nbytes
+        if size != frame_bytes + sample_bytes or len(header.get("entries", ())) != (shape[0] if shape else 0):
+            raise ReaderGone("the reader's bytes do not match what its answer says they hold")
+        frames = payload[:frame_bytes].reshape(shape) if shape else None
+        soundtrack = soundtrack_from_message(described, payload[frame_bytes:]) if heard else None
+    except (ValueError, TypeError, KeyError, AttributeError):
+        raise ReaderGone("the reader's answer does not describe its bytes") from None
+    return frames, soundtrack
 
 
 class ReaderPool:
@@ -201,72 +221,82 @@ class ReaderPool:
         deadline = time.monotonic() + timeout_s - (started - asked if count_wait else 0.0)
         readers = [first]
         try:
-            header, body = self._ask_to_read(first, request, deadline)
+            header, body, soundtrack = self._ask_to_read(first, request, deadline)
             if header["status"] == KILLED and (second := self._take(deadline, timeout_s + READY_TIMEOUT_S)):
                 readers = [second]
-                header, body = self._ask_to_read(second, request, deadline)
+                header, body, soundtrack = self._ask_to_read(second, request, deadline)
             found = [(header.get("entries"), body)]
             if header["status"] == "split":
                 readers += self._take_idle(len(header["units"]) - 1)
-                header, found = self._read_segments(readers, request, header, body, deadline)
+                header, found, soundtrack = self._read_segments(readers, request, header, body, deadline)
         finally:
             for reader in readers:
                 self._give_back(reader)
         if header["status"] == KILLED:
             header, found = {"status": "unreadable"}, []
-        return Read(header, found, started - asked, time.perf_counter() - started, len(readers))
+        soundtrack_status = (header.get("soundtrack") or {}).get("status") if header["status"] == "ok" else None
+        return Read(header, found, started - asked, time.perf_counter() - started, len(readers), soundtrack,
+                    soundtrack_status)
 
-    def _ask_to_read(self, reader: Reader, request: dict, deadline: float) -> tuple[dict, np.ndarray | None]:
+    def _ask_to_read(self, reader: Reader, request: dict,
+                     deadline: float) -> tuple[dict, np.ndarray | None, Soundtrack | None]:
         with self._lock:
             parts = 1 + len(self._idle)
         return self._ask(reader, {**request, "op": "read", "parts": parts, "split_min_pixels": self.split_min_pixels},
                          None, deadline)
 
     def _read_segments(self, readers: list[Reader], request: dict, header: dict, timeline_bytes: np.ndarray,
-                       deadline: float) -> tuple[dict, list]:
+                       deadline: float) -> tuple[dict, list, Soundtrack | None]:
         """One segment per reader, all at once (more segments, taken in turns, measured slower: each costs
-        its reader opening the file and decoder again); the first failure is the answer."""
+        its reader opening the file and decoder again); the first failure is the answer. The first segment's
+        reader reads the soundtrack as well, while the others decode."""
         pieces = segments(header["units"], len(readers))
 
-        def one(reader: Reader, targets: list[int]):
+        def one(reader: Reader, targets: list[int], soundtrack: dict | None = None):
             return self._ask(reader, {"op": "segment", "path": request["path"], "memory_bytes": request["memory_bytes"],
-                                      "plan": header["plan"], "targets": targets}, timeline_bytes, deadline)
+                                      "plan": header["plan"], "targets": targets, "soundtrack": soundtrack},
+                             timeline_bytes, deadline)
 
         helpers = [self._segments.submit(one, reader, targets) for reader, targets in zip(readers[1:], pieces[1:])]
-        answers = [one(readers[0], pieces[0])] + [future.result() for future in helpers]
-        for answer, _ in answers:
+        answers = [one(readers[0], pieces[0], request.get("soundtrack"))] + [future.result() for future in helpers]
+        for answer, _, _ in answers:
             if answer["status"] != "ok":
-                return answer, []
-        work = {"frames_decoded": sum(a["work"]["frames_decoded"] for a, _ in answers),
-                "seeks": sum(a["work"]["seeks"] for a, _ in answers),
-                "in_order": any(a["work"]["in_order"] for a, _ in answers)}
-        decoded = [a["work"]["decoded_size"] for a, _ in answers if "decoded_size" in a["work"]]
+                return answer, [], None
+        work = {"frames_decoded": sum(a["work"]["frames_decoded"] for a, _, _ in answers),
+                "seeks": sum(a["work"]["seeks"] for a, _, _ in answers),
+                "in_order": any(a["work"]["in_order"] for a, _, _ in answers)}
+        decoded = [a["work"]["decoded_size"] for a, _, _ in answers if "decoded_size" in a["work"]]
         if decoded:
             work["decoded_size"] = decoded[-1]
-        return ({**header, "status": "ok", "work": work, "segments": len(answers)},
-                [(answer["entries"], frames) for answer, frames in answers])
+        first, _, soundtrack = answers[0]
+        carried = {"soundtrack": first["soundtrack"]} if "soundtrack" in first else {}
+        return ({**header, "status": "ok", "work": work, "segments": len(answers), **carried},
+                [(answer["entries"], frames) for answer, frames, _ in answers], soundtrack)
 
-    def _ask(self, reader: Reader, request: dict, payload, deadline: float) -> tuple[dict, np.ndarray | None]:
-        """One exchange with a reader. A reader that times out, dies or answers garbage is killed here and
-        replaced; the answer then says "too_slow" or "unreadable"."""
+    def _ask(self, reader: Reader, request: dict, payload,
+             deadline: float) -> tuple[dict, np.ndarray | None, Soundtrack | None]:
+        """One exchange with a reader: (header, frames or the split's timeline bytes, soundtrack). A reader that
+        times out, dies or answers garbage is killed here and replaced; the answer then says "too_slow" or
+        "unreadable"."""
         try:
             reader.send(request, payload)
             header, body = reader.receive(deadline)
-            if header.get("status") == "ok" and len(header.get("entries", ())) != (0 if body is None else len(body)):
-                raise ReaderGone("the reader gave another number of frames than of entries")
+            soundtrack = None
+            if header.get("status") == "ok":
+                body, soundtrack = unpack_answer(header, body)
         except TimeoutError:
             self._discard(reader)
-            return {"status": "too_slow"}, None
+            return {"status": "too_slow"}, None, None
         except (OSError, ValueError, ReaderGone):  # ValueError: a pipe closed under it by shutdown
             killed = self._killed_from_outside(reader)
             self._discard(reader)
-            return {"status": KILLED if killed else "unreadable"}, None
+            return {"status": KILLED if killed else "unreadable"}, None, None
         if not isinstance(header.get("status"), str):
             self._discard(reader)
-            return {"status": "unreadable"}, None
+            return {"status": "unreadable"}, None, None
         if header.get("retire"):
             self._discard(reader)
-        return header, body
+        return header, body, soundtrack
 
     def _killed_from_outside(self, reader: Reader) -> bool:
         """Whether a reader whose pipe failed died of a SIGKILL the pool did not send. A decoder that dies

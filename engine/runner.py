@@ -94,12 +94,14 @@ class ModelRunner:
 
     def _forward(self, cache, pruned, begin: int, end: int) -> torch.Tensor:
         """The pruned prompt's tokens begin..end appended to cache; (1, V) logits of the last. A segment from
-        the start carries the whole video (a split never falls inside it); any later one is text."""
+        the start carries the whole video and soundtrack (a split never falls inside them); any later one is
+        text."""
         positions = pruned.positions[:, None, begin:end].to(self.model.device)
         if begin > 0:
             text = embed_tokens(self.model, pruned.input_ids[begin:end])
             return lm_logits(self.model, self.family, LMInput(text[None], positions), cache)
-        embeds = embed_prompt(self.model, pruned.input_ids[:end], pruned.video_mask[:end], pruned.features)
+        embeds = embed_prompt(self.model, pruned.input_ids[:end], pruned.video_mask[:end], pruned.features,
+                              pruned.audio_mask[:end])
         visual_mask = pruned.video_mask[None, :end].to(self.model.device)
         batch = LMInput(embeds[None], positions, None, visual_mask, pruned.features.deepstack)
         return lm_logits(self.model, self.family, batch, cache)

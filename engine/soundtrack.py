@@ -41,8 +41,10 @@ def soundtrack_message(soundtrack: Soundtrack) -> tuple[dict, np.ndarray]:
 
 def soundtrack_from_message(fields: dict, payload) -> Soundtrack:
     """The Soundtrack that soundtrack_message described, from its fields and its payload (a buffer of exactly
-    fields["samples"] float32 samples; read, not copied); ValueError when they disagree."""
+    fields["samples"] float32 samples; read, not copied, unless it starts at an address a float32 may not be
+    read from: the samples follow the frames on the pipe, whose bytes may be any number); ValueError when they
+    disagree."""
     samples = np.frombuffer(payload, dtype=SAMPLE_DTYPE)
     if len(samples) != fields["samples"] or fields["rate_hz"] <= 0:
         raise ValueError("the soundtrack's bytes do not match its header")
-    return Soundtrack(samples, int(fields["rate_hz"]), bool(fields["cut"]))
+    return Soundtrack(np.require(samples, requirements=["ALIGNED"]), int(fields["rate_hz"]), bool(fields["cut"]))

@@ -17,6 +17,11 @@ class Stats:
     video_tokens_total: int | None = None  # T*h*w before EVS
     video_tokens_kept: int | None = None  # after EVS
     tokens_kept_per_frame: list[int] | None = None  # one count per temporal group
+    audio_tokens: int | None = None  # the soundtrack's tokens in the prompt, all kept by EVS (0 when not heard)
+    audio_seconds: float | None = None  # seconds of soundtrack heard (0.0 when not heard)
+    # "heard", "cut" (its first max_soundtrack_seconds heard), "off" (the request turned it off), "none" (no
+    # audio stream, or one too short to hear), "unreadable" (it did not decode) or "unsupported" (no audio tower)
+    soundtrack: str | None = None
     prompt_tokens: int | None = None  # tokens the language model saw for the prompt (after pruning)
     prefill_tokens: int | None = None  # of those, the ones prefilled now (the rest came from the prefix KV cache)
     generated_tokens: int | None = None  # thinking_tokens + answer_tokens
@@ -27,7 +32,7 @@ class Stats:
     read_video_s: float | None = None  # reading the file + frame sampling + HF processor
     read_wait_s: float | None = None  # of read_video_s, waiting for a free reader process (0 on a frame cache hit)
     read_s: float | None = None  # of read_video_s, the reader(s) reading the file (0 on a frame cache hit)
-    vit_s: float | None = None  # the vision forward this request took part in
+    vit_s: float | None = None  # the vision forward this request took part in (with the audio tower's, when heard)
     evs_s: float | None = None
     prefill_s: float | None = None
     decode_s: float | None = None  # first token -> done

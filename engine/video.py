@@ -20,9 +20,10 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.config import MAX_VIDEO_SOURCE_PIXELS, READ_MEMORY_BYTES, FrameSampling
+from engine.config import MAX_SOUNDTRACK_SECONDS, MAX_VIDEO_SOURCE_PIXELS, READ_MEMORY_BYTES, FrameSampling
 from engine.errors import NO_VIDEO, InputError
 from engine.reader_pool import ReaderPool
+from engine.soundtrack import Soundtrack
 from engine.video_segments import assemble
 
 UNREADABLE = "The file could not be read as a video."
@@ -42,7 +43,9 @@ class SampledVideo:
     asked fps once max_frames caps a long video); Qwen's seconds per temporal group follow from it.
     content_hash: sha256 hex of the file bytes. read_wait_s: seconds the read waited for a free reader;
     read_s: seconds the reader(s) took, from the file handed over to the last frame back. readers: how
-    many readers read it at once (more than one for a long video split at keyframes).
+    many readers read it at once (more than one for a long video split at keyframes). soundtrack: the
+    upload's soundtrack when it was asked for and the file has one; soundtrack_status: when it was asked
+    for, "ok", "none" (no audio stream) or "unreadable" (the stream did not decode), else None.
     """
 
     frames: np.ndarray
@@ -56,6 +59,13 @@ class SampledVideo:
     read_wait_s: float = 0.0
     read_s: float = 0.0
     readers: int = 1
+    soundtrack: Soundtrack | None = None
+    soundtrack_status: str | None = None
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of frames and soundtrack samples it holds (what the frame cache counts)."""
+        return self.frames.nbytes + (self.soundtrack.samples.nbytes if self.soundtrack else 0)
 
 
 def file_sha256(path) -> str:
@@ -79,6 +89,8 @@ def load_video(
     max_source_pixels: int = MAX_VIDEO_SOURCE_PIXELS,
     memory_bytes: int = READ_MEMORY_BYTES,
     readers: ReaderPool | None = None,
+    soundtrack_rate_hz: int | None = None,
+    max_soundtrack_seconds: float = MAX_SOUNDTRACK_SECONDS,
 ) -> SampledVideo:
     """Check the upload, read the sampled frames in a reader process, and return them.
 
@@ -87,6 +99,9 @@ def load_video(
     memory_bytes: the reader process's cap on heap and private writable memory (RLIMIT_DATA).
     readers: the engine's warm pool, where timeout_s bounds the reading, not the wait for a free reader;
     None starts one reader for this file alone and stops it after, and timeout_s bounds both.
+    soundtrack_rate_hz: also read the file's first audio stream, mono at this rate, its first
+    max_soundtrack_seconds (a soundtrack that does not decode leaves the frames answered, and says so in
+    soundtrack_status); None reads none.
     Raises InputError (one sentence for the user) when the file is missing, larger than max_bytes,
     not a readable video, longer than max_seconds, larger per frame than max_source_pixels, needs more
     than memory_bytes, or takes longer than timeout_s to read.
@@ -98,7 +113,9 @@ def load_video(
         size_text, limit_text = size_pair(size_bytes, max_bytes)
         raise InputError(f"The video is {size_text}; the limit is {limit_text}.")
     request = {"path": str(path), "frame_sampling": asdict(sampling), "max_seconds": max_seconds,
-               "patch": temporal_patch, "max_source_pixels": max_source_pixels, "memory_bytes": memory_bytes}
+               "patch": temporal_patch, "max_source_pixels": max_source_pixels, "memory_bytes": memory_bytes,
+               "soundtrack": None if soundtrack_rate_hz is None else {"rate_hz": soundtrack_rate_hz,
+                                                                      "max_seconds": max_soundtrack_seconds}}
     if readers is None:  # the reader's start counts against the timeout, as a fresh process per file did
         with ReaderPool(1) as own:
             read = own.read(request, timeout_s, count_wait=True)
@@ -135,6 +152,8 @@ def load_video(
         read_wait_s=read.wait_s,
         read_s=read.read_s,
         readers=read.readers,
+        soundtrack=read.soundtrack,
+        soundtrack_status=read.soundtrack_status,
     )
 
 

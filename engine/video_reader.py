@@ -1,19 +1,24 @@
 """The reader process: a long-lived child of the engine that reads one upload at a time with PyAV
-(engine/video_pyav.py). engine/reader_pool.py starts it as `python -c READER_PROGRAM`, under a bare
-`engine` package, so engine/__init__.py (torch, transformers) never loads here: PyAV and numpy are its
-whole start-up cost, paid once, before its first file.
+(engine/video_pyav.py, and engine/soundtrack_pyav.py for its soundtrack). engine/reader_pool.py starts it as
+`python -c READER_PROGRAM`, under a bare `engine` package, so engine/__init__.py (torch, transformers) never
+loads here: PyAV and numpy are its whole start-up cost, paid once, before its first file.
 
 Every message, both ways, is one JSON line, then `payload_bytes` raw bytes (none when absent). The reader
 answers each request on its stdout pipe; anything the native decoder prints goes to stderr.
 - At start, once PyAV and numpy are imported: {"status": "ready", "pid"}.
 - {"op": "read", path, frame_sampling, max_seconds, patch, max_source_pixels, memory_bytes, parts,
-  split_min_pixels}: the file's checks and timeline, then its frames: {"status": "ok", total_frames,
+  split_min_pixels, soundtrack}: the file's checks and timeline, then its frames: {"status": "ok", total_frames,
   duration_s, wanted, entries, shape, work} and the (K, H, W, 3) uint8 frames
   (engine/video_segments.assemble puts them in sampled order).
   When parts > 1 and the read is worth splitting, {"status": "split", ..., units, plan} instead, with
   the timeline's bytes: the pool hands the units out as segments to `parts` readers at most.
-- {"op": "segment", path, memory_bytes, plan, targets} with the timeline's bytes: {"status": "ok",
+- {"op": "segment", path, memory_bytes, plan, targets, soundtrack} with the timeline's bytes: {"status": "ok",
   entries, shape, work} and the frames at those targets.
+- soundtrack: null, or {"rate_hz", "max_seconds"}: the file's soundtrack is read too, after the frames, and an
+  "ok" answer then says {"soundtrack": {"status": "ok", "samples", "rate_hz", "cut"}} with the samples' bytes
+  after the frames' (engine/soundtrack.py; payload_bytes counts both), or {"soundtrack": {"status": "none"}}
+  (no audio stream) or {"status": "unreadable"} (it did not decode: the frames are answered all the same). A
+  split read's soundtrack is asked of the first segment, which reads it while the other readers decode theirs.
 - Statuses that end a read: "too_long", "too_many_pixels", "out_of_memory", "unreadable".
 An answer with "retire": true is the reader's last: after running out of memory, or once its heap has
 grown past RETIRE_GROWTH_BYTES, it exits and the pool starts a fresh one.
@@ -28,6 +33,8 @@ import sys
 import numpy as np
 
 from engine.config import FrameSampling
+from engine.soundtrack import soundtrack_message
+from engine.soundtrack_pyav import read_soundtrack
 from engine.video_pyav import Plan, plan_file, read_targets, timeline_from_message, timeline_message
 from engine.video_segments import units, worth_splitting
 
@@ -35,6 +42,9 @@ from engine.video_segments import units, worth_splitting
 # file: memory the allocator keeps from a large read would count against the next file's cap.
 RETIRE_GROWTH_BYTES = 256 << 20
 _PR_SET_PDEATHSIG = 1
+# What MemoryError stands for under the memory cap: an allocation refused, or (EAGAIN) a decoder thread whose
+# stack FFmpeg could not get.
+_OUT_OF_MEMORY = (MemoryError, BlockingIOError)
 
 
 def serve(parent_pid: int) -> None:
@@ -57,7 +67,7 @@ def serve(parent_pid: int) -> None:
             return
 
 
-def _answer(request: dict, payload: bytes) -> tuple[dict, np.ndarray | bytes | None]:
+def _answer(request: dict, payload: bytes) -> tuple[dict, np.ndarray | bytes | list | None]:
     """One request's answer under its memory cap: an allocation past it fails, in Python or in FFmpeg.
     RLIMIT_DATA (heap and private writable mappings) rather than RLIMIT_AS: the address space also counts
     the 64 MB malloc arena each decoder thread reserves but barely touches, so a cap on it would track the
@@ -66,10 +76,11 @@ def _answer(request: dict, payload: bytes) -> tuple[dict, np.ndarray | bytes | N
     cap = request["memory_bytes"] if hard == resource.RLIM_INFINITY else min(request["memory_bytes"], hard)
     resource.setrlimit(resource.RLIMIT_DATA, (cap, hard))
     try:
-        if request["op"] == "segment":
-            return _segment(request, payload)
-        return _read(request)
-    except (MemoryError, BlockingIOError):  # EAGAIN: FFmpeg could not start a thread (its stack) under the cap
+        header, body = _segment(request, payload) if request["op"] == "segment" else _read(request)
+        if header["status"] == "ok" and request.get("soundtrack"):
+            return _with_soundtrack(request, header, body)
+        return header, body
+    except _OUT_OF_MEMORY:
         return {"status": "out_of_memory"}, None
     except Exception:  # the decoder reports broken input as its own errors
         return {"status": "unreadable"}, None
@@ -105,14 +116,33 @@ def _frames(header: dict, entries: list[dict], frames: np.ndarray | None, work: 
     return {**header, "entries": entries, "shape": shape, "work": work}, frames
 
 
-def _write(answers, header: dict, body: np.ndarray | bytes | None = None) -> None:
-    if body is not None:
-        # The array's own buffer: the frames are written without a second copy.
-        body = memoryview(np.ascontiguousarray(body) if isinstance(body, np.ndarray) else body)
-        header = {**header, "payload_bytes": body.nbytes}
+def _with_soundtrack(request: dict, header: dict, frames: np.ndarray | None) -> tuple[dict, list | np.ndarray | None]:
+    """The frames' answer with the file's soundtrack: its samples go after the frames. A soundtrack that does not
+    decode costs itself only, not the frames already read; running out of memory ends the read, as it would in
+    the frames."""
+    asked = request["soundtrack"]
+    try:
+        soundtrack = read_soundtrack(request["path"], asked["rate_hz"], asked["max_seconds"])
+    except _OUT_OF_MEMORY:
+        raise
+    except Exception:  # PyAV's errors for a stream it cannot decode
+        return {**header, "soundtrack": {"status": "unreadable"}}, frames
+    if soundtrack is None:
+        return {**header, "soundtrack": {"status": "none"}}, frames
+    fields, samples = soundtrack_message(soundtrack)
+    return {**header, "soundtrack": {"status": "ok", **fields}}, [frames, samples]
+
+
+def _write(answers, header: dict, body: np.ndarray | bytes | list | None = None) -> None:
+    """One answer: the header line, then the body's buffers (one, or a list of them) back to back."""
+    # The arrays' own buffers: the frames and samples are written without a second copy.
+    parts = [memoryview(np.ascontiguousarray(part) if isinstance(part, np.ndarray) else part)
+             for part in (body if isinstance(body, list) else [body]) if part is not None]
+    if parts:
+        header = {**header, "payload_bytes": sum(part.nbytes for part in parts)}
     answers.write(json.dumps(header).encode() + b"\n")
-    if body is not None:
-        answers.write(body)
+    for part in parts:
+        answers.write(part)
     answers.flush()
 
 

@@ -1,7 +1,9 @@
 """Cross-request vision batching: one ViT forward for every request whose features are not cached.
 
 Identical videos (same content hash, frame sampling and model) are encoded once, also when they
-arrive together; a byte-bounded LRU keeps features for later questions on the same video.
+arrive together; a byte-bounded LRU keeps features for later questions on the same video. A soundtrack that
+is heard goes through the audio tower in the same step, right after the vision forward, and its features are
+kept with the video's (the key says whether it was heard).
 """
 
 import time
@@ -32,7 +34,8 @@ class VisionEncoder:
         self.forwards = 0  # vision forwards run so far (tests count them)
 
     def feature_key(self, request: Request) -> tuple:
-        return (request.video.content_hash, request.frame_sampling, self.model_name)
+        heard = request.prompt.audio is not None
+        return (request.video.content_hash, request.frame_sampling, self.model_name, heard)
 
     def lookup(self, key: tuple, grid_thw: tuple[int, int, int]) -> VideoFeatures | None:
         cached = self.cache.get(key)
@@ -68,13 +71,19 @@ class VisionEncoder:
         grids = torch.stack([r.prompt.grid_thw_patches for r in owners]).to(device)
         start = time.perf_counter()
         outputs = self.family.encode(self.model, pixels, grids)
+        hearing = [i for i, owner in enumerate(owners) if owner.prompt.audio is not None]
+        if hearing:
+            heard = self.family.encode_audio(self.model, [owners[i].prompt.audio for i in hearing])
+            for i, audio in zip(hearing, heard):
+                outputs[i].audio = audio
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         vit_s = time.perf_counter() - start
         self.forwards += 1
         for key, owner, split in zip(keys, owners, outputs):
             # own copies: a split view would keep the whole batch's output alive in the cache
-            features = VideoFeatures(split.embeds.clone(), [level.clone() for level in split.deepstack])
+            features = VideoFeatures(split.embeds.clone(), [level.clone() for level in split.deepstack],
+                                     None if split.audio is None else split.audio.clone())
             self.cache.put(key, CachedFeatures(features, owner.prompt.grid_thw), features.nbytes)
             for request in misses[key]:
                 request.features = features

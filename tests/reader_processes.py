@@ -11,6 +11,8 @@ that a reader, before reading a file, looks at its name:
 - `garbled_*`: writes the marker, then answers frames that do not fill the shape it gives;
 - `killed_*`: the first reader to see it writes the marker, then dies of SIGKILL (as the kernel's
   out-of-memory killer or an operator would kill it); a later reader finds the marker and reads it;
+- `deaf_*`: its frames are read for real, its soundtrack fails as a stream PyAV cannot decode does
+  (av.error.InvalidDataError);
 - anything else: reads the file for real.
 The faulty files are valid clips, so nothing but the reader is at fault; the markers prove the fault ran
 in a reader (the tests fail on a missing marker if the seam moves, or here if READER_PROGRAM changes).
@@ -23,8 +25,10 @@ from engine import reader_pool
 
 FAULTS = '''
 import os as _os, signal as _signal, time as _time
+import av as _av
 import engine.video_reader as _reader
 _real_read = _reader._read
+_real_read_soundtrack = _reader.read_soundtrack
 
 
 def _faulty_read(request):
@@ -48,16 +52,26 @@ def _faulty_read(request):
     return _real_read(request)
 
 
+
+def _faulty_read_soundtrack(path, rate_hz, max_seconds):
+    if _os.path.basename(str(path)).startswith("deaf_"):
+        raise _av.error.InvalidDataError(22, "Invalid data found when processing input")
+    return _real_read_soundtrack(path, rate_hz, max_seconds)
+
+
 _reader._read = _faulty_read
+_reader.read_soundtrack = _faulty_read_soundtrack
 '''
 _ANCHOR = "from engine.video_reader import serve\n"
 
 
 def faulty_program() -> str:
-    """READER_PROGRAM with the faults above, put in just before the reader starts serving."""
+    """READER_PROGRAM with the faults above, put in just before the reader starts serving; once only, when the
+    program in force has them already (a second copy would wrap the first, whose call of the real read then
+    finds itself)."""
     program = reader_pool.READER_PROGRAM
     assert _ANCHOR in program, "READER_PROGRAM changed: give the tests another way to run readers of their own"
-    return program.replace(_ANCHOR, _ANCHOR + FAULTS)
+    return program if FAULTS in program else program.replace(_ANCHOR, _ANCHOR + FAULTS)
 
 
 def reader_children(parent: int | None = None) -> set[int]:

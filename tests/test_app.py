@@ -38,7 +38,7 @@ def test_ask_endpoint_takes_video_question_rate_and_defaults_the_rest(app):
     names = [p["parameter_name"] for p in params]
     assert names[:3] == ["video", "question", "pruning_rate"]
     assert {"fps", "max_frames", "max_pixels_per_frame", "max_new_tokens", "temperature", "compare",
-            "history"} <= set(names)
+            "history", "enable_thinking", "hear_soundtrack"} <= set(names)
     assert all(p["parameter_has_default"] for p in params[2:])
 
 
@@ -56,6 +56,7 @@ def test_ask_streams_status_figures_then_tokens_and_ends_with_everything(app, cl
     assert isinstance(answer, str) and answer
     assert set(STATS_KEYS) <= set(stats)
     assert stats["generated_tokens"] == FAST["max_new_tokens"]
+    assert (stats["soundtrack"], stats["audio_tokens"]) == ("unsupported", 0)  # tiny-random has no audio tower
     assert set(figures) == {"tokens_per_group", "dissimilarity"}
     kept = bar_values(figures["tokens_per_group"], "kept")
     assert kept.tolist() == stats["tokens_kept_per_frame"]

@@ -24,10 +24,12 @@ import pytest
 
 import engine.video as video
 from engine import Engine, EngineConfig, GenerationParams, STATS_KEYS, reader_pool
+from engine.engine import UNREADABLE_SOUNDTRACK
 from engine.errors import InputError
 
 from app_harness import wait_until
 from reader_processes import alive, faulty_program, reader_children
+from sound_clips import tone, write_clip_with_sound
 
 # Long enough that a normal read (a few hundredths of a second warm, a few s on 2 loaded cores) never
 # times out, short enough to keep the hang test at ~10 s. The normal request must finish inside it, which
@@ -149,3 +151,23 @@ def test_a_memory_hungry_file_fails_only_its_own_request(engine, clip, tmp_path)
     assert_answered(normal)
     assert wait_until(lambda: engine.running_requests == 0, 10)
     assert_replaced(engine, int(Path(f"{hungry}.child").read_text()), clip("pan", seconds=2.5))
+
+
+def test_a_soundtrack_that_does_not_decode_costs_the_soundtrack_only(tiny_cache_dir, tmp_path):
+    """A file whose audio stream fails to decode (`deaf_*`) is answered from its frames by a model that hears;
+    the stats and a status line say the soundtrack was unreadable, and the reader that read it serves on: a
+    soundtrack's fault is not the reader's."""
+    deaf = write_clip_with_sound(tmp_path / "deaf_clip.mp4", tone(440, 2.0, 16000)[None], 16000)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(reader_pool, "READER_PROGRAM", faulty_program())
+        with Engine(EngineConfig(model="tiny-random-nemotron-omni", device="cpu", cache_dir=tiny_cache_dir,
+                                 video_readers=1)) as hearing:
+            assert wait_until(lambda: hearing.readers.idle == 1, 60)
+            pids = hearing.readers.pids()
+            stream = hearing.submit(deaf, "What is said?", FAST)
+            statuses = [event.text for event in stream if event.kind == "status"]
+            stats = stream.result(timeout_s=60).stats
+            assert hearing.readers.pids() == pids
+    assert stats["generated_tokens"] == FAST.max_new_tokens and stats["frames_sampled"] > 0
+    assert (stats["soundtrack"], stats["audio_tokens"], stats["audio_seconds"]) == ("unreadable", 0, 0.0)
+    assert UNREADABLE_SOUNDTRACK in statuses

@@ -171,6 +171,22 @@ def test_decode_speed_is_unknown_for_a_single_token():
     assert "—" in stats_panel.stats_html(sample_stats(generated_tokens=1))
 
 
+@pytest.mark.parametrize("soundtrack, card", [
+    ("heard", "heard 2.0 s"), ("cut", "heard the first 2.0 s"), ("off", "Hear the soundtrack is off"),
+    ("none", "no sound to hear"), ("unreadable", "could not be read"), ("unsupported", None)])
+def test_the_soundtrack_card_says_what_was_heard(soundtrack, card):
+    """A card for a model that hears: how much, with its tokens all kept, or why nothing; none for a model that
+    cannot hear, where it would only say so."""
+    heard = soundtrack in ("heard", "cut")
+    html = stats_panel.stats_html(sample_stats(soundtrack=soundtrack, audio_tokens=26 if heard else 0,
+                                               audio_seconds=2.0 if heard else 0.0))
+    assert ("Soundtrack" in html) == (card is not None)
+    if card:
+        assert card in html
+    if heard:
+        assert "26 audio tokens, all kept" in html
+
+
 def test_placeholder_before_any_answer():
     assert stats_panel.stats_html(None) == stats_panel.PLACEHOLDER_HTML
 

@@ -48,7 +48,8 @@ def through_the_page(app, video: Path | None, question: str, rate: float) -> str
     async def ask():
         async for _ in Handlers(app.spy).chat(str(video) if video else None, question, rate, sampling.fps,
                                               sampling.max_frames, sampling.max_pixels_per_frame,
-                                              settings.max_new_tokens, settings.temperature, False, False, []):
+                                              settings.max_new_tokens, settings.temperature, False, False, False,
+                                              []):
             pass
 
     with pytest.raises(gr.Error) as caught:

@@ -40,11 +40,12 @@ def test_the_server_lists_exactly_one_documented_tool(app):
     tool = tools[0]
     assert "Efficient Video Sampling" in tool.description and "JSON" in tool.description
     properties = tool.inputSchema["properties"]
-    assert list(properties) == ["video", "question", "pruning_rate", "max_new_tokens", "enable_thinking"]
+    assert list(properties) == ["video", "question", "pruning_rate", "max_new_tokens", "enable_thinking",
+                                "hear_soundtrack"]
     assert all(properties[name].get("description") for name in properties)
     assert "upload" in properties["video"]["description"]
     assert properties["pruning_rate"]["default"] == app.spy.model_info["default_pruning_rate"]  # the model's own
-    assert properties["enable_thinking"]["type"] == "boolean"
+    assert properties["enable_thinking"]["type"] == properties["hear_soundtrack"]["type"] == "boolean"
     assert sorted(tool.inputSchema["required"]) == ["question", "video"]
 
 

@@ -24,14 +24,17 @@ from engine.config import (
     video_tokens,
 )
 from engine.__main__ import main as engine_main
+from engine.audio_inputs import audio_token_count
 from engine.frame_sampling import sample_frame_indices
-from engine.memory_plan import GIB, InsufficientMemory, ModelDims, PlanSettings, plan_memory
+from engine.memory_plan import (GIB, InsufficientMemory, ModelDims, PlanSettings, checkpoint_audio_tokens,
+                                plan_memory)
 from engine.models import sized_processor
 from engine.random_checkpoints import checkpoint_spec, spec_config, spec_processor
 from engine.tiny import build_tokenizer
 
 QWEN3_4B = "Qwen/Qwen3-VL-4B-Instruct"
 QWEN35_9B = "Qwen/Qwen3.5-9B"
+NEMOTRON = "nvidia/Nemotron-3-Nano-Omni-30B-A3B-Reasoning-BF16"
 FRAME_SAMPLING = FrameSampling(fps=4.0, max_frames=8, max_pixels_per_frame=160 * 128)  # 4 groups x 5x4 tokens
 
 
@@ -311,6 +314,41 @@ def test_mixtures_of_experts_plan_their_routed_width():
     assert vl_moe.prefill_bytes(1) == 2 * (4 * 2048 + 3 * 6144 + 4 * 8 * 2048) == 184_320
 
 
+def test_a_model_that_hears_plans_its_longest_soundtrack():
+    """Nemotron-H Omni hears up to max_soundtrack_seconds (10 minutes) of each upload: 7,501 audio tokens (12.5 a
+    second) in every row's KV and in the prefill, and the audio tower's forward, whose relative-position scores
+    (8 heads x 7,501 x 2 x 7,501 in bf16, three alive at once) alone take 5.0 GiB. With 18.5 GiB free (an 80 GiB
+    GPU after loading) 10 requests fit where 16 would without a soundtrack; a model that cannot hear plans none."""
+    config = config_of(NEMOTRON)
+    dims = ModelDims.from_config(config, dtype_bytes=2)
+    audio = checkpoint_audio_tokens(config, 600.0)
+    assert audio == 7_501
+    scores = 3 * 8 * 7_501 * 2 * 7_501 * 2
+    assert scores < dims.audio_bytes(audio) < 1.1 * scores
+    free = int(18.5 * GIB)
+    heard, deaf = plan_memory(dims, free, settings(planned_audio_tokens=audio)), plan_memory(dims, free, settings())
+    assert (heard.max_running, deaf.max_running) == (10, 16)
+    assert heard.max_request_tokens == heard.max_video_tokens + audio + 4096 + 1024
+    assert any(f"+{audio:,} audio" in reason for reason in heard.reasons)
+    assert ModelDims.from_config(config_of(QWEN3_4B), dtype_bytes=2).audio is None
+    # Half an hour (22,501 tokens): the audio forward alone, 46 GiB, is more than the 80 GiB GPU has left,
+    # though the prefill of so many tokens (11 GiB) would fit: no request fits.
+    too_long = plan_memory(dims, free, settings(planned_audio_tokens=checkpoint_audio_tokens(config, 1800.0)))
+    assert too_long.max_video_tokens == 0
+
+
+def test_an_engine_that_hears_plans_with_its_processors_count(tiny_cache_dir):
+    """The engine counts the longest soundtrack's tokens with its processor, as it counts them for each request;
+    the plan of a checkpoint's config alone (checkpoint_audio_tokens) comes to the same count."""
+    config = EngineConfig(model="tiny-random-nemotron-omni", device="cpu", cache_dir=tiny_cache_dir,
+                          frame_sampling=FRAME_SAMPLING, memory_budget_bytes=3 * GIB, max_soundtrack_seconds=60.0)
+    with Engine(config) as engine:
+        plan, loaded = engine.memory_plan, engine.loaded
+    audio = audio_token_count(loaded.processor, 60 * 16000)
+    assert audio == checkpoint_audio_tokens(loaded.model.config, 60.0) == 751
+    assert plan.max_request_tokens == plan.max_video_tokens + audio + PlanSettings.text_tokens + PlanSettings.new_tokens
+
+
 def test_the_command_line_prints_a_checkpoints_plan_without_a_gpu(capsys):
     assert engine_main(["--model", f"random:{QWEN35_9B}", "--plan-gib", "40", "130"]) == 0
     out = capsys.readouterr().out
@@ -390,7 +428,7 @@ class GpuLikeEngine:
     """What build_demo reads from an engine, as a GPU engine answers it (no model behind it)."""
 
     model_info = {"name": "Qwen/Qwen3-VL-4B-Instruct", "device": "cuda:0", "is_tiny": False,
-                  "default_pruning_rate": DEFAULT_PRUNING_RATE, "thinks": False}
+                  "default_pruning_rate": DEFAULT_PRUNING_RATE, "thinks": False, "hears": False}
     default_frame_sampling = GPU_FRAME_SAMPLING
     frame_sampling_limits = GPU_FRAME_SAMPLING_LIMITS
 
@@ -407,7 +445,7 @@ def test_sliders_and_api_defaults_follow_the_engines_device():
     parameters = demo.get_api_info()["named_endpoints"]["/ask"]["parameters"]
     names = [p["parameter_name"] for p in parameters]
     assert names == ["video", "question", "pruning_rate", "fps", "max_frames", "max_pixels_per_frame",
-                     "max_new_tokens", "temperature", "compare", "history", "enable_thinking"]
+                     "max_new_tokens", "temperature", "compare", "history", "enable_thinking", "hear_soundtrack"]
     defaults = {p["parameter_name"]: p["parameter_default"] for p in parameters}
     assert (defaults["fps"], defaults["max_frames"], defaults["max_pixels_per_frame"]) == (2.0, 128, 200_704)
 

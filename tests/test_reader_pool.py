@@ -26,6 +26,7 @@ from engine.video_segments import segments, units
 
 from app_harness import wait_until
 from reader_processes import alive, reader_children
+from sound_clips import tone, write_clip_with_sound
 from test_video_formats import VARIABLE, write_video
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -68,6 +69,22 @@ def test_segments_read_at_once_give_the_frames_one_reader_gives(long_files, one_
     assert together.frame_indices == alone.frame_indices
     assert together.timestamps_s == alone.timestamps_s
     assert (together.total_frames, together.duration_s) == (alone.total_frames, alone.duration_s)
+
+
+def test_a_split_read_carries_the_soundtrack_one_reader_gives(tmp_path, one_reader):
+    """The first segment's reader reads the soundtrack while the others decode theirs: the same samples, to
+    the bit, as one reader reading the whole file (4 s of tone, a keyframe every 5 frames: 8 groups)."""
+    path = write_clip_with_sound(tmp_path / "sounding.mp4", tone(440, 4.0, 22050)[None], 22050, seconds=4.0,
+                                 keyframe_every=5)
+    with ReaderPool(2, split_min_pixels=0) as pool:
+        assert wait_until(lambda: pool.idle == 2, 60)
+        together = load_video(path, FRAME_SAMPLING, readers=pool, soundtrack_rate_hz=16000, **LIMITS)
+    alone = load_video(path, FRAME_SAMPLING, readers=one_reader, soundtrack_rate_hz=16000, **LIMITS)
+    assert together.readers == 2 and alone.readers == 1
+    assert together.soundtrack_status == alone.soundtrack_status == "ok"
+    assert abs(together.soundtrack.seconds - 4.0) <= 0.1 and together.soundtrack.cut == alone.soundtrack.cut
+    assert np.array_equal(together.soundtrack.samples, alone.soundtrack.samples)
+    assert np.array_equal(together.frames, alone.frames)
 
 
 def test_a_short_clip_is_read_by_one_reader(long_files):

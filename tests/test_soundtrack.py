@@ -2,14 +2,13 @@
 and the audio input it becomes for Nemotron-H Omni (engine/audio_inputs.py), against transformers' processor and
 the tiny model directly.
 
-The clips are muxed here with PyAV (H.264 and an audio stream from a numpy waveform), which every host that
-reads videos has; the engine's path to the model (the reader's pipe, the prompt, the stats) is tested where it
-is built."""
+The clips are muxed with PyAV (tests/sound_clips.py: H.264 and an audio stream from a numpy waveform), which
+every host that reads videos has; the engine's path to the model (the reader's pipe, the prompt, the stats) is
+tested in tests/test_soundtrack_engine.py."""
 
 import json
 import subprocess
 import sys
-from fractions import Fraction
 from pathlib import Path
 
 import av
@@ -22,39 +21,11 @@ from engine.audio_inputs import (audio_token_count, min_soundtrack_samples, proc
 from engine.soundtrack import soundtrack_from_message, soundtrack_message
 from engine.soundtrack_pyav import MonoResampler, read_soundtrack
 
+from sound_clips import FPS, SECONDS, tone, write_clip_with_sound
+
 ENGINE_DIR = Path(__file__).resolve().parent.parent / "engine"
 MODEL = "tiny-random-nemotron-omni"
 RATE_HZ = 16000  # the Parakeet feature extractor's rate, which the reader resamples to
-SECONDS, FPS = 2.0, 10  # every clip: 20 frames of video, so one frame is 0.1 s
-
-
-def tone(hz: float, seconds: float, rate_hz: int, amplitude: float = 0.5) -> np.ndarray:
-    return amplitude * np.sin(2 * np.pi * hz * np.arange(round(seconds * rate_hz)) / rate_hz)
-
-
-def write_clip_with_sound(path: Path, waveform: np.ndarray | None, rate_hz: int = 0, *, container: str = "mp4",
-                          codec: str = "aac", seconds: float = SECONDS) -> Path:
-    """A `seconds`-long 64x48 H.264 clip at FPS, with waveform ((channels, n) float in [-1, 1], at rate_hz;
-    one channel is mono, two stereo) encoded by `codec` as its audio stream, or none when waveform is None."""
-    with av.open(str(path), mode="w", format=container) as output:
-        video = output.add_stream("libx264", rate=Fraction(FPS))
-        video.width, video.height, video.pix_fmt = 64, 48, "yuv420p"
-        video.options = {"preset": "ultrafast", "threads": "1"}
-        audio = None
-        if waveform is not None:
-            layout = "mono" if len(waveform) == 1 else "stereo"
-            audio = output.add_stream(codec, rate=rate_hz, layout=layout)
-        for index in range(round(seconds * FPS)):
-            picture = np.full((48, 64, 3), index * 12 % 256, np.uint8)
-            output.mux(video.encode(av.VideoFrame.from_ndarray(picture, format="rgb24")))
-        output.mux(video.encode())
-        if audio is not None:
-            planar = np.ascontiguousarray(waveform, dtype=np.float32)
-            frame = av.AudioFrame.from_ndarray(planar, format="fltp", layout=audio.layout.name)
-            frame.sample_rate, frame.pts, frame.time_base = rate_hz, 0, Fraction(1, rate_hz)
-            output.mux(audio.encode(frame))  # PyAV cuts it into the encoder's frame size and sample format
-            output.mux(audio.encode())
-    return path
 
 
 def strongest_hz(samples: np.ndarray, rate_hz: int) -> float:
@@ -149,6 +120,13 @@ def test_the_soundtrack_crosses_the_pipe_unchanged(clips):
     assert (back.rate_hz, back.cut) == (soundtrack.rate_hz, soundtrack.cut)
     with pytest.raises(ValueError):
         soundtrack_from_message({**fields, "samples": fields["samples"] + 1}, payload.tobytes())
+    # On the pipe the samples follow frames of any number of bytes: read from an odd address, they come back
+    # aligned, as numpy and torch kernels expect.
+    pipe = np.zeros(3 + payload.nbytes, np.uint8)
+    pipe[3:] = payload.view(np.uint8)
+    shifted = soundtrack_from_message(fields, pipe[3:])
+    assert shifted.samples.flags.aligned
+    np.testing.assert_array_equal(shifted.samples, soundtrack.samples)
 
 
 def test_the_reader_reads_soundtracks_without_torch_and_the_engine_holds_them_without_pyav(clips):
@@ -213,7 +191,7 @@ def test_a_soundtrack_too_short_to_hear_or_at_another_rate_is_not_an_input(omni)
 
 def media_inputs(processor, soundtrack) -> dict:
     """The processor's inputs for 8 frames and the soundtrack, in the first user turn: the video, then its
-    soundtrack, then the question (the order the engine will write them in)."""
+    soundtrack, then the question (the order engine.prompt.chat_text writes them in)."""
     frames = np.stack([np.full((64, 64, 3), 30 * index, np.uint8) for index in range(8)])
     text = ("<|im_start|>system\n<|im_end|>\n<|im_start|>user\n<video>\n<so_embedding>\nWhat is said?<|im_end|>\n"
             "<|im_start|>assistant\n<think></think>")

@@ -29,6 +29,9 @@ Inputs, in order (all after the first three have defaults):
                           the engine then reuses its feature and prefix caches
     enable_thinking       bool, think before answering (default False), for a model that can
                           (engine.model_info["thinks"]: Qwen3.5, Qwen3.6); others ignore it
+    hear_soundtrack       bool, give the model the video's soundtrack beside its frames (default: on for a model
+                          with an audio tower, engine.model_info["hears"]: Nemotron-H Omni); others ignore it,
+                          and the stats say "unsupported"
 
 Outputs, streamed as a tuple (answer, stats, figures, frames):
     answer   str: the answer so far at `pruning_rate`.
@@ -52,7 +55,7 @@ The question answered at several pruning rates as one burst (one read of the vid
 the answers decoding together). Inputs: video, question, then with defaults rates ("0, 0.3, 0.5, 0.7, 0.9",
 or a list of numbers; at most 8), fps, max_frames, max_pixels_per_frame (None: the device's defaults),
 max_new_tokens (128), temperature (0.0), enable_thinking (False: a model that can think does so first at
-every rate). Streams (table, figure, answers_html); the final result holds:
+every rate), hear_soundtrack (as for `/ask`: every rate hears it). Streams (table, figure, answers_html); the final result holds:
     table         {"headers": [...], "data": [[q, answer, video tokens kept, video tokens total, prompt
                   tokens, TTFT (s), prefill (s), ViT (s), requests in the ViT forward, total (s)], ...]}
     figure        the plot of kept tokens and TTFT against q ({"type": "plotly", "plot": "<json>"})

@@ -3,7 +3,8 @@
 
 Each question becomes one engine request (two in compare mode: q=0 and the chosen q, submitted together
 so they share the ViT forward and decode steps). With "Think first" on, the model's thinking streams into a
-collapsed block of its own above the answer. Engine events are read with `Stream.aevents()`, so a
+collapsed block of its own above the answer; with "Hear the soundtrack" on, a model that hears is given the
+video's sound beside its frames. Engine events are read with `Stream.aevents()`, so a
 waiting request holds no thread. When Gradio stops iterating a handler (Stop button, closed tab, API
 cancel) the generator is cancelled or closed, and the front door cancels the engine requests.
 """
@@ -96,15 +97,18 @@ class Handlers:
         compare: bool = False,
         history: list | None = None,
         enable_thinking: bool = False,
+        hear_soundtrack: bool | None = None,
     ) -> AsyncIterator[tuple]:
         """The `/ask` API endpoint: streams (answer, stats, figures, frames); see ui/__init__.py.
 
         A setting left out (None) takes the engine's default (front_door.defaults), as the sliders do. With
-        enable_thinking, the thinking so far rides in the stats output.
+        enable_thinking, the thinking so far rides in the stats output. hear_soundtrack: None hears it on a
+        model that can.
         """
         params = request_params(self.engine, pruning_rate=pruning_rate, fps=fps, max_frames=max_frames,
                                 max_pixels_per_frame=max_pixels_per_frame, max_new_tokens=max_new_tokens,
-                                temperature=temperature, enable_thinking=enable_thinking)
+                                temperature=temperature, enable_thinking=enable_thinking,
+                                hear_soundtrack=hear_soundtrack)
         params_list = _params_for(bool(compare), params)
         runs = [RunView(p.pruning_rate) for p in params_list]
         chosen = runs[-1]
@@ -145,6 +149,7 @@ class Handlers:
         temperature: float,
         compare: bool,
         enable_thinking: bool,
+        hear_soundtrack: bool,
         turns: list,
     ) -> AsyncIterator[tuple]:
         """The browser's Ask: streams updates of CHAT_OUTPUTS (chat view, status, numbers, pictures).
@@ -153,7 +158,8 @@ class Handlers:
         """
         params = request_params(self.engine, pruning_rate=pruning_rate, fps=fps, max_frames=max_frames,
                                 max_pixels_per_frame=max_pixels_per_frame, max_new_tokens=max_new_tokens,
-                                temperature=temperature, enable_thinking=enable_thinking)
+                                temperature=temperature, enable_thinking=enable_thinking,
+                                hear_soundtrack=hear_soundtrack)
         if not video:  # before the question shows up in the chat
             raise InputError(NO_VIDEO)
         turns = list(turns or [])

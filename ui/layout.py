@@ -82,6 +82,7 @@ class Controls:
     pruning_rate: gr.Slider
     compare: gr.Checkbox
     think: gr.Checkbox
+    hear: gr.Checkbox
     ask: gr.Button
     sweep: gr.Button
     stop: gr.Button
@@ -130,7 +131,8 @@ def build_demo(engine: Serving, *, banner: str | None = None, delete_cache: tupl
         # private event the name "sweep" and this endpoint "sweep_1".
         _ask_endpoint(handlers, controls, settings)
         _sweep_endpoint(q_sweep, controls, settings)
-        _tool_endpoint(VideoQuestionTool(engine, video_policy(max_file_bytes, fetch_video_urls)), settings)
+        _tool_endpoint(VideoQuestionTool(engine, video_policy(max_file_bytes, fetch_video_urls)), settings,
+                       engine.model_info["hears"])
         _wire_page(handlers, q_sweep, controls, shown, compare_row, sweep_view)
     demo.queue(default_concurrency_limit=None, max_size=QUEUE_MAX_SIZE)
     return demo
@@ -157,6 +159,11 @@ def _controls(engine: Serving, settings: GenerationParams) -> Controls:
                             elem_id="evs-think",
                             info="The model reasons before it answers; the reasoning shows in a block above "
                                  "the answer.")
+        # On, and shown, only for a model with an audio tower: the others cannot hear.
+        hears = engine.model_info["hears"]
+        hear = gr.Checkbox(hears, label="Hear the soundtrack", visible=hears, elem_id="evs-hear",
+                           info="The model hears the video's sound (speech, music, noises) beside its frames; "
+                                "EVS prunes the frames only.")
         with gr.Row(elem_id="evs-actions"):
             ask = gr.Button("Ask", variant="primary", elem_id="evs-ask", min_width=80)
             sweep = gr.Button("Sweep", variant="secondary", elem_id="evs-sweep-button", min_width=80)
@@ -167,7 +174,7 @@ def _controls(engine: Serving, settings: GenerationParams) -> Controls:
         if examples:
             gr.Examples(examples, inputs=[video, question, pruning_rate], label="Examples", elem_id="evs-examples")
     return Controls(video=video, question=question, pruning_rate=pruning_rate, compare=compare, think=think,
-                    ask=ask, sweep=sweep, stop=stop, **advanced)
+                    hear=hear, ask=ask, sweep=sweep, stop=stop, **advanced)
 
 
 def _advanced(settings: GenerationParams, limits: FrameSamplingLimits) -> dict:
@@ -244,7 +251,7 @@ def _wire_page(handlers: Handlers, q_sweep: Sweep, controls: Controls, shown: di
     chat_outputs = [shown[name] for name in CHAT_OUTPUTS]
     asked = [
         trigger(handlers.chat, inputs=[c.video, c.question, c.pruning_rate, c.fps, c.max_frames, c.max_pixels,
-                                       c.max_new_tokens, c.temperature, c.compare, c.think, shown["turns"]],
+                                       c.max_new_tokens, c.temperature, c.compare, c.think, c.hear, shown["turns"]],
                 outputs=chat_outputs, api_visibility="private", concurrency_limit=None, show_progress="hidden")
         for trigger in (c.ask.click, c.question.submit)
     ]
@@ -252,7 +259,7 @@ def _wire_page(handlers: Handlers, q_sweep: Sweep, controls: Controls, shown: di
         question_to_sweep, inputs=[c.question, shown["turns"]], outputs=c.question, api_visibility="private",
         queue=False,
     ).then(q_sweep.sweep, inputs=[c.video, c.question, c.sweep_rates, c.fps, c.max_frames, c.max_pixels,
-                                  c.max_new_tokens, c.temperature, c.think],
+                                  c.max_new_tokens, c.temperature, c.think, c.hear],
            outputs=sweep_view.outputs(), api_visibility="private", concurrency_limit=None, show_progress="hidden")
     c.stop.click(None, cancels=[*asked, swept])
     c.video.change(handlers.new_video, outputs=chat_outputs, api_visibility="private", queue=False)
@@ -282,27 +289,31 @@ def _ask_endpoint(handlers: Handlers, controls: Controls, settings: GenerationPa
     outputs = [gr.Textbox(label="answer", visible=False), gr.JSON(label="stats", visible=False),
                gr.JSON(label="figures", visible=False), gr.Gallery(label="frames", visible=False)]
     gr.Button(visible=False).click(
-        handlers.ask, inputs=[controls.video, controls.question, *numbers, controls.compare, history, controls.think],
+        handlers.ask, inputs=[controls.video, controls.question, *numbers, controls.compare, history, controls.think,
+                              controls.hear],
         outputs=outputs, api_name="ask", concurrency_limit=None, show_progress="hidden")
 
 
 def _sweep_endpoint(q_sweep: Sweep, controls: Controls, settings: GenerationParams) -> None:
     """`/sweep`, public but not an MCP tool either, on hidden outputs like `/ask`: the page's video, question,
-    rates and Think first, and numbers of its own."""
+    rates, Think first and Hear the soundtrack, and numbers of its own."""
     numbers = _api_numbers(settings, "fps", "max_frames", "max_pixels_per_frame", "max_new_tokens", "temperature")
     view = SweepView(gr.Dataframe(headers=TABLE_HEADERS, label="table", visible=False),
                      gr.Plot(label="figure", visible=False), gr.HTML(label="answers_html", visible=False))
     gr.Button(visible=False).click(
-        q_sweep.sweep, inputs=[controls.video, controls.question, controls.sweep_rates, *numbers, controls.think],
+        q_sweep.sweep, inputs=[controls.video, controls.question, controls.sweep_rates, *numbers, controls.think,
+                               controls.hear],
         outputs=view.outputs(), api_name="sweep", concurrency_limit=None, show_progress="hidden")
 
 
-def _tool_endpoint(tool: VideoQuestionTool, settings: GenerationParams) -> None:
-    """The MCP tool's endpoint, `/answer_video_question`, on hidden components of its own."""
+def _tool_endpoint(tool: VideoQuestionTool, settings: GenerationParams, hears: bool) -> None:
+    """The MCP tool's endpoint, `/answer_video_question`, on hidden components of its own (hears: whether the
+    model has an audio tower, which is the soundtrack switch's default)."""
     inputs = [gr.Textbox(label="video", visible=False), gr.Textbox(label="question", visible=False),
               gr.Number(settings.pruning_rate, label="pruning_rate", visible=False),
               gr.Number(TOOL_MAX_NEW_TOKENS, label="max_new_tokens", precision=0, visible=False),
-              gr.Checkbox(settings.enable_thinking, label="enable_thinking", visible=False)]
+              gr.Checkbox(settings.enable_thinking, label="enable_thinking", visible=False),
+              gr.Checkbox(hears, label="hear_soundtrack", visible=False)]
     gr.Button(visible=False).click(tool.answer_video_question, inputs=inputs,
                                    outputs=gr.Textbox(label="answer", visible=False),
                                    api_name="answer_video_question", concurrency_limit=None, show_progress="hidden")

@@ -39,6 +39,7 @@ class VideoQuestionTool:
         pruning_rate: float | None = None,
         max_new_tokens: int = TOOL_MAX_NEW_TOKENS,
         enable_thinking: bool = False,
+        hear_soundtrack: bool | None = None,
     ) -> str:
         """Answer a question about a video with a vision-language model that first drops the video tokens
         that barely change between frames (Efficient Video Sampling, EVS).
@@ -49,12 +50,13 @@ class VideoQuestionTool:
             pruning_rate: EVS pruning rate q, at least 0 and below 1: the fraction of video tokens dropped before the language model reads them; 0 keeps every token, higher answers sooner and may miss detail (default: the model's own, {default_rate:g} unless its checkpoint names another).
             max_new_tokens: The most tokens the answer may have, thinking included (default {max_new_tokens}).
             enable_thinking: Think first: the model reasons before it answers, which takes more tokens and time and may answer better; only models that can think do (default false).
+            hear_soundtrack: Hear the video's soundtrack (speech, music, sounds) beside its frames; only models with an audio tower do, and they hear it unless this is false.
 
         Returns:
-            A JSON object: "answer", the model's answer (greedy decoding); with enable_thinking, "thinking", what the model thought first; and "stats", the request's numbers (video_tokens_total and video_tokens_kept, prompt_tokens, generated_tokens with thinking_tokens and answer_tokens, ttft_s: time to first token, and the time of each stage).
+            A JSON object: "answer", the model's answer (greedy decoding); with enable_thinking, "thinking", what the model thought first; and "stats", the request's numbers (video_tokens_total and video_tokens_kept, audio_tokens and soundtrack: whether it was heard, prompt_tokens, generated_tokens with thinking_tokens and answer_tokens, ttft_s: time to first token, and the time of each stage).
         """
         params = request_params(self.engine, pruning_rate=pruning_rate, max_new_tokens=max_new_tokens,
-                                enable_thinking=enable_thinking)
+                                enable_thinking=enable_thinking, hear_soundtrack=hear_soundtrack)
         local = await local_video(video, self.policy)
         try:
             run = RunView(params.pruning_rate)

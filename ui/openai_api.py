@@ -5,7 +5,8 @@ first user message, text parts, earlier user/assistant turns as the engine's his
 the feature and KV caches), streamed as server-sent `chat.completion.chunk` events or answered whole.
 Extra body fields choose EVS per request: `pruning_rate`, `fps`, `max_frames`, `max_pixels_per_frame`;
 `chat_template_kwargs: {"enable_thinking": true}` makes a model that can think do so first (as vLLM and
-SGLang take it), its thinking returned as `reasoning_content` beside `content`. `usage` holds the token
+SGLang take it), its thinking returned as `reasoning_content` beside `content`; `hear_soundtrack: false` keeps
+the video's soundtrack from a model that hears (it does by default). `usage` holds the token
 counts (the thinking's in `completion_tokens_details.reasoning_tokens`) and `evs`, the engine's stats dict.
 
 Errors use OpenAI's error body, {"error": {"message", "type", "param", "code"}}, with one sentence:
@@ -101,6 +102,9 @@ class ChatRequest(BaseModel):
     max_frames: int | None = None
     max_pixels_per_frame: int | None = None
     chat_template_kwargs: dict[str, Any] | None = None  # only enable_thinking is read
+    # A JSON boolean, taken as sent: pydantic would read "yes" or 1 as true, where the engine's check says what
+    # the switch takes, in the sentence every other way in gives.
+    hear_soundtrack: Any = None
 
 
 def unsupported(chat: ChatRequest) -> str | None:
@@ -293,6 +297,7 @@ class ChatCompletions:
             temperature=DEFAULT_TEMPERATURE if chat.temperature is None else chat.temperature, top_p=chat.top_p,
             # Without a seed, sampling differs from call to call, as OpenAI clients expect.
             seed=secrets.randbits(31) if chat.seed is None else chat.seed, enable_thinking=enable_thinking(chat),
+            hear_soundtrack=chat.hear_soundtrack,
         )
 
 

@@ -68,6 +68,8 @@ def stats_html(stats: dict | None) -> str:
          f"prefilled {stats['prefill_tokens']:,} of {stats['prompt_tokens']:,} prompt tokens; "
          "the rest came from the KV of this video's conversation"),
     ]
+    if soundtrack := _soundtrack(stats):
+        cards.insert(1, soundtrack)
     return '<div class="evs-stats">' + "".join(_card(*card) for card in cards) + "</div>"
 
 
@@ -95,6 +97,28 @@ def _thinking_and_answer(stats: dict) -> list[str]:
     if not stats.get("thinking_tokens"):
         return []
     return [f"{stats['thinking_tokens']:,} thinking", f"{stats['answer_tokens']:,} answer"]
+
+
+# What the soundtrack card says when none was heard, by the `soundtrack` stat.
+_NOT_HEARD = {
+    "off": ("off", "Hear the soundtrack is off: the answer comes from the frames"),
+    "none": ("none", "the upload has no sound to hear"),
+    "unreadable": ("unreadable", "its sound could not be read: the answer comes from the frames"),
+}
+
+
+def _soundtrack(stats: dict) -> tuple[str, str, str] | None:
+    """The soundtrack's card: how much the model heard, or why it heard nothing; None for a model that cannot
+    hear (its stats say "unsupported"), where the card would only say so."""
+    verdict = stats.get("soundtrack")
+    if verdict in _NOT_HEARD:
+        return ("Soundtrack", *_NOT_HEARD[verdict])
+    if verdict not in ("heard", "cut"):
+        return None
+    first = "the first " if verdict == "cut" else ""
+    return ("Soundtrack", f"heard {first}{stats['audio_seconds']:.1f} s",
+            f"{stats['audio_tokens']:,} audio tokens, all kept: EVS prunes video tokens only"
+            + ("; the rest is past the server's limit" if verdict == "cut" else ""))
 
 
 def _hit(hit: bool) -> str:

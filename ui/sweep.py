@@ -104,15 +104,18 @@ class Sweep:
         max_new_tokens: int | None = None,
         temperature: float | None = None,
         enable_thinking: bool = False,
+        hear_soundtrack: bool | None = None,
     ) -> AsyncIterator[tuple]:
         """The `/sweep` endpoint: streams (table, figure, answers_html); see ui/__init__.py.
 
         rates: pruning rates as "0, 0.3, 0.5" (or a list of numbers). A setting left out (None) takes the
         engine's default (front_door.defaults). enable_thinking: every rate thinks first (the page's
-        "Think first"); the cards show the answers, the stats count the thinking.
+        "Think first"); the cards show the answers, the stats count the thinking. hear_soundtrack: every rate
+        hears the soundtrack (None: on a model that can); EVS never prunes it.
         """
         params = request_params(self.engine, fps=fps, max_frames=max_frames, max_pixels_per_frame=max_pixels_per_frame,
-                                max_new_tokens=max_new_tokens, temperature=temperature, enable_thinking=enable_thinking)
+                                max_new_tokens=max_new_tokens, temperature=temperature, enable_thinking=enable_thinking,
+                                hear_soundtrack=hear_soundtrack)
         rates = parse_rates(rates)
         runs = [RunView(q) for q in rates]
         yield gr.skip(), gr.skip(), answer_cards(runs)

@@ -1,0 +1,186 @@
+"""The soundtrack through the engine, on the tiny Nemotron-H Omni (a 1-layer Parakeet audio tower): read by the
+engine's readers beside the frames, heard or not by the request's switch, kept whole by EVS, and at the logit
+level what transformers' own forward makes of the same video and sound at the same pruning rate.
+
+The reader's side (decoding, resampling, the pipe) is tests/test_soundtrack.py; a split read's soundtrack is
+tests/test_reader_pool.py; one that does not decode, tests/test_decoder_faults.py; the app's switches,
+tests/test_soundtrack_app.py."""
+
+import contextlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import evs
+from engine import Engine, EngineConfig, GenerationParams
+from engine.__main__ import main as engine_main
+from engine.audio_inputs import audio_token_count, processor_audio
+from engine.config import FrameSampling
+from engine.engine import NO_SOUNDTRACK
+from engine.lm import embed_prompt
+from engine.prompt import chat_text, prepare_prompt, processor_inputs
+from engine.pruning import prune_prompt
+from engine.video import load_video
+
+from sound_clips import tone, write_clip_with_sound
+
+NAME = "tiny-random-nemotron-omni"
+RATE_HZ = 16000  # the tiny processor's rate (Parakeet's)
+# 8 frames (4 tubelets) of at most 64 patches, as tests/test_nemotron_omni.py samples.
+FRAME_SAMPLING = FrameSampling(fps=4.0, max_frames=8, max_pixels_per_frame=128 * 128)
+MAX_SOUNDTRACK_S = 2.5  # the engine's bound here: the 4 s clip is cut, the 2 s ones heard whole
+Q = 0.6  # transformers' float count of kept tokens and the exact one agree here (checked below)
+ATOL = 1e-4  # as tests/test_nemotron_omni.py: float32 sums in another order, where a wrong token moves 1e-2
+
+
+@pytest.fixture(scope="module")
+def clips(tmp_path_factory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("soundtrack-engine")
+    # Speech-like: white noise whose loudness comes and goes four times a second, like syllables.
+    samples = round(2.0 * RATE_HZ)
+    speech = (np.random.default_rng(1).uniform(-0.5, 0.5, samples)
+              * np.abs(np.sin(np.pi * 4 * np.arange(samples) / RATE_HZ)))
+    return {"speech": write_clip_with_sound(folder / "speech.mp4", speech[None], RATE_HZ),
+            "long": write_clip_with_sound(folder / "long.mp4", tone(440, 4.0, 22050)[None], 22050, seconds=4.0),
+            "silent": write_clip_with_sound(folder / "silent.mp4", None)}
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_cache_dir):
+    with Engine(EngineConfig(model=NAME, device="cpu", cache_dir=tiny_cache_dir, frame_sampling=FRAME_SAMPLING,
+                             max_soundtrack_seconds=MAX_SOUNDTRACK_S)) as running:
+        yield running
+
+
+def params(hear: bool | None = None, q: float = 0.5) -> GenerationParams:
+    return GenerationParams(pruning_rate=q, max_new_tokens=6, ignore_eos=True, return_logits=True,
+                            hear_soundtrack=hear)
+
+
+def asked(engine, video: Path, hear: bool | None = None, q: float = 0.5, question: str = "What is said?"):
+    """(answer, its status lines)."""
+    stream = engine.submit(video, question, params(hear, q))
+    statuses = [event.text for event in stream if event.kind == "status"]
+    return stream.result(60), statuses
+
+
+def test_a_soundtrack_is_heard_when_the_switch_is_on_and_not_when_it_is_off(engine, clips):
+    """On (the default for a model that hears): as many audio tokens as the processor writes for the samples
+    read, and the answer moves; off: none, and the stats say so. The feature and prefix caches keep the two
+    apart (a cached video without its soundtrack is not one with it)."""
+    assert engine.model_info["hears"]
+    heard, _ = asked(engine, clips["speech"])
+    off, _ = asked(engine, clips["speech"], hear=False)
+    again, _ = asked(engine, clips["speech"], hear=True)
+    samples = round(heard.stats["audio_seconds"] * RATE_HZ)
+    assert heard.stats["soundtrack"] == again.stats["soundtrack"] == "heard"
+    assert heard.stats["audio_tokens"] == audio_token_count(engine.loaded.processor, samples) > 0
+    assert abs(heard.stats["audio_seconds"] - 2.0) <= 0.1  # AAC pads its last frame
+    assert (off.stats["soundtrack"], off.stats["audio_tokens"], off.stats["audio_seconds"]) == ("off", 0, 0.0)
+    assert heard.stats["prompt_tokens"] > off.stats["prompt_tokens"] + heard.stats["audio_tokens"]
+    assert np.abs(heard.logits - off.logits).max() > 1e-3
+    assert not off.stats["vit_cache_hit"] and not off.stats["prefix_cache_hit"]
+    assert again.stats["vit_cache_hit"] and again.stats["prefix_cache_hit"]
+    np.testing.assert_allclose(again.logits, heard.logits, atol=ATOL, rtol=0)
+
+
+def test_another_question_on_the_same_upload_resumes_after_the_soundtrack(engine, clips):
+    """[system + video + soundtrack] is the reusable prefix: a second question about the clip prefills only what
+    follows the soundtrack's end marker (the hybrid model's state resumes only at a snapshot taken there)."""
+    asked(engine, clips["speech"], question="Who speaks?")
+    second, _ = asked(engine, clips["speech"], question="How loud is it?")
+    after_soundtrack = chat_text(engine.family, engine.system_prompt, "How loud is it?", [], heard=True).split(
+        engine.family.audio_placeholder().strip())[1]
+    assert second.stats["prefix_cache_hit"] and second.stats["audio_tokens"] > 0
+    assert second.stats["prefill_tokens"] == len(engine.loaded.processor.tokenizer(after_soundtrack)["input_ids"])
+
+
+def test_a_clip_without_an_audio_stream_is_answered_and_the_stats_say_none(engine, clips):
+    answer, statuses = asked(engine, clips["silent"])
+    assert answer.stats["generated_tokens"] == 6
+    assert (answer.stats["soundtrack"], answer.stats["audio_tokens"], answer.stats["audio_seconds"]) == ("none", 0, 0.0)
+    assert NO_SOUNDTRACK in statuses
+
+
+def test_a_soundtrack_past_the_limit_is_cut_with_a_status_line(engine, clips):
+    answer, statuses = asked(engine, clips["long"])
+    assert answer.stats["soundtrack"] == "cut" and answer.stats["audio_seconds"] == MAX_SOUNDTRACK_S
+    assert answer.stats["audio_tokens"] == audio_token_count(engine.loaded.processor, int(MAX_SOUNDTRACK_S * RATE_HZ))
+    assert f"heard the first {MAX_SOUNDTRACK_S:g} s of the soundtrack" in statuses
+
+
+def test_a_model_without_an_audio_tower_ignores_the_switch(tiny_cache_dir, clips):
+    with Engine(EngineConfig(model="tiny-random", device="cpu", cache_dir=tiny_cache_dir,
+                             frame_sampling=FRAME_SAMPLING)) as deaf:
+        answer, _ = asked(deaf, clips["speech"], hear=True)
+    assert not deaf.model_info["hears"]
+    assert (answer.stats["soundtrack"], answer.stats["audio_tokens"]) == ("unsupported", 0)
+
+
+def test_the_command_line_hears_unless_told_not_to(tiny_cache_dir, clips, capsys, monkeypatch):
+    monkeypatch.setenv("EVS_CACHE_DIR", str(tiny_cache_dir))  # the tiny model the session built
+    for flags, verdict in (((), "heard"), (("--no-soundtrack",), "off")):
+        assert engine_main(["--model", NAME, "--device", "cpu", "--video", str(clips["speech"]), "--question",
+                            "What is said?", "--max-new-tokens", "2", *flags]) == 0
+        printed = capsys.readouterr().out
+        assert json.loads(printed[printed.index("{"):])["soundtrack"] == verdict
+
+
+def test_evs_keeps_every_audio_token(engine, clips):
+    """At q = 0.9 most video tokens go; the audio tokens kept are exactly the audio tower's rows, which go in
+    their place."""
+    loaded, family = engine.loaded, engine.family
+    video = load_video(clips["speech"], FRAME_SAMPLING, max_seconds=60, max_bytes=10**8, timeout_s=60,
+                       soundtrack_rate_hz=RATE_HZ)
+    prompt = prepare_prompt(loaded, family, video, "What is said?", [], engine.system_prompt,
+                            FRAME_SAMPLING.max_pixels_per_frame, soundtrack=video.soundtrack)
+    with torch.inference_mode():
+        features = family.encode(loaded.model, prompt.pixel_values, prompt.grid_thw_patches[None])[0]
+        features.audio = family.encode_audio(loaded.model, [prompt.audio])[0]
+        pruned = prune_prompt(prompt, features, 0.9)
+        embeds = embed_prompt(loaded.model, pruned.input_ids, pruned.video_mask, pruned.features, pruned.audio_mask)
+    assert int(pruned.retention.sum()) < prompt.is_video.sum()
+    assert int(pruned.audio_mask.sum()) == len(pruned.features.audio) == int(prompt.is_audio.sum()) == \
+        audio_token_count(loaded.processor, len(video.soundtrack.samples))
+    torch.testing.assert_close(embeds[pruned.audio_mask], features.audio, atol=0, rtol=0)
+
+
+@contextlib.contextmanager
+def builtin_evs(model, q: float):
+    """The model's own EVS at rate q for the block: transformers keeps the rate as a model attribute."""
+    saved, model.video_pruning_rate = model.video_pruning_rate, q
+    try:
+        yield
+    finally:
+        model.video_pruning_rate = saved
+
+
+def test_per_request_pruning_with_the_soundtrack_equals_the_models_own_evs(engine, clips):
+    """transformers' forward prunes video tokens with its own EVS at `video_pruning_rate = q`, then scatters its
+    audio tower's output onto the audio tokens. Fed the same frames, soundtrack, prompt and the engine's answer,
+    its logits at every answer position must be the engine's, which prunes per request and hears the soundtrack
+    through its own prompt, audio batch and embedding."""
+    question = "What is said in this clip?"
+    answer, _ = asked(engine, clips["speech"], q=Q, question=question)
+    loaded, family = engine.loaded, engine.family
+    video = load_video(clips["speech"], FRAME_SAMPLING, max_seconds=60, max_bytes=10**8, timeout_s=60,
+                       soundtrack_rate_hz=RATE_HZ, max_soundtrack_seconds=MAX_SOUNDTRACK_S)
+    text = chat_text(family, engine.system_prompt, question, [], heard=True)
+    audio = processor_audio(loaded.processor, video.soundtrack.samples, video.soundtrack.rate_hz)
+    inputs = processor_inputs(loaded, video, text, FRAME_SAMPLING.max_pixels_per_frame, audio)
+    T, h, w = answer.stats["grid_thw"]
+    assert evs.retained_token_count(h * w, T, Q) == max(h * w, int(T * h * w * (1 - Q)))  # the counts agree
+    fed = torch.tensor([answer.token_ids[:-1]])
+    ids = torch.cat([inputs["input_ids"], fed], dim=1)
+    with torch.inference_mode(), builtin_evs(loaded.model, Q):
+        out = loaded.model(input_ids=ids, attention_mask=torch.ones_like(ids),
+                           pixel_values_videos=inputs["pixel_values_videos"], input_features=inputs["input_features"],
+                           input_features_mask=inputs["input_features_mask"])
+    kept = out.logits.shape[1] - fed.shape[1]
+    assert answer.stats["audio_tokens"] == int((inputs["input_ids"] == loaded.model.config.audio_token_id).sum()) > 0
+    assert answer.stats["prompt_tokens"] == kept < inputs["input_ids"].shape[1]
+    assert 0 < answer.stats["video_tokens_kept"] < answer.stats["video_tokens_total"]
+    torch.testing.assert_close(torch.from_numpy(answer.logits), out.logits[0, kept - 1:].float(), atol=ATOL, rtol=0)
