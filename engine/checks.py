@@ -19,6 +19,20 @@ def check_text(text: str, what: str) -> None:
         raise InputError(f"The {what} may not contain control markers such as <|im_end|>.")
 
 
+def model_markup(tokenizer) -> tuple[str, ...]:
+    """The tokenizer's added tokens written as tags (<image>, <so_embedding>, <think>, <|im_end|>): the
+    model's markup, whatever its family calls it."""
+    return tuple(sorted(t for t in tokenizer.get_added_vocab() if len(t) > 2 and t[0] == "<" and t[-1] == ">"))
+
+
+def check_markup(text: str, what: str, markup: tuple[str, ...]) -> None:
+    """A tag of the model's own in user text would be read as markup: a media placeholder the processor
+    cannot match to any media, an end of turn the user did not write."""
+    found = next((tag for tag in markup if tag in text), None)
+    if found:
+        raise InputError(f"The {what} may not contain control markers such as {found}.")
+
+
 def check_params(question: str, params: GenerationParams, config: EngineConfig,
                  limits: FrameSamplingLimits) -> None:
     """Raise InputError for anything in the request a user could have got wrong."""

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from .audio_inputs import audio_token_count, soundtrack_rate_hz
-from .checks import check_request
+from .checks import check_markup, check_request, model_markup
 from .config import (
     DEFAULT_PRUNING_RATE,
     DEFAULT_SYSTEM_PROMPT,
@@ -86,6 +86,7 @@ class Engine:
         self.loaded = load_model(self.config.model, self.config.device, self.config.cache_dir)
         self.family = family_for(self.loaded.model)
         self._think_end = think_end_id(self.family, self.loaded.processor.tokenizer)
+        self._markup = model_markup(self.loaded.processor.tokenizer)
         self._hears = self.family.hears(self.loaded.model)
         # The rate every soundtrack is read at (the processor's), or None: a model that cannot hear reads none.
         self._soundtrack_rate_hz = soundtrack_rate_hz(self.loaded.processor) if self._hears else None
@@ -240,7 +241,11 @@ class Engine:
             raise
 
     def _check_text_tokens(self, question: str, history: list[tuple[str, str]]) -> None:
-        """Question and history counted in the model's tokens (characters say little across languages)."""
+        """No tag of the model's own in the question or history; both counted in the model's tokens
+        (characters say little across languages)."""
+        check_markup(question, "question", self._markup)
+        for turn in history:
+            check_markup(" ".join(turn), "conversation history", self._markup)
         tokenizer = self.loaded.processor.tokenizer
         asked = len(tokenizer(question, add_special_tokens=False)["input_ids"])
         if asked > self.config.max_question_tokens:

@@ -11,7 +11,7 @@ import contextlib
 import pytest
 import torch
 
-from engine import Engine, EngineConfig, GenerationParams
+from engine import Engine, EngineConfig, GenerationParams, InputError
 from engine.config import FrameSampling
 from engine.prompt import chat_text, prepare_prompt, processor_inputs
 from engine.pruning import prune_prompt
@@ -191,3 +191,15 @@ def test_the_prompt_is_written_as_the_nemotron_template_writes_it(tiny_models):
         "<|im_start|>system\n<|im_end|>\n<|im_start|>user\n<video>\nWhere?<|im_end|>\n<|im_start|>assistant\n"
         "<think></think>\nLeft.<|im_end|>\n<|im_start|>user\nWhy?<|im_end|>\n<|im_start|>assistant\n<think></think>")
     assert chat_text(family, "Be brief.", "Why?", [], thinking=True).endswith("<|im_start|>assistant\n<think>\n")
+
+
+@pytest.mark.parametrize("tag", ["<so_embedding>", "<image>", "<img>"])
+def test_the_models_own_tags_in_a_question_get_one_sentence(tiny_cache_dir, videos, tag):
+    """Nemotron's media tags are not Qwen's <|...|> markers: in a question the processor would count one
+    more placeholder than it has media for. Each way in says so before any work is done."""
+    with make_engine(tiny_cache_dir) as engine:
+        with pytest.raises(InputError) as refused:
+            engine.submit(videos[0], f"What is {tag} here?", params(0.5))
+        assert str(refused.value) == f"The question may not contain control markers such as {tag}."
+        with pytest.raises(InputError):
+            engine.submit(videos[0], "And now?", params(0.5), history=[(f"Is {tag} there?", "No.")])
