@@ -46,7 +46,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-soundtrack", action="store_true",
                         help="answer from the frames alone: a model with an audio tower hears the soundtrack otherwise")
     parser.add_argument("--model", default="tiny-random",
-                        help="tiny-random, tiny-random-qwen2.5-vl, a checkpoint, or random:<checkpoint>")
+                        help="a built-in model (tiny-random, tiny-random-qwen3.5, tiny-random-nemotron-omni, "
+                             "tiny-trained, ...), a Hub id or folder, or random:<checkpoint>")
     parser.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
     parser.add_argument("--max-new-tokens", help=f"default {GenerationParams.max_new_tokens}")
     parser.add_argument("--temperature", help=f"0 answers greedily (default {GenerationParams.temperature:g})")

@@ -87,6 +87,9 @@ class Engine:
         self.family = family_for(self.loaded.model)
         self._think_end = think_end_id(self.family, self.loaded.processor.tokenizer)
         self._markup = model_markup(self.loaded.processor.tokenizer)
+        # An earlier answer may come back with its think block (an OpenAI client sends what it got): the
+        # family writes it without one (Family.earlier_answer), so those two tags are not markup there.
+        self._answer_markup = tuple(tag for tag in self._markup if tag not in ("<think>", "</think>"))
         self._hears = self.family.hears(self.loaded.model)
         # The rate every soundtrack is read at (the processor's), or None: a model that cannot hear reads none.
         self._soundtrack_rate_hz = soundtrack_rate_hz(self.loaded.processor) if self._hears else None
@@ -244,8 +247,9 @@ class Engine:
         """No tag of the model's own in the question or history; both counted in the model's tokens
         (characters say little across languages)."""
         check_markup(question, "question", self._markup)
-        for turn in history:
-            check_markup(" ".join(turn), "conversation history", self._markup)
+        for asked, answered in history:
+            check_markup(asked, "conversation history", self._markup)
+            check_markup(answered, "conversation history", self._answer_markup)
         tokenizer = self.loaded.processor.tokenizer
         asked = len(tokenizer(question, add_special_tokens=False)["input_ids"])
         if asked > self.config.max_question_tokens:

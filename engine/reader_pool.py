@@ -222,8 +222,9 @@ class ReaderPool:
         readers = [first]
         try:
             header, body, soundtrack = self._ask_to_read(first, request, deadline)
-            if header["status"] == KILLED and (second := self._take(deadline, timeout_s + READY_TIMEOUT_S)):
-                readers = [second]
+            if header["status"] == KILLED and (second := self._take(None, timeout_s + READY_TIMEOUT_S)):
+                # waiting for it as for the first reader, then the file's whole timeout again
+                readers, deadline = [second], time.monotonic() + timeout_s
                 header, body, soundtrack = self._ask_to_read(second, request, deadline)
             found = [(header.get("entries"), body)]
             if header["status"] == "split":

@@ -1,15 +1,16 @@
 """Reader faults: a file that hangs the decoder, one that crashes it and one that makes it allocate without
 bound each fail only their own request; the pool replaces the reader, and the next upload is read by a
-warm one (issue 11, item 6; issue 20).
+warm one (issue 11, item 6; issue 20). A reader killed from outside mid-read blames no file: another reader
+reads it. A soundtrack that does not decode costs the soundtrack only.
 
 The engine reads every upload in a warm reader process from its pool (engine/reader_pool.py). The
 engine here runs tests/reader_processes.py's faulty readers (READER_PROGRAM, the pool's seam, set before
-the engine starts), which misbehave on files named `hang_*`, `crash_*`, `hungry_*` and `killed_*` and read anything
-else for real.
+the engine starts), which misbehave on files named `hang_*`, `crash_*`, `hungry_*`, `killed_*` and `deaf_*`
+and read anything else for real.
 
-Each fault goes to the engine together with a normal request on another clip. What must hold: the
-faulty request ends with its own one-sentence error (engine.video.TOO_SLOW after the timeout,
-engine.video.UNREADABLE for the crash, engine.video.OUT_OF_MEMORY past the cap); the normal one
+The hang, the crash and the memory each go to the engine together with a normal request on another clip.
+What must hold: the faulty request ends with its own one-sentence error (engine.video.TOO_SLOW after the
+timeout, engine.video.UNREADABLE for the crash, engine.video.OUT_OF_MEMORY past the cap); the normal one
 completes with its answer, without waiting for the hang; the faulty reader is killed and reaped; the
 pool is back to its size with warm readers, none of them the faulty one, and the next upload is read
 without waiting for a reader to start; the engine ends with no running request and keeps serving; no

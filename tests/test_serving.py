@@ -1,4 +1,4 @@
-"""One GPU, many users: batched equals alone, dedup, caches, cancellation, the ViT token budget."""
+"""One GPU, many users: batched equals alone, dedup, caches, cancellation, the ViT patch budget."""
 
 import shutil
 import time

@@ -28,7 +28,7 @@ Inputs, in order (all after the first three have defaults):
     history               list of [question, answer] pairs asked earlier about the same video (default []);
                           the engine then reuses its feature and prefix caches
     enable_thinking       bool, think before answering (default False), for a model that can
-                          (engine.model_info["thinks"]: Qwen3.5, Qwen3.6); others ignore it
+                          (engine.model_info["thinks"]: Qwen3.5, Qwen3.6, Nemotron-H Omni); others ignore it
     hear_soundtrack       bool, give the model the video's soundtrack beside its frames (default: on for a model
                           with an audio tower, engine.model_info["hears"]: Nemotron-H Omni); others ignore it,
                           and the stats say "unsupported"
