@@ -206,7 +206,7 @@ def test_asking_without_a_video_shows_an_error_toast(page):
     assert "Traceback" not in toast.inner_text()
 
 
-def test_stop_and_closing_the_tab_cancel_the_engine_request(page, browser, app, clip):
+def test_stop_and_closing_the_tab_cancel_the_engine_request(browser, app, clip):
     def start_long_answer(tab):
         upload(tab, clip("moving_object"))
         tab.click("#evs-advanced button")
@@ -215,14 +215,28 @@ def test_stop_and_closing_the_tab_cancel_the_engine_request(page, browser, app, 
         tab.wait_for_selector('#evs-chat [data-testid="bot"]')  # the first token arrived
         return app.spy.streams[-1]
 
-    stream = start_long_answer(page)
-    page.click("#evs-stop")
-    assert wait_until(lambda: stream.finished) and stream.cancelled
+    def cancelled_by(stop) -> bool:
+        """Whether `stop` cancels a long answer. The tiny model writes 1,024 tokens in about 1.5 s, so on a
+        host busy with other work the whole answer can be out before the click reaches the server: that
+        try proves nothing either way and is made again, up to three times."""
+        for _ in range(3):
+            tab = new_tab()
+            stream = start_long_answer(tab)
+            stop(tab)
+            assert wait_until(lambda: stream.finished, timeout_s=30)
+            if not tab.is_closed():
+                tab.close()
+            if stream.cancelled:
+                assert stream.result().stats["generated_tokens"] < 1024
+                return True
+            assert stream.result().stats["generated_tokens"] == 1024, "ended early without being cancelled"
+        return False
 
-    tab = browser.new_page()
-    tab.set_default_timeout(TIMEOUT_MS)
-    tab.goto(app.url)
-    stream = start_long_answer(tab)
-    tab.close()
-    assert wait_until(lambda: stream.finished, timeout_s=30) and stream.cancelled
-    assert stream.result().stats["generated_tokens"] < 1024
+    def new_tab():
+        tab = browser.new_page()
+        tab.set_default_timeout(TIMEOUT_MS)
+        tab.goto(app.url)
+        return tab
+
+    assert cancelled_by(lambda tab: tab.click("#evs-stop"))
+    assert cancelled_by(lambda tab: tab.close())
