@@ -11,6 +11,7 @@ import torch
 import evs
 
 from app_harness import wait_until
+from batched_rows import answered_in_one_batch
 from engine import Engine, EngineConfig, GenerationParams
 from engine.config import FrameSampling
 from engine.decode_batch import DecodeBatch
@@ -80,13 +81,8 @@ def test_q0_equals_stock_generate(name, tiny_models, tiny_cache_dir, videos):
 @pytest.mark.parametrize("name", [DENSE, MOE])
 def test_batched_rows_of_different_lengths_equal_alone(name, tiny_cache_dir, videos, alone):
     with make_engine(name, tiny_cache_dir) as engine:
-        with engine.paused():
-            streams = {item: engine.submit(videos[item[0]], item[2], params(item[1])) for item in WORKLOAD}
-        answers = {item: stream.result(120) for item, stream in streams.items()}
-        assert engine._worker.runner.batch.cache is None  # every finished row gave its state back
-    assert len({answer.stats["prompt_tokens"] for answer in answers.values()}) == len(WORKLOAD)
+        answers = answered_in_one_batch(engine, videos, WORKLOAD, params)
     for item, answer in answers.items():
-        assert answer.stats["decode_batch_max"] == len(WORKLOAD)
         assert_same(answer, alone[(name, *item)], item, logits=name == DENSE)
 
 

@@ -17,6 +17,8 @@ from engine.prompt import chat_text, prepare_prompt, processor_inputs
 from engine.pruning import prune_prompt
 from engine.video import load_video
 
+from batched_rows import answered_in_one_batch
+
 NAME = "tiny-random-nemotron-omni"
 # 8 frames (4 tubelets) of at most 64 patches: 4 x 3 x 4 = 48 video tokens for the first clip, 4 x 3 x 5 = 60
 # for the second, small enough for seconds per test; at each rate used with the model's own EVS, transformers'
@@ -109,13 +111,8 @@ def test_q0_equals_stock_generate(tiny_models, videos, alone):
 
 def test_batched_rows_of_different_rates_and_lengths_equal_alone(tiny_cache_dir, videos, alone):
     with make_engine(tiny_cache_dir) as engine:
-        with engine.paused():
-            streams = {item: engine.submit(videos[item[0]], item[2], params(item[1])) for item in WORKLOAD}
-        answers = {item: stream.result(120) for item, stream in streams.items()}
-        assert engine._worker.runner.batch.cache is None  # every finished row gave its state back
-    assert len({answer.stats["prompt_tokens"] for answer in answers.values()}) == len(WORKLOAD)
+        answers = answered_in_one_batch(engine, videos, WORKLOAD, params)
     for item, answer in answers.items():
-        assert answer.stats["decode_batch_max"] == len(WORKLOAD)
         assert_same(answer, alone[item], item)
 
 

@@ -60,19 +60,21 @@ def test_the_evs_trained_model_answers_held_out_clips_at_the_default_rate(table)
 
 def test_the_evs_trained_model_answers_held_out_clips_unpruned(table):
     assert table["0.0"]["colour"] >= 0.95, table
-    assert table["0.0"]["direction"] >= 0.85, table
+    assert table["0.0"]["direction"] >= 0.95, table
+    assert table["0.0"]["start"] >= 0.95, table
 
 
-def test_training_with_evs_is_what_keeps_direction_at_the_default_rate(table, plain_table):
-    """The same recipe without EVS in the loop: at q = 0.7 the plain model loses where the shape goes
-    (0.925 against 0.65 on these 40 clips; the issue asked for a 0.3 lead, which this recipe misses)."""
-    assert table[str(Q)]["direction"] >= plain_table[str(Q)]["direction"] + 0.2, (table, plain_table)
+def test_training_with_evs_is_what_keeps_direction_and_start_at_the_default_rate(table, plain_table):
+    """The same recipe without the EVS stage: at q = 0.7 the plain model loses where the shape goes and
+    when it set off (on 100 held-out clips, direction 0.87 against 0.41 and start 0.99 against 0.00)."""
+    assert table[str(Q)]["direction"] >= plain_table[str(Q)]["direction"] + 0.3, (table, plain_table)
+    assert table[str(Q)]["start"] >= plain_table[str(Q)]["start"] + 0.3, (table, plain_table)
 
 
 def test_when_it_starts_moving_is_answered_above_chance_at_the_default_rate(table):
     """Only the kept tokens' positions and the `<t seconds>` text say when: static groups keep no token."""
     chance = 1 / len(STILL_SECONDS)
-    assert table[str(Q)]["start"] >= chance + 0.2, table  # 0.50 on these 40 clips
+    assert table[str(Q)]["start"] >= max(0.8, chance + 0.2), table
 
 
 def test_positions_renumbered_for_the_pruned_sequence_lose_answers(trained_engine, held_out_clips, table,
@@ -94,19 +96,14 @@ def test_positions_renumbered_for_the_pruned_sequence_lose_answers(trained_engin
 
 
 def test_every_example_clip_is_answered_at_the_default_rate(trained_engine):
-    """The app's example clips (the benchmark's first held-out seeds, one per question type), asked their
-    question at the default rate, as a click would: right, except that the start example only has to be a
-    second. At q = 0.7 the start question is right on about half of the held-out clips, and this one, not
-    picked, is not (it answers 2 for 3): the example shows that, and a sweep shows it right at 0.3 and 0.5."""
+    """The app's example clips (the benchmark's first held-out seeds, one per question type, not picked),
+    asked their question at the default rate, as a click would, are answered right."""
     assert sorted(kind for _, _, kind, _ in EXAMPLES) == sorted(QUESTIONS)
     for name, seed, kind, rate in EXAMPLES:
         assert rate == Q
         answer = trained_engine.submit(EXAMPLES_DIR / name, QUESTIONS[kind],
                                        GenerationParams(pruning_rate=rate, max_new_tokens=8)).result().text.strip()
-        if kind == "start":
-            assert answer in {str(s) for s in STILL_SECONDS}, (name, answer)
-        else:
-            assert answer == shape_clip(seed).answer(kind), (name, answer)
+        assert answer == shape_clip(seed).answer(kind), (name, answer)
 
 
 def test_the_accuracy_plot_draws_every_question_type_for_every_model():
