@@ -6,7 +6,6 @@ The reader's side (decoding, resampling, the pipe) is tests/test_soundtrack.py; 
 tests/test_reader_pool.py; one that does not decode, tests/test_decoder_faults.py; the app's switches,
 tests/test_soundtrack_app.py."""
 
-import contextlib
 import json
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from engine.pruning import prune_prompt
 from engine.video import load_video
 
 from sound_clips import tone, write_clip_with_sound
+from test_nemotron_omni import builtin_evs
 
 NAME = "tiny-random-nemotron-omni"
 RATE_HZ = 16000  # the tiny processor's rate (Parakeet's)
@@ -146,16 +146,6 @@ def test_evs_keeps_every_audio_token(engine, clips):
     assert int(pruned.audio_mask.sum()) == len(pruned.features.audio) == int(prompt.is_audio.sum()) == \
         audio_token_count(loaded.processor, len(video.soundtrack.samples))
     torch.testing.assert_close(embeds[pruned.audio_mask], features.audio, atol=0, rtol=0)
-
-
-@contextlib.contextmanager
-def builtin_evs(model, q: float):
-    """The model's own EVS at rate q for the block: transformers keeps the rate as a model attribute."""
-    saved, model.video_pruning_rate = model.video_pruning_rate, q
-    try:
-        yield
-    finally:
-        model.video_pruning_rate = saved
 
 
 def test_per_request_pruning_with_the_soundtrack_equals_the_models_own_evs(engine, clips):
