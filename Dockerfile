@@ -16,6 +16,10 @@
 #                 `base` image lacks: it stays out, and transformers runs that convolution in torch.
 #                 Neither belongs in requirements.txt: on a CPU transformers would call their kernels on
 #                 CPU tensors (tests/test_attention.py checks the CPU environment keeps them out).
+#   mamba-ssm     left out, with causal-conv1d: neither has a wheel for torch 2.14, both compile CUDA for
+#                 a long time and need nvcc, which a `base` image lacks. Nemotron-H Omni's Mamba-2 layers
+#                 then run on transformers' torch path (its chunked scan for prefill, a step per token in
+#                 decode), slower but the same numbers; the app logs which path runs.
 #   flash-attn    2.8.3, the prebuilt wheel of mjun0812/flash-attention-prebuild-wheels release v0.10.0
 #                 for exactly torch 2.14 + CUDA 12.6 + CPython 3.12 on linux x86_64 (C++11 ABI, as
 #                 torch's own wheels). The build checks the installed torch, CUDA and Python against the
