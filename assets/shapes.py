@@ -14,7 +14,10 @@ model learns from scratch in minutes on a CPU (a textured background with a smal
 EVS has a real choice to make and a direction question needs more than the first group. The shape holds
 still for the first 1-5 whole seconds: each temporal group spans one second, so the first group that moves
 is the "start" answer, and the still groups before it are exactly what EVS drops (they equal group 0),
-leaving only the kept tokens' positions and the `<t seconds>` text to say when.
+leaving only the kept tokens' positions and the `<t seconds>` text to say when. The shape crosses in one
+second and then holds still again: spread over the rest of the clip, the first moving group moved 2-5 px
+(its second frame only) and at q = 0.7 kept no token in half the clips, so "when" was lost before the
+model saw it; crossing in one second, that group keeps tokens in every clip at q = 0.7.
 """
 
 from dataclasses import dataclass
@@ -40,6 +43,7 @@ QUESTIONS = {
     "start": "When does the shape start moving?",
 }
 STILL_SECONDS = (1, 2, 3, 4, 5)  # how long a clip holds the shape still before it moves
+MOVE_SECONDS = 1  # how long the move takes; the shape holds still again after it
 
 
 @dataclass(frozen=True)
@@ -78,7 +82,7 @@ def _mask(shape: str, side_px: int) -> np.ndarray:
 
 def shape_clip(seed: int, size_px: int = SIZE_PX, seconds: float = SECONDS, fps: int = FPS) -> ShapeClip:
     """The clip of `seed`: a shape of random colour and kind that holds still for a whole number of seconds,
-    then crosses the frame in one direction by the last frame."""
+    crosses the frame in one direction in MOVE_SECONDS, and holds still at the far side to the end."""
     rng = np.random.default_rng(seed)
     colour = list(COLOURS)[rng.integers(len(COLOURS))]
     shape = SHAPES[rng.integers(len(SHAPES))]
@@ -96,7 +100,7 @@ def shape_clip(seed: int, size_px: int = SIZE_PX, seconds: float = SECONDS, fps:
     frames = np.empty((num_frames, size_px, size_px, 3), np.uint8)
     frames[:] = BACKGROUND_RGB
     for index in range(num_frames):
-        moved = max(0, index - still_frames) / max(1, num_frames - 1 - still_frames)
+        moved = min(1.0, max(0, index - still_frames) / (MOVE_SECONDS * fps))
         along = start + (end - start) * moved
         if direction in ("left", "up"):
             along = travel - along
