@@ -101,8 +101,7 @@ async def follow(engine: Serving, video: str | None, question: str, params_list:
             # shield: a cancelled caller must not abandon the thread's later submissions (see finally)
             await asyncio.shield(submitting)
         else:
-            for index, params in enumerate(params_list):
-                streams[index] = engine.submit(video=video, question=question, params=params, history=history)
+            _submit_all(engine, streams, video, question, params_list, history)
         async with contextlib.aclosing(merged(streams)) as events:
             async for index, event, error in events:
                 if error is not None:
@@ -116,11 +115,17 @@ async def follow(engine: Serving, video: str | None, question: str, params_list:
 
 def _submit_burst(engine: Serving, streams: dict[int, Stream], video: str, question: str,
                   params_list: Sequence[GenerationParams], history: Sequence[tuple[str, str]]) -> None:
-    """Submit every request while admission is held, filling `streams` as it goes (a refusal halfway still
-    leaves the caller what to cancel); returns once all are prepared. Blocks: run it in a thread."""
+    """_submit_all while admission is held; returns once all are prepared. Blocks: run it in a thread."""
     with engine.paused():
-        for index, params in enumerate(params_list):
-            streams[index] = engine.submit(video=video, question=question, params=params, history=history)
+        _submit_all(engine, streams, video, question, params_list, history)
+
+
+def _submit_all(engine: Serving, streams: dict[int, Stream], video: str, question: str,
+                params_list: Sequence[GenerationParams], history: Sequence[tuple[str, str]]) -> None:
+    """One request per params, each stream filled in as it is submitted (a refusal halfway still leaves
+    the caller what to cancel)."""
+    for index, params in enumerate(params_list):
+        streams[index] = engine.submit(video=video, question=question, params=params, history=history)
 
 
 def cancel_unfinished(streams: Mapping[int, Stream]) -> None:
