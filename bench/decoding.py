@@ -45,7 +45,7 @@ except ImportError:
     from bench.markdown import cell, table
 
 FRAME_SAMPLING = FrameSampling(fps=2.0, max_frames=32, max_pixels_per_frame=224 * 224)
-FULL = {"seconds": 120, "fps": 30, "size": (1920, 1080), "gop_s": 8, "repeats": 3}
+FULL = {"seconds": 120, "fps": 30, "size": (1920, 1080), "gop_s": 8, "repeats": 5}
 QUICK = {"seconds": 20, "fps": 30, "size": (960, 540), "gop_s": 8, "repeats": 2}
 
 

@@ -109,10 +109,10 @@ def plan_file(path: str, sampling: FrameSampling, max_seconds: float, temporal_p
     return {"status": "ok", "total_frames": len(timeline.pts), "duration_s": timeline.duration_s}, plan
 
 
-def read_targets(path: str, plan: Plan, targets: list[int]) -> tuple[list[dict], np.ndarray | None, dict]:
+def read_targets(path: str, plan: Plan, targets: list[int], threads: int = 0) -> tuple[list[dict], np.ndarray | None, dict]:
     """(entries, (K, H, W, 3) uint8 frames or None, work): the frames at the ascending, distinct pts
     `targets` (all of plan.wanted's or one segment's), decoded the planned way, or in order from the first
-    frame where a seek missed.
+    frame where a seek missed, by `threads` decoder threads (0: one per core).
 
     entries: one {"pts": target, "ordinal": the frame shown, "seconds": its time} per frame, in target
     order; a target past the last frame that decodes has none. work: frames_decoded, seeks, in_order (True
@@ -127,9 +127,9 @@ def read_targets(path: str, plan: Plan, targets: list[int]) -> tuple[list[dict],
         return decode_in_order(container, stream, timeline, targets, convert)
 
     try:
-        taken, work = with_fresh_decoder(path, plan.stored_hw, plan.fit_hw, planned)
+        taken, work = with_fresh_decoder(path, plan.stored_hw, plan.fit_hw, planned, threads)
     except SeekMissed:
-        taken, work = with_fresh_decoder(path, plan.stored_hw, plan.fit_hw, in_order)
+        taken, work = with_fresh_decoder(path, plan.stored_hw, plan.fit_hw, in_order, threads)
     if not taken:
         return [], None, work
     order = sorted(taken)
@@ -178,13 +178,14 @@ def timeline_from_message(meta: dict, payload: bytes) -> Timeline:
     return Timeline(pts, [int(key) for key in keyframes], Fraction(*meta["time_base"]), meta["end"], meta["by_order"])
 
 
-def with_fresh_decoder(path: str, stored_hw: tuple[int, int], fit_hw: tuple[int, int], decode):
-    """decode(container, stream, convert) on a freshly opened file: its demuxer starts exactly at the first
-    frame, where seeking back to it is not exact everywhere (MPEG-TS lands on a packet after the first
-    keyframe), and a stream without times cannot seek at all."""
+def with_fresh_decoder(path: str, stored_hw: tuple[int, int], fit_hw: tuple[int, int], decode, threads: int = 0):
+    """decode(container, stream, convert) on a freshly opened file, with `threads` decoder threads (0: one
+    per core): its demuxer starts exactly at the first frame, where seeking back to it is not exact
+    everywhere (MPEG-TS lands on a packet after the first keyframe), and a stream without times cannot seek
+    at all."""
     with av.open(path) as container:
         stream = container.streams.video[0]
-        open_decoder(stream, stored_hw, fit_hw)
+        open_decoder(stream, stored_hw, fit_hw, threads)
         return decode(container, stream, _converter(*fit_hw))
 
 
@@ -226,12 +227,14 @@ def read_timeline(container, stream) -> Timeline | None:
     return Timeline(frames, starts, stream.time_base, int(frames[-1]) + step, by_order)
 
 
-def open_decoder(stream, stored_hw: tuple[int, int], fit_hw: tuple[int, int]) -> None:
-    """Open the stream's decoder with threads, and at a reduced size where the codec can and the sampled
-    size allows. Opened here, before any skip_frame is set: libdav1d reads skip_frame only when opened, so
-    opening it lazily under "NONREF" would lose every non-reference AV1 frame for good."""
+def open_decoder(stream, stored_hw: tuple[int, int], fit_hw: tuple[int, int], threads: int = 0) -> None:
+    """Open the stream's decoder with `threads` threads (0: one per core), and at a reduced size where the
+    codec can and the sampled size allows. Opened here, before any skip_frame is set: libdav1d reads
+    skip_frame only when opened, so opening it lazily under "NONREF" would lose every non-reference AV1
+    frame for good. FFmpeg's decoders give the same pixels whatever the thread count."""
     context = stream.codec_context
-    context.thread_type = "AUTO"  # frame and slice threads, as many as the machine has cores
+    context.thread_type = "AUTO"  # frame and slice threads
+    context.thread_count = threads
     if context.codec.name in _LOWRES_DECODERS:
         halvings = 0
         while (halvings < _MAX_LOWRES and stored_hw[0] >> (halvings + 1) >= fit_hw[0]

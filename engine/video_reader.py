@@ -12,8 +12,9 @@ answers each request on its stdout pipe; anything the native decoder prints goes
   (engine/video_segments.assemble puts them in sampled order).
   When parts > 1 and the read is worth splitting, {"status": "split", ..., units, plan} instead, with
   the timeline's bytes: the pool hands the units out as segments to `parts` readers at most.
-- {"op": "segment", path, memory_bytes, plan, targets, soundtrack} with the timeline's bytes: {"status": "ok",
-  entries, shape, work} and the frames at those targets.
+- {"op": "segment", path, memory_bytes, plan, targets, threads, soundtrack} with the timeline's bytes:
+  {"status": "ok", entries, shape, work} and the frames at those targets, decoded by `threads` decoder threads
+  (0: one per core).
 - soundtrack: null, or {"rate_hz", "max_seconds"}: the file's soundtrack is read too, after the frames, and an
   "ok" answer then says {"soundtrack": {"status": "ok", "samples", "rate_hz", "cut"}} with the samples' bytes
   after the frames' (engine/soundtrack.py; payload_bytes counts both), or {"soundtrack": {"status": "none"}}
@@ -108,7 +109,7 @@ def _segment(request: dict, payload: bytes) -> tuple[dict, np.ndarray | None]:
     described = request["plan"]
     plan = Plan(timeline_from_message(described["timeline"], payload), [], tuple(described["stored_hw"]),
                 tuple(described["fit_hw"]))
-    return _frames({"status": "ok"}, *read_targets(request["path"], plan, request["targets"]))
+    return _frames({"status": "ok"}, *read_targets(request["path"], plan, request["targets"], request.get("threads", 0)))
 
 
 def _frames(header: dict, entries: list[dict], frames: np.ndarray | None, work: dict) -> tuple[dict, np.ndarray | None]:
