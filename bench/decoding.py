@@ -13,7 +13,8 @@ page cache): with a reader started for the file (every upload before issue 20), 
 reader, and with a warm pool of one reader per core, which reads the long file in segments at once. Beside
 them, once each in this process: the engine's read (`read_file`) with the frames it decoded, every frame
 decoded from the start (what seeking and skipping save), and decord 0.6 (the engine's decoder before issue
-11) reading the same frames. The short clip (3 s of 320x240 H.264) is read with a reader started for it and by a warm
+11) reading the same frames. Then two users' copies of the long file at once (a burst): a reader started
+for each against the warm pool, where each reader's decoder gets the cores it shares. The short clip (3 s of 320x240 H.264) is read with a reader started for it and by a warm
 one.
 """
 
@@ -24,6 +25,7 @@ import statistics
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from fractions import Fraction
 from pathlib import Path
 
@@ -114,6 +116,24 @@ def time_load_video(path: Path, sampling: FrameSampling, repeats: int,
     return walls, cpus, video
 
 
+def time_two_at_once(path: Path, sampling: FrameSampling, repeats: int,
+                     readers: ReaderPool | None = None) -> list[float]:
+    """Wall seconds, one per timed run, until two `load_video` calls on `path` made at the same moment both
+    end: two users' long uploads in a burst, through the warm pool `readers` or (None) with a reader started
+    for each, as before the pool."""
+    def once() -> float:
+        start = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=2) as users:
+            reads = [users.submit(load_video, path, sampling, max_seconds=3 * 3600, max_bytes=1 << 40, timeout_s=600,
+                                  readers=readers) for _ in range(2)]
+            for read in reads:
+                read.result()
+        return time.perf_counter() - start
+
+    once()
+    return [once() for _ in range(repeats)]
+
+
 def time_references(path: Path, sampling: FrameSampling) -> dict:
     """In this process, once each: the engine's read (its work counted), the same frames decoded one
     after another from the first with nothing skipped, and decord 0.6 (the engine's decoder before)
@@ -183,6 +203,8 @@ def decoding_scenario(quick: bool, keep: Path | None = None) -> dict:
             short_warm, _, _ = time_load_video(short, FRAME_SAMPLING, spec["repeats"], one)
         with ReaderPool(cores) as pool:
             warm_all, _, split = time_load_video(path, FRAME_SAMPLING, spec["repeats"], pool)
+            two_warm = time_two_at_once(path, FRAME_SAMPLING, spec["repeats"], pool)
+        two_started = time_two_at_once(path, FRAME_SAMPLING, spec["repeats"])
         references = time_references(path, FRAME_SAMPLING)
         size_bytes = path.stat().st_size
     return {
@@ -203,6 +225,10 @@ def decoding_scenario(quick: bool, keep: Path | None = None) -> dict:
         "warm_readers_used": split.readers,
         "warm_readers_s": round(statistics.median(warm_all), 3),
         "warm_readers_runs_s": [round(run, 3) for run in warm_all],
+        "two_started_readers_s": round(statistics.median(two_started), 3),
+        "two_started_readers_runs_s": [round(run, 3) for run in two_started],
+        "two_warm_readers_s": round(statistics.median(two_warm), 3),
+        "two_warm_readers_runs_s": [round(run, 3) for run in two_warm],
         "short_clip": f"H.264 {SHORT_CLIP['size'][0]}x{SHORT_CLIP['size'][1]} {SHORT_CLIP['fps']} fps, "
                       f"{SHORT_CLIP['seconds']:g} s",
         "short_started_reader_s": round(statistics.median(short_cold), 3),
@@ -230,6 +256,10 @@ def markdown(result: dict) -> str:
         [f"`load_video`, a warm pool of {result['warm_readers']} readers (median)", cell(result["warm_readers_s"]), "—",
          f"in {result['warm_readers_used']} segments at once",
          f"runs {', '.join(cell(run) for run in result['warm_readers_runs_s'])}"],
+        ["two of the file at once, a reader started for each (median)", cell(result["two_started_readers_s"]), "—",
+         "each whole", f"runs {', '.join(cell(run) for run in result['two_started_readers_runs_s'])}"],
+        [f"two of the file at once, the warm pool of {result['warm_readers']} (median)", cell(result["two_warm_readers_s"]),
+         "—", "each whole, the cores shared", f"runs {', '.join(cell(run) for run in result['two_warm_readers_runs_s'])}"],
         ["the engine's read, in process", cell(result["planned_s"]), cell(result["planned_cpu_s"]),
          f"{result['frames_decoded']} of {total}", ""],
         ["every frame from the start, nothing skipped", cell(result["in_order_s"]), cell(result["in_order_cpu_s"]),

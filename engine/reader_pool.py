@@ -242,9 +242,12 @@ class ReaderPool:
     def _ask_to_read(self, reader: Reader, request: dict,
                      deadline: float) -> tuple[dict, np.ndarray | None, Soundtrack | None]:
         with self._lock:
-            parts = 1 + len(self._idle)
-        return self._ask(reader, {**request, "op": "read", "parts": parts, "split_min_pixels": self.split_min_pixels},
-                         None, deadline)
+            idle = len(self._idle)
+            reading = len(self._readers) - idle  # this reader included (and any still starting)
+        # Readers busy with other files share the cores with this one (see _read_segments for why).
+        threads = max(1, default_size() // reading) if reading > 1 else 0
+        return self._ask(reader, {**request, "op": "read", "parts": 1 + idle, "threads": threads,
+                                  "split_min_pixels": self.split_min_pixels}, None, deadline)
 
     def _read_segments(self, readers: list[Reader], request: dict, header: dict, timeline_bytes: np.ndarray,
                        deadline: float) -> tuple[dict, list, Soundtrack | None]:

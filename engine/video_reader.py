@@ -7,9 +7,9 @@ Every message, both ways, is one JSON line, then `payload_bytes` raw bytes (none
 answers each request on its stdout pipe; anything the native decoder prints goes to stderr.
 - At start, once PyAV and numpy are imported: {"status": "ready", "pid"}.
 - {"op": "read", path, frame_sampling, max_seconds, patch, max_source_pixels, memory_bytes, parts,
-  split_min_pixels, soundtrack}: the file's checks and timeline, then its frames: {"status": "ok", total_frames,
-  duration_s, wanted, entries, shape, work} and the (K, H, W, 3) uint8 frames
-  (engine/video_segments.assemble puts them in sampled order).
+  split_min_pixels, threads, soundtrack}: the file's checks and timeline, then its frames, decoded by `threads`
+  decoder threads (0: one per core): {"status": "ok", total_frames, duration_s, wanted, entries, shape, work}
+  and the (K, H, W, 3) uint8 frames (engine/video_segments.assemble puts them in sampled order).
   When parts > 1 and the read is worth splitting, {"status": "split", ..., units, plan} instead, with
   the timeline's bytes: the pool hands the units out as segments to `parts` readers at most.
 - {"op": "segment", path, memory_bytes, plan, targets, threads, soundtrack} with the timeline's bytes:
@@ -102,14 +102,14 @@ def _read(request: dict) -> tuple[dict, np.ndarray | bytes | None]:
             meta, timeline_bytes = timeline_message(plan.timeline)
             return {**header, "status": "split", "units": found,
                     "plan": {"timeline": meta, "stored_hw": plan.stored_hw, "fit_hw": plan.fit_hw}}, timeline_bytes
-    return _frames(header, *read_targets(request["path"], plan, targets))
+    return _frames(header, *read_targets(request["path"], plan, targets, request["threads"]))
 
 
 def _segment(request: dict, payload: bytes) -> tuple[dict, np.ndarray | None]:
     described = request["plan"]
     plan = Plan(timeline_from_message(described["timeline"], payload), [], tuple(described["stored_hw"]),
                 tuple(described["fit_hw"]))
-    return _frames({"status": "ok"}, *read_targets(request["path"], plan, request["targets"], request.get("threads", 0)))
+    return _frames({"status": "ok"}, *read_targets(request["path"], plan, request["targets"], request["threads"]))
 
 
 def _frames(header: dict, entries: list[dict], frames: np.ndarray | None, work: dict) -> tuple[dict, np.ndarray | None]:

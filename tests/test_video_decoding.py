@@ -15,7 +15,9 @@ from engine.video import load_video
 from engine.video_pyav import (
     decode_everything,
     decode_planned,
+    plan_file,
     read_file,
+    read_targets,
     read_timeline,
     with_fresh_decoder,
 )
@@ -57,6 +59,20 @@ def test_planned_decoding_gives_the_frames_decoding_everything_gives(tmp_path, n
     assert not header["in_order"]
     # Less decoded than everything up to the last sample: the skips and seeks did something.
     assert header["frames_decoded"] < work["frames_decoded"], (header, work)
+
+
+@pytest.mark.parametrize("name, container_format, codec, options", LONG_GOP[:3], ids=[row[0] for row in LONG_GOP[:3]])
+def test_the_decoder_thread_count_changes_no_pixel(tmp_path, name, container_format, codec, options):
+    """The pool gives readers fewer decoder threads when they share the cores (engine/reader_pool.py): one
+    thread, frame threads and the default must give the same frames."""
+    path = write_video(tmp_path / name, container_format, codec, SIX_SECONDS, options=options)
+    _, plan = plan_file(str(path), FRAME_SAMPLING, 600.0, 2, 10**8)
+    targets = sorted(set(plan.wanted))
+    entries, frames, _ = read_targets(str(path), plan, targets, threads=0)
+    for threads in (1, 3):
+        other_entries, other_frames, _ = read_targets(str(path), plan, targets, threads=threads)
+        assert other_entries == entries
+        assert np.array_equal(other_frames, frames), threads
 
 
 def test_program_stream_times_after_a_seek_disagree_so_it_is_decoded_from_the_start(tmp_path):
