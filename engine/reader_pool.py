@@ -95,6 +95,10 @@ class ReaderGone(Exception):
     """A reader's pipe closed or its answer made no sense."""
 
 
+class Garbled(ReaderGone):
+    """A reader answered, but not as the protocol says: it lives on, so nothing killed it."""
+
+
 class Reader:
     """One reader process and its two pipes."""
 
@@ -125,7 +129,7 @@ class Reader:
             header = json.loads(line)
             size = int(header.get("payload_bytes", 0))
         except (ValueError, TypeError, AttributeError):
-            raise ReaderGone("the reader's answer is not a JSON object") from None
+            raise Garbled("the reader's answer is not a JSON object") from None
         if not size:
             return header, None
         payload = np.empty(size, np.uint8)
@@ -175,11 +179,11 @@ def unpack_answer(header: dict, payload: np.ndarray | None) -> tuple[np.ndarray 
         sample_bytes = int(described["samples"]) * SAMPLE_DTYPE.itemsize if heard else 0
         size = 0 if payload is None else payload.nbytes
         if size != frame_bytes + sample_bytes or len(header.get("entries", ())) != (shape[0] if shape else 0):
-            raise ReaderGone("the reader's bytes do not match what its answer says they hold")
+            raise Garbled("the reader's bytes do not match what its answer says they hold")
         frames = payload[:frame_bytes].reshape(shape) if shape else None
         soundtrack = soundtrack_from_message(described, payload[frame_bytes:]) if heard else None
     except (ValueError, TypeError, KeyError, AttributeError):
-        raise ReaderGone("the reader's answer does not describe its bytes") from None
+        raise Garbled("the reader's answer does not describe its bytes") from None
     return frames, soundtrack
 
 
@@ -295,6 +299,9 @@ class ReaderPool:
         except TimeoutError:
             self._discard(reader)
             return {"status": "too_slow"}, None, None
+        except Garbled:
+            self._discard(reader)
+            return {"status": "unreadable"}, None, None
         except (OSError, ValueError, ReaderGone):  # ValueError: a pipe closed under it by shutdown
             killed = self._killed_from_outside(reader)
             self._discard(reader)
@@ -308,7 +315,8 @@ class ReaderPool:
 
     def _killed_from_outside(self, reader: Reader) -> bool:
         """Whether a reader whose pipe failed died of a SIGKILL the pool did not send. A decoder that dies
-        on a malformed file aborts or faults (SIGABRT, SIGSEGV); a reader that lives on answered garbage."""
+        on a malformed file aborts or faults (SIGABRT, SIGSEGV); a pipe that failed on a reader still running
+        a second later (closed by something else) is the file's fault too."""
         try:
             code = reader.process.wait(timeout=1.0)
         except subprocess.TimeoutExpired:
