@@ -246,12 +246,18 @@ class ReaderPool:
     def _ask_to_read(self, reader: Reader, request: dict,
                      deadline: float) -> tuple[dict, np.ndarray | None, Soundtrack | None]:
         with self._lock:
-            idle = len(self._idle)
-            reading = len(self._readers) - idle  # this reader included (and any still starting)
-        # Readers busy with other files share the cores with this one (see _read_segments for why).
-        threads = max(1, default_size() // reading) if reading > 1 else 0
-        return self._ask(reader, {**request, "op": "read", "parts": 1 + idle, "threads": threads,
+            parts = 1 + len(self._idle)
+        return self._ask(reader, {**request, "op": "read", "parts": parts, "threads": self._decoder_threads(),
                                   "split_min_pixels": self.split_min_pixels}, None, deadline)
+
+    def _decoder_threads(self) -> int:
+        """Decoder threads for a reader about to decode: the cores shared among the readers reading now (the
+        ones just taken included, and any still starting), or 0 (one per core) for a reader reading alone.
+        A thread per core each would make them take turns, and frame threads cost CPU of their own: one
+        thread decodes a half of bench/decoding.py's 1080p H.264 file in 13% less CPU than two."""
+        with self._lock:
+            reading = len(self._readers) - len(self._idle)
+        return max(1, default_size() // reading) if reading > 1 else 0
 
     def _read_segments(self, readers: list[Reader], request: dict, header: dict, timeline_bytes: np.ndarray,
                        deadline: float) -> tuple[dict, list, Soundtrack | None]:
@@ -259,9 +265,7 @@ class ReaderPool:
         its reader opening the file and decoder again); the first failure is the answer. The first segment's
         reader reads the soundtrack as well, while the others decode."""
         pieces = segments(header["units"], len(readers))
-        # The segments share the cores: a decoder thread per core each would make them take turns, and
-        # frame threads cost CPU of their own (one thread decodes a 1080p H.264 segment in 13% less).
-        threads = max(1, default_size() // len(pieces))
+        threads = self._decoder_threads()
 
         def one(reader: Reader, targets: list[int], soundtrack: dict | None = None):
             return self._ask(reader, {"op": "segment", "path": request["path"], "memory_bytes": request["memory_bytes"],
