@@ -34,6 +34,8 @@ SEEK_AHEAD_FRAMES = 8
 # FFmpeg decoders with a `lowres` mode (its max_lowres is 3 for each); other decoders refuse the option.
 _LOWRES_DECODERS = {"mpeg4", "h263", "msmpeg4", "msmpeg4v2", "msmpeg4v3", "mpeg1video", "mpeg2video", "mjpeg"}
 _MAX_LOWRES = 3
+# Containers (FFmpeg's demuxer names) whose index holds every packet's times: see open_for_packets.
+_INDEXED_FORMATS = {"mov,mp4,m4a,3gp,3g2,mj2", "matroska,webm"}
 
 
 class SeekMissed(Exception):
@@ -86,7 +88,7 @@ def plan_file(path: str, sampling: FrameSampling, max_seconds: float, temporal_p
     header["status"]: "ok" (with total_frames and duration_s; the plan goes with it), "too_long"
     (duration_s), "too_many_pixels" (size), or "unreadable".
     """
-    with av.open(path) as container:
+    with open_for_packets(path) as container:
         # FFmpeg reads still images (PNG, JPEG, ...) through image demuxers as one-frame videos: not uploads.
         if container.format.name == "image2" or container.format.name.endswith("_pipe"):
             return {"status": "unreadable"}, None
@@ -187,6 +189,19 @@ def with_fresh_decoder(path: str, stored_hw: tuple[int, int], fit_hw: tuple[int,
         stream = container.streams.video[0]
         open_decoder(stream, stored_hw, fit_hw, threads)
         return decode(container, stream, _converter(*fit_hw))
+
+
+def open_for_packets(path: str):
+    """The file opened to read its packets, not to decode them. While opening, FFmpeg decodes a few frames
+    to learn what the headers leave out (60 ms for 1080p H.264); MP4/MOV and Matroska/WebM index every
+    packet's times and carry the frame size in their headers, so they are opened without decoding. Other
+    containers may interpolate packet times with what that decoding learns (MPEG-TS, MPEG-PS), so they are
+    opened in full."""
+    container = av.open(path, options={"skip_frame": "all"})
+    if container.format.name in _INDEXED_FORMATS:
+        return container
+    container.close()
+    return av.open(path)
 
 
 def read_timeline(container, stream) -> Timeline | None:

@@ -8,13 +8,14 @@ from fractions import Fraction
 import av
 import numpy as np
 import pytest
-from test_video_formats import picture, write_video
+from test_video_formats import CONSTANT_8FPS, CORPUS, picture, write_video
 
 from engine.config import FrameSampling
 from engine.video import load_video
 from engine.video_pyav import (
     decode_everything,
     decode_planned,
+    open_for_packets,
     plan_file,
     read_file,
     read_targets,
@@ -73,6 +74,23 @@ def test_the_decoder_thread_count_changes_no_pixel(tmp_path, name, container_for
         other_entries, other_frames, _ = read_targets(str(path), plan, targets, threads=threads)
         assert other_entries == entries
         assert np.array_equal(other_frames, frames), threads
+
+
+@pytest.mark.parametrize("name, container_format, codec, extra", CORPUS, ids=[row[0] for row in CORPUS])
+def test_a_file_opened_for_its_packets_gives_the_timeline_a_full_open_gives(tmp_path, name, container_format, codec,
+                                                                           extra):
+    """open_for_packets skips decoding frames while probing the containers that index their packets: the
+    frame size and every frame's time and keyframe must come out as after a full probe."""
+    path = write_video(tmp_path / name, container_format, codec, CONSTANT_8FPS, **extra)
+
+    def described(container):
+        stream = container.streams.video[0]
+        timeline = read_timeline(container, stream)
+        return (container.format.name, stream.codec_context.width, stream.codec_context.height, timeline.pts.tolist(),
+                timeline.keyframes, timeline.end, timeline.time_base, timeline.by_order)
+
+    with open_for_packets(str(path)) as quick, av.open(str(path)) as full:
+        assert described(quick) == described(full)
 
 
 def test_program_stream_times_after_a_seek_disagree_so_it_is_decoded_from_the_start(tmp_path):
