@@ -34,8 +34,13 @@ SEEK_AHEAD_FRAMES = 8
 # FFmpeg decoders with a `lowres` mode (its max_lowres is 3 for each); other decoders refuse the option.
 _LOWRES_DECODERS = {"mpeg4", "h263", "msmpeg4", "msmpeg4v2", "msmpeg4v3", "mpeg1video", "mpeg2video", "mjpeg"}
 _MAX_LOWRES = 3
-# Containers (FFmpeg's demuxer names) whose index holds every packet's times: see open_for_packets.
-_INDEXED_FORMATS = {"mov,mp4,m4a,3gp,3g2,mj2", "matroska,webm"}
+# Opening without decoding frames while probing (open_unprobed): containers (FFmpeg's demuxer names) whose
+# index holds every packet's times and whose headers hold the frame size; MP4/MOV, whose index also says how
+# far frames are reordered (FFmpeg's mov demuxer reads it from the composition offsets); and codecs that show
+# frames in the order they are stored.
+_MP4 = "mov,mp4,m4a,3gp,3g2,mj2"
+_INDEXED_FORMATS = {_MP4, "matroska,webm"}
+_UNREORDERED_CODECS = {"vp8", "vp9", "av1"}
 
 
 class SeekMissed(Exception):
@@ -88,7 +93,7 @@ def plan_file(path: str, sampling: FrameSampling, max_seconds: float, temporal_p
     header["status"]: "ok" (with total_frames and duration_s; the plan goes with it), "too_long"
     (duration_s), "too_many_pixels" (size), or "unreadable".
     """
-    with open_for_packets(path) as container:
+    with open_unprobed(path, decoding=False) as container:
         # FFmpeg reads still images (PNG, JPEG, ...) through image demuxers as one-frame videos: not uploads.
         if container.format.name == "image2" or container.format.name.endswith("_pipe"):
             return {"status": "unreadable"}, None
@@ -185,20 +190,28 @@ def with_fresh_decoder(path: str, stored_hw: tuple[int, int], fit_hw: tuple[int,
     per core): its demuxer starts exactly at the first frame, where seeking back to it is not exact
     everywhere (MPEG-TS lands on a packet after the first keyframe), and a stream without times cannot seek
     at all."""
-    with av.open(path) as container:
+    with open_unprobed(path, decoding=True) as container:
         stream = container.streams.video[0]
         open_decoder(stream, stored_hw, fit_hw, threads)
         return decode(container, stream, _converter(*fit_hw))
 
 
-def open_for_packets(path: str):
-    """The file opened to read its packets, not to decode them. While opening, FFmpeg decodes a few frames
-    to learn what the headers leave out (60 ms for 1080p H.264); MP4/MOV and Matroska/WebM index every
-    packet's times and carry the frame size in their headers, so they are opened without decoding. Other
-    containers may interpolate packet times with what that decoding learns (MPEG-TS, MPEG-PS), so they are
-    opened in full."""
-    container = av.open(path, options={"skip_frame": "all"})
-    if container.format.name in _INDEXED_FORMATS:
+def open_unprobed(path: str, *, decoding: bool):
+    """The file opened without decoding frames while probing it where that changes nothing, else in full.
+
+    Opening a file, FFmpeg decodes a few frames to learn what the headers leave out (60 ms for 1080p
+    H.264, at every open). For reading packets (decoding False), MP4/MOV and Matroska/WebM need none of
+    it: their index holds every packet's time and their headers the frame size; other containers may
+    interpolate packet times with what the probe learned (MPEG-TS, MPEG-PS). For decoding, the decoder
+    starts from the probe's reorder delay, so only MP4/MOV (whose demuxer reads the delay from its index)
+    and VP8, VP9 and AV1 in either (no reordering) skip the probe. tests/test_video_decoding.py checks both
+    against full opens on every container and codec of its corpus.
+    """
+    container = av.open(path, options={"skip_frame": "all"})  # the probe's decoders only, not the stream's
+    name = container.format.name
+    streams = container.streams.video
+    if name in _INDEXED_FORMATS and (not decoding or name == _MP4
+                                     or (streams and streams[0].codec_context.name in _UNREORDERED_CODECS)):
         return container
     container.close()
     return av.open(path)
@@ -342,17 +355,17 @@ def decode_in_order(container, stream, timeline: Timeline, wanted: list[int], co
 def decode_everything(path: str, frame_indices: list[int], fit_hw: tuple[int, int]) -> tuple[np.ndarray, dict]:
     """((N, H, W, 3) uint8 frames, work) at the given frame ordinals, decoded one after another from the
     first with nothing skipped or sought, scaled to fit_hw as stored: what the planned decode must give
-    (tests/test_video_decoding.py) and what it saves (bench/decoding.py)."""
+    (tests/test_video_decoding.py) and what it saves (bench/decoding.py). The file is opened in full, probe
+    and all, both times: the reference takes none of the planned decode's shortcuts."""
     with av.open(path) as container:
         stream = container.streams.video[0]
         timeline = read_timeline(container, stream)
         stored_hw = (stream.codec_context.height, stream.codec_context.width)
     wanted = [int(timeline.pts[i]) for i in frame_indices]
-
-    def in_order(container, stream, convert):
-        return decode_in_order(container, stream, timeline, wanted, convert)
-
-    taken, work = with_fresh_decoder(path, stored_hw, fit_hw, in_order)
+    with av.open(path) as container:
+        stream = container.streams.video[0]
+        open_decoder(stream, stored_hw, fit_hw)
+        taken, work = decode_in_order(container, stream, timeline, wanted, _converter(*fit_hw))
     return np.stack([taken[pts][1] for pts in wanted]), work
 
 

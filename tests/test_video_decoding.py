@@ -15,7 +15,7 @@ from engine.video import load_video
 from engine.video_pyav import (
     decode_everything,
     decode_planned,
-    open_for_packets,
+    open_unprobed,
     plan_file,
     read_file,
     read_targets,
@@ -77,10 +77,10 @@ def test_the_decoder_thread_count_changes_no_pixel(tmp_path, name, container_for
 
 
 @pytest.mark.parametrize("name, container_format, codec, extra", CORPUS, ids=[row[0] for row in CORPUS])
-def test_a_file_opened_for_its_packets_gives_the_timeline_a_full_open_gives(tmp_path, name, container_format, codec,
-                                                                           extra):
-    """open_for_packets skips decoding frames while probing the containers that index their packets: the
-    frame size and every frame's time and keyframe must come out as after a full probe."""
+def test_a_file_opened_without_probing_reads_as_after_a_full_open(tmp_path, name, container_format, codec, extra):
+    """open_unprobed skips decoding frames while probing where it can: the frame size, every frame's time
+    and keyframe, and the decoded frames (read_targets, planned) must come out as after full opens
+    (decode_everything opens in full; LONG_GOP's files are checked against it above)."""
     path = write_video(tmp_path / name, container_format, codec, CONSTANT_8FPS, **extra)
 
     def described(container):
@@ -89,8 +89,11 @@ def test_a_file_opened_for_its_packets_gives_the_timeline_a_full_open_gives(tmp_
         return (container.format.name, stream.codec_context.width, stream.codec_context.height, timeline.pts.tolist(),
                 timeline.keyframes, timeline.end, timeline.time_base, timeline.by_order)
 
-    with open_for_packets(str(path)) as quick, av.open(str(path)) as full:
+    with open_unprobed(str(path), decoding=False) as quick, av.open(str(path)) as full:
         assert described(quick) == described(full)
+    header, frames = read(path)
+    reference, _ = decode_everything(str(path), header["frame_indices"], frames.shape[1:3])
+    assert np.array_equal(frames, reference)
 
 
 def test_program_stream_times_after_a_seek_disagree_so_it_is_decoded_from_the_start(tmp_path):
