@@ -13,7 +13,9 @@ Prints one table and writes it as JSON (--out):
   - reading the video (waiting for a reader, reading) against the rest of TTFT, on an 8-second 640x480
     clip and on the 2-minute clip (bench/reading.py);
   - one ViT forward over 8 videos against 8 separate forwards;
-  - 8 users at once at q = 0 and q = 0.7: mean TTFT, wall time, output tokens/s;
+  - 8 users at once at q = 0 and q = 0.7: mean TTFT, wall time, output tokens/s, every video read before
+    the burst is admitted (one vision forward); and 8 users at q = 0 admitted as each video is read, as in
+    serving, against the pipelined ideal of bench/users.py (the TTFT table's q = 0 stages);
   - peak GPU memory, the memory plan (a hybrid model's recurrent state per sequence beside its KV per
     token), the attention kernel of each tower (and of a hybrid model's linear-attention layers), the
     driver and CUDA versions.
@@ -44,6 +46,7 @@ from bench.bursts import engine_burst  # noqa: E402
 from bench.environment import machine, versions  # noqa: E402
 from bench.reading import reading_rows  # noqa: E402
 from bench.summary import burst_summary  # noqa: E402
+from bench.users import pipelined_ideal_s  # noqa: E402
 from bench.ttft_by_rate import ttft_by_rate  # noqa: E402
 from bench.vit_timing import prepared_prompts, vit_forward_s  # noqa: E402
 from bench.workload import QUESTION  # noqa: E402
@@ -148,6 +151,16 @@ def burst(engine: Engine, clips: list[Path], q: float, work: dict, new_tokens: i
             "decode_batch_max": max(a.stats["decode_batch_max"] for a in run.answers)}, run.answers
 
 
+def arrival_burst(engine: Engine, clips: list[Path], single: dict, work: dict, new_tokens: int) -> dict:
+    """USERS requests at q = 0 submitted at the same instant and admitted as each video is read (as in
+    serving): mean TTFT against the pipelined ideal from `single`, the TTFT table's q = 0 row."""
+    run = engine_burst(engine, clips, params(0.0, work, new_tokens))
+    mean_ttft_s = burst_summary(run)["mean_ttft_s"]
+    ideal_s = pipelined_ideal_s(single, len(clips))
+    return {"users": len(clips), "mean_ttft_s": mean_ttft_s, "pipelined_ideal_s": ideal_s,
+            "ttft_over_ideal": mean_ttft_s / ideal_s, "wall_s": run.wall_s}
+
+
 def print_table(report: dict) -> None:
     host, model = report["host"], report["model"]
     print(f"\n## GPU check: {model['name']} on {report['device']}")
@@ -175,6 +188,11 @@ def print_table(report: dict) -> None:
     for b in report["bursts"]:
         print(f"| q = {b['pruning_rate']} | {b['mean_ttft_s']:.3f} | {b['wall_s']:.2f} | "
               f"{b['output_tokens_per_s']:.1f} | {b['vit_batch_requests_max']} | {b['decode_batch_max']} |")
+    arrival = report["arrival_burst"]
+    print(f"\n| {arrival['users']} users at once, q = 0, admitted as read | mean TTFT s | pipelined ideal s | "
+          f"mean TTFT/ideal | wall s |\n|---|---|---|---|---|")
+    print(f"| as in serving | {arrival['mean_ttft_s']:.3f} | {arrival['pipelined_ideal_s']:.3f} | "
+          f"{arrival['ttft_over_ideal']:.2f} | {arrival['wall_s']:.2f} |")
     print(f"\npeak GPU memory: {report['peak_gpu_memory_gib']} GiB" if report["peak_gpu_memory_gib"] is not None
           else "\npeak GPU memory: n/a (CPU)")
     plan = report["memory_plan"]
@@ -214,6 +232,7 @@ def run(args: argparse.Namespace) -> tuple[dict, list[str]]:
                 summary, answers = burst(engine, clips, q, work, args.new_tokens)
                 bursts.append(summary)
                 problems += [f"burst q={q}: {p}" for a in answers for p in evs_problems(a)]
+            arrival = arrival_burst(engine, clips, rows[PRUNING_RATES.index(0.0)], work, args.new_tokens)
         peak = round(torch.cuda.max_memory_allocated(device) / GIB, 2) if device.type == "cuda" else None
     finally:
         engine.shutdown()
@@ -232,6 +251,7 @@ def run(args: argparse.Namespace) -> tuple[dict, list[str]]:
         "readers": engine.readers.size,
         "vit": vit,
         "bursts": bursts,
+        "arrival_burst": arrival,
         "peak_gpu_memory_gib": peak,
     }
     return report, problems

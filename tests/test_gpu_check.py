@@ -40,6 +40,7 @@ def test_quick_run_passes_and_prints_one_table(quick_run):
     assert "| q | video tokens kept/total | decode s | ViT s | EVS s | prefill s | TTFT s | ideal s | TTFT/ideal |" in (
         result.stdout)
     assert "| 8 users at once |" in result.stdout
+    assert "| 8 users at once, q = 0, admitted as read | mean TTFT s | pipelined ideal s |" in result.stdout
     assert "| reading, q = 0 | frames | waiting for a reader s | reading s | rest of TTFT s | TTFT s |" in result.stdout
 
 
@@ -61,6 +62,9 @@ def test_quick_run_saves_every_figure(quick_run):
     assert report["vit"]["videos"] == 8 and report["vit"]["one_forward_s"] > 0
     assert [b["pruning_rate"] for b in report["bursts"]] == [0.0, 0.7]
     assert all(b["users"] == 8 and b["vit_batch_requests_max"] >= 2 for b in report["bursts"])
+    arrival = report["arrival_burst"]
+    assert arrival["users"] == 8 and arrival["pipelined_ideal_s"] > 0
+    assert arrival["ttft_over_ideal"] == pytest.approx(arrival["mean_ttft_s"] / arrival["pipelined_ideal_s"])
     assert {"driver_version", "torch_cuda", "summary"} <= set(report["host"])
     assert {"attn_vision", "attn_text", "attn_linear", "dtype"} <= set(report["model"])
     assert (report["model"]["attn_linear"] is not None) == ("qwen3.5" in report["model"]["name"])
