@@ -104,6 +104,8 @@ CORPUS = [
     ("h264.flv", "flv", "libx264", {}),
     # What a browser's MediaRecorder writes: no duration, no cues to seek by.
     ("vp9_recorded.webm", "webm", "libvpx-vp9", {"container_options": {"live": "1"}}),
+    # Fragmented MP4 (Safari's MediaRecorder, live streams): the index arrives fragment by fragment.
+    ("h264_fragmented.mp4", "mp4", "libx264", {"container_options": {"movflags": "frag_keyframe+empty_moov"}}),
 ]
 
 
