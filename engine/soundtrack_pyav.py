@@ -29,7 +29,10 @@ def read_soundtrack(path, rate_hz: int, max_seconds: float) -> Soundtrack | None
     if rate_hz <= 0 or max_seconds <= 0:
         raise ValueError("a soundtrack needs a rate and a length above 0")
     max_samples = int(max_seconds * rate_hz)
-    with av.open(str(path)) as container:
+    # Opening a file, FFmpeg decodes a few of its video frames to learn what the headers leave out (60 ms
+    # for 1080p H.264); the soundtrack needs none of it. skip_frame holds for video decoders only, so the
+    # audio stream is still probed in full.
+    with av.open(str(path), options={"skip_frame": "all"}) as container:
         if not container.streams.audio:
             return None
         pieces, count = [], 0
