@@ -63,6 +63,17 @@ def clips(tmp_path_factory) -> dict[str, Path]:
     }
 
 
+@pytest.mark.parametrize("name", ["tone", "stereo", "opus", "pcm"])
+def test_skipping_the_video_probe_changes_no_sample(clips, name, monkeypatch):
+    """read_soundtrack opens files without decoding video frames while probing: the samples must be a full
+    open's, to the bit."""
+    unprobed = read_soundtrack(clips[name], RATE_HZ, max_seconds=60.0)
+    plain_open = av.open
+    monkeypatch.setattr(av, "open", lambda path, **_: plain_open(path))  # the reference: a full probe
+    probed = read_soundtrack(clips[name], RATE_HZ, max_seconds=60.0)
+    np.testing.assert_array_equal(unprobed.samples, probed.samples)
+
+
 @pytest.mark.parametrize("name", ["tone", "opus", "pcm"])
 def test_a_tone_comes_back_mono_at_the_asked_rate_for_the_clips_length(clips, name):
     """AAC at 22,050 Hz in MP4, Opus at 48,000 Hz stereo in Matroska, PCM at 8,000 Hz in MOV: each resampled
