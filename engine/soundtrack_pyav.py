@@ -15,6 +15,7 @@ import av
 import numpy as np
 
 from engine.soundtrack import Soundtrack
+from engine.video_pyav import open_without_video_probe
 
 _PACKED_FLOAT32 = "flt"  # FFmpeg's name for packed float32 samples: one plane, read as SAMPLE_DTYPE
 
@@ -29,10 +30,7 @@ def read_soundtrack(path, rate_hz: int, max_seconds: float) -> Soundtrack | None
     if rate_hz <= 0 or max_seconds <= 0:
         raise ValueError("a soundtrack needs a rate and a length above 0")
     max_samples = int(max_seconds * rate_hz)
-    # Opening a file, FFmpeg decodes a few of its video frames to learn what the headers leave out (60 ms
-    # for 1080p H.264); the soundtrack needs none of it. skip_frame holds for video decoders only, so the
-    # audio stream is still probed in full.
-    with av.open(str(path), options={"skip_frame": "all"}) as container:
+    with open_without_video_probe(str(path)) as container:  # the soundtrack needs no video frame
         if not container.streams.audio:
             return None
         pieces, count = [], 0

@@ -207,7 +207,7 @@ def open_unprobed(path: str, *, decoding: bool):
     and VP8, VP9 and AV1 in either (no reordering) skip the probe. tests/test_video_decoding.py checks both
     against full opens on every container and codec of its corpus.
     """
-    container = av.open(path, options={"skip_frame": "all"})  # the probe's decoders only, not the stream's
+    container = open_without_video_probe(path)
     name = container.format.name
     streams = container.streams.video
     if name in _INDEXED_FORMATS and (not decoding or name == _MP4
@@ -215,6 +215,13 @@ def open_unprobed(path: str, *, decoding: bool):
         return container
     container.close()
     return av.open(path)
+
+
+def open_without_video_probe(path: str):
+    """av.open without the video frames FFmpeg decodes while probing (60 ms per open of 1080p H.264). The
+    option reaches the probe's decoders only, not the streams' own, and audio decoders ignore it, so audio
+    streams are still probed in full. Where video may skip its probe: open_unprobed."""
+    return av.open(path, options={"skip_frame": "all"})
 
 
 def read_timeline(container, stream) -> Timeline | None:
