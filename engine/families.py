@@ -103,9 +103,9 @@ class Family:
         """The processor output's audio features (one soundtrack; a family that hears)."""
         raise NotImplementedError
 
-    def encode_audio(self, model, clips: list[AudioInputs]) -> list[torch.Tensor]:
-        """The audio tower over several soundtracks: one (A, D) tensor of audio-token rows per clip, in order (a
-        family that hears)."""
+    def encode_audio(self, model, clip: AudioInputs) -> torch.Tensor:
+        """The audio tower over one soundtrack: (A, D), one row per audio token of the prompt (a family that
+        hears)."""
         raise NotImplementedError
 
     def message_text(self, text: str) -> str:
@@ -376,18 +376,9 @@ class NemotronOmni(Family):
     def audio_inputs(self, inputs):
         return AudioInputs(inputs["input_features"], inputs["input_features_mask"])
 
-    def encode_audio(self, model, clips):
-        # Soundtracks of one length go through the tower as one batch: none is padded, so each gives what it
-        # gives alone (a padded clip's convolutions would read the padding).
-        rows: list[torch.Tensor | None] = [None] * len(clips)
-        for frames in dict.fromkeys(clip.features.shape[1] for clip in clips):
-            members = [i for i, clip in enumerate(clips) if clip.features.shape[1] == frames]
-            features = torch.cat([clips[i].features for i in members]).to(model.device)
-            mask = torch.cat([clips[i].mask for i in members]).to(model.device)
-            out = model.get_audio_features(features, mask, return_dict=True).pooler_output  # (sum of A, D)
-            for i, clip_rows in zip(members, out.split(len(out) // len(members))):
-                rows[i] = clip_rows
-        return rows
+    def encode_audio(self, model, clip):
+        features, mask = clip.features.to(model.device), clip.mask.to(model.device)
+        return model.get_audio_features(features, mask, return_dict=True).pooler_output
 
     def earlier_answer(self, answer):
         # truncate_history_thinking (on by default): an answer before the last question is written as an empty

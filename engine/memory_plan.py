@@ -42,7 +42,8 @@ that hears, A audio tokens: the longest soundtrack it is given, EngineConfig.max
 - The ViT, the audio tower and the prefill never run at the same time and free their activations layer by
   layer (inference mode), so only the largest of the three counts, at one layer's worth: the towers' depth
   does not enter. A request over the ViT patch budget is encoded alone, hence max(vit_patch_budget, V * merge^2).
-  The audio tower's attention is quadratic in the soundtrack's length (AudioDims.forward_bytes).
+  The audio tower's attention is quadratic in the soundtrack's length (AudioDims.forward_bytes); it takes one
+  soundtrack per forward (engine/vision.py), so one soundtrack's forward counts.
   A hybrid model's prefill peaks in its linear-attention layers, whose chunked delta rule runs in float32
   (ModelDims.prefill_bytes).
 - margin (10%) covers what the estimate leaves out: allocator fragmentation, cuBLAS / attention

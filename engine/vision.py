@@ -2,8 +2,8 @@
 
 Identical videos (same content hash, frame sampling and model) are encoded once, also when they
 arrive together; a byte-bounded LRU keeps features for later questions on the same video. A soundtrack that
-is heard goes through the audio tower in the same step, right after the vision forward, and its features are
-kept with the video's (the key says whether it was heard).
+is heard goes through the audio tower in the same step, right after the vision forward (one forward per
+soundtrack), and its features are kept with the video's (the key says whether it was heard).
 """
 
 import time
@@ -71,11 +71,12 @@ class VisionEncoder:
         grids = torch.stack([r.prompt.grid_thw_patches for r in owners]).to(device)
         start = time.perf_counter()
         outputs = self.family.encode(self.model, pixels, grids)
-        hearing = [i for i, owner in enumerate(owners) if owner.prompt.audio is not None]
-        if hearing:
-            heard = self.family.encode_audio(self.model, [owners[i].prompt.audio for i in hearing])
-            for i, audio in zip(hearing, heard):
-                outputs[i].audio = audio
+        # One soundtrack per audio forward, never a batch of them: the memory plan counts the audio tower's
+        # activations for one soundtrack of the longest length a request may have (its attention is quadratic
+        # in the length), and soundtracks cut at that length would otherwise share a forward, several at once.
+        for owner, output in zip(owners, outputs):
+            if owner.prompt.audio is not None:
+                output.audio = self.family.encode_audio(self.model, owner.prompt.audio)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         vit_s = time.perf_counter() - start

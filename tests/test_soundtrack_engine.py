@@ -112,6 +112,31 @@ def test_a_soundtrack_past_the_limit_is_cut_with_a_status_line(engine, clips):
     assert f"heard the first {MAX_SOUNDTRACK_S:g} s of the soundtrack" in statuses
 
 
+def test_soundtracks_cut_at_the_limit_share_a_vision_forward_but_not_an_audio_forward(engine, tmp_path):
+    """Two uploads whose soundtracks are both cut at the limit have the same length, and their videos go through
+    one vision forward; their soundtracks must go through the audio tower one at a time, as the memory plan counts
+    it (one soundtrack of the longest length per forward: the tower's attention is quadratic in the length)."""
+    videos = [write_clip_with_sound(tmp_path / f"long-{hz}.mp4", tone(hz, 4.0, 22050)[None], 22050, seconds=4.0)
+              for hz in (550, 660)]
+    model = engine.loaded.model
+    tower, batches = model.get_audio_features, []
+
+    def counted(features, *args, **kwargs):
+        batches.append(features.shape[0])
+        return tower(features, *args, **kwargs)
+
+    model.get_audio_features = counted  # the real tower runs; only the batch sizes are noted
+    try:
+        with engine.paused():
+            streams = [engine.submit(video, "What is heard?", params()) for video in videos]
+        answers = [stream.result(60) for stream in streams]
+    finally:
+        del model.get_audio_features
+    assert [(a.stats["soundtrack"], a.stats["audio_seconds"], a.stats["vit_batch_requests"]) for a in answers] == \
+        [("cut", MAX_SOUNDTRACK_S, 2)] * 2
+    assert batches == [1, 1]
+
+
 def test_a_model_without_an_audio_tower_ignores_the_switch(tiny_cache_dir, clips):
     with Engine(EngineConfig(model="tiny-random", device="cpu", cache_dir=tiny_cache_dir,
                              frame_sampling=FRAME_SAMPLING)) as deaf:
@@ -139,7 +164,7 @@ def test_evs_keeps_every_audio_token(engine, clips):
                             FRAME_SAMPLING.max_pixels_per_frame, soundtrack=video.soundtrack)
     with torch.inference_mode():
         features = family.encode(loaded.model, prompt.pixel_values, prompt.grid_thw_patches[None])[0]
-        features.audio = family.encode_audio(loaded.model, [prompt.audio])[0]
+        features.audio = family.encode_audio(loaded.model, prompt.audio)
         pruned = prune_prompt(prompt, features, 0.9)
         embeds = embed_prompt(loaded.model, pruned.input_ids, pruned.video_mask, pruned.features, pruned.audio_mask)
     assert int(pruned.retention.sum()) < prompt.is_video.sum()
