@@ -103,7 +103,7 @@ class Engine:
         self._preparing = 0  # requests submitted and not yet handed to the worker
         # The frame cache: sampled frames of recent uploads, so a follow-up question skips reading the file again.
         self._frames = ByteLRU(self.config.frame_cache_bytes)
-        self._reading: dict[tuple, Future] = {}  # reads under way, by (digest, frame sampling)
+        self._reading: dict[tuple, Future] = {}  # reads under way, by (digest, frame sampling, soundtrack read)
         self._frames_lock = threading.Lock()
         self._prepared = threading.Condition()
         self._pauses = 0  # paused() blocks open; admission is held while above 0
@@ -315,9 +315,9 @@ class Engine:
             stream.push(Event("status", "reading video"))
             start = time.perf_counter()
             sampling = request.frame_sampling
-            request.video, read_now = self._sampled_video(request.video_path, sampling)
-            think_end = self._think_end if request.params.enable_thinking else None
             hear = self._hears and request.params.hear_soundtrack is not False
+            request.video, read_now = self._sampled_video(request.video_path, sampling, hear)
+            think_end = self._think_end if request.params.enable_thinking else None
             request.prompt = prepare_prompt(
                 self.loaded,
                 self.family,
@@ -367,18 +367,21 @@ class Engine:
                 f"need {prompt_tokens + max_new_tokens:,} tokens, more than the model's context of {context:,}: "
                 "sample fewer frames or fewer pixels per frame, or start a new conversation.")
 
-    def _sampled_video(self, path: str, sampling) -> tuple[SampledVideo, bool]:
-        """(sampled frames of an upload, whether they were read for this request), shared: a recent read is
-        reused, and two requests on the same bytes at once (compare mode, several users) wait for one read
-        instead of running two (both count it as theirs)."""
+    def _sampled_video(self, path: str, sampling, hear: bool) -> tuple[SampledVideo, bool]:
+        """(sampled frames of an upload, with its soundtrack when hear; whether they were read for this request),
+        shared: a recent read is reused, and two requests on the same bytes at once (compare mode, several
+        users) wait for one read instead of running two (both count it as theirs). A read with the soundtrack
+        also serves a request without it (the frames are the same); one without serves only its like, so a
+        request that does not hear has no soundtrack decoded for it (up to 600 s of one)."""
         file = Path(path)
         hashable = file.is_file() and file.stat().st_size <= self.config.max_file_bytes
         if not hashable:  # load_video says what is wrong with it
-            return self._load_video(path, sampling, None), True
-        key = (file_sha256(path), sampling)
+            return self._load_video(path, sampling, None, hear), True
+        key = (file_sha256(path), sampling, hear)
+        serving = [key] if hear else [key, (key[0], sampling, True)]
         with self._frames_lock:
-            video = self._frames.get(key)
-            pending = self._reading.get(key)
+            video = next((found for k in serving if (found := self._frames.get(k)) is not None), None)
+            pending = next((self._reading[k] for k in serving if k in self._reading), None)
             owner = video is None and pending is None
             if owner:
                 pending = self._reading[key] = Future()
@@ -387,7 +390,7 @@ class Engine:
         if not owner:
             return pending.result(), True
         try:
-            video = self._load_video(path, sampling, key[0])
+            video = self._load_video(path, sampling, key[0], hear)
             with self._frames_lock:
                 self._frames.put(key, video, video.nbytes)
             pending.set_result(video)
@@ -399,7 +402,7 @@ class Engine:
             with self._frames_lock:
                 del self._reading[key]
 
-    def _load_video(self, path: str, sampling, digest: str | None) -> SampledVideo:
+    def _load_video(self, path: str, sampling, digest: str | None, hear: bool) -> SampledVideo:
         config = self.config
         return load_video(
             path,
@@ -412,7 +415,7 @@ class Engine:
             max_source_pixels=config.max_video_source_pixels,
             memory_bytes=config.read_memory_bytes,
             readers=self._readers,
-            soundtrack_rate_hz=self._soundtrack_rate_hz,
+            soundtrack_rate_hz=self._soundtrack_rate_hz if hear else None,
             max_soundtrack_seconds=config.max_soundtrack_seconds,
         )
 

@@ -137,6 +137,22 @@ def test_soundtracks_cut_at_the_limit_share_a_vision_forward_but_not_an_audio_fo
     assert batches == [1, 1]
 
 
+def test_a_request_that_does_not_hear_has_no_soundtrack_read_for_it(engine, tmp_path):
+    """The switch off, the reader is not asked for the soundtrack (600 s of one take seconds to decode), so a later
+    request that hears the same upload reads it again; a read with the soundtrack serves a request without it.
+    read_s is 0 on a frame cache hit."""
+    off_first, heard_first = (write_clip_with_sound(tmp_path / f"{name}.mp4", tone(hz, 2.0, 22050)[None], 22050)
+                              for name, hz in (("off-first", 330), ("heard-first", 370)))
+    off, _ = asked(engine, off_first, hear=False)
+    heard, _ = asked(engine, off_first, hear=True)
+    assert (off.stats["soundtrack"], heard.stats["soundtrack"]) == ("off", "heard")
+    assert off.stats["read_s"] > 0 and heard.stats["read_s"] > 0  # the frames read without it did not serve
+    heard, _ = asked(engine, heard_first, hear=True)
+    off, _ = asked(engine, heard_first, hear=False)
+    assert (heard.stats["soundtrack"], off.stats["soundtrack"]) == ("heard", "off")
+    assert heard.stats["read_s"] > 0 and off.stats["read_s"] == 0  # served by the read with the soundtrack
+
+
 def test_a_model_without_an_audio_tower_ignores_the_switch(tiny_cache_dir, clips):
     with Engine(EngineConfig(model="tiny-random", device="cpu", cache_dir=tiny_cache_dir,
                              frame_sampling=FRAME_SAMPLING)) as deaf:
