@@ -8,7 +8,7 @@ recurrent state ever sees a pad (engine/lm_state.py says why that matters).
 import torch
 from transformers.cache_utils import Cache
 
-from .lm_state import LMState, cache_of, state_of
+from .lm_state import LMState, batch_cache, state_of
 
 
 class DecodeBatch:
@@ -42,7 +42,7 @@ class DecodeBatch:
         mask[:-1, length - old_mask.shape[1] :] = old_mask
         mask[-1, length - new_len :] = 1
         # Built first, so that a failed rebuild (out of memory) leaves the batch as it was.
-        self.cache = cache_of(LMState.stack([old, new], length), owned=True)
+        self.cache = batch_cache([old, new], length)
         self.keys.append(key)
         self.attention_mask = mask
 
@@ -62,8 +62,9 @@ class DecodeBatch:
         index = torch.tensor(keep, device=self.attention_mask.device)
         mask = self.attention_mask.index_select(0, index)
         first_used = int(mask.any(dim=0).nonzero().min())
+        state, tokens = state_of(self.cache), mask.sum(dim=1).tolist()
         self.keys = [self.keys[i] for i in keep]
-        self.cache = cache_of(state_of(self.cache).rows(index, first_used), owned=True)
+        self.cache = batch_cache([state.row(i, n) for i, n in zip(keep, tokens)], mask.shape[1] - first_used)
         self.attention_mask = mask[:, first_used:].contiguous()
 
     def step_mask(self) -> torch.Tensor:

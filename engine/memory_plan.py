@@ -30,10 +30,11 @@ that hears, A audio tokens: the longest soundtrack it is given, EngineConfig.max
   x value head_dim, float32), as transformers' LinearAttentionLayer holds them: 49.5 MiB a sequence on
   Qwen3.5-9B (24 layers x (8,192 x 4 x 2 + 32 x 128 x 128 x 4 bytes)). 0 on KV-only models. Mamba-2 has the
   same two tensors (LinearAttentionDims.from_text_config maps its sizes onto these names).
-- kv_copies = 3: a request joining or leaving rebuilds the decode batch, and for a moment the old
-  batch, the concatenated tensors and the growable buffers they are copied into are all alive
-  (engine/decode_batch.py DecodeBatch.add / remove through lm_state.cache_of); the recurrent states are
-  concatenated along the batch axis in the same rebuild, so they count as many times.
+- kv_copies = 3: a request joining or leaving rebuilds the decode batch (engine/decode_batch.py DecodeBatch.add
+  / remove through lm_state.batch_cache), and for a moment the old batch, the joining row's own cache and the
+  new batch's buffers are all alive; the third copy covers the caching allocator, which cannot hand the old
+  batch's blocks to a batch one row larger. The recurrent states are concatenated along the batch axis in the
+  same rebuild, so they count as many times.
 - The prefix cache keeps a hybrid model's state snapshots (at the end of [system + video] and where the
   last answer began) beside the KV it stores; they count inside its byte bound (engine/prefix_cache.py), which
   is part of reserved.
