@@ -15,7 +15,8 @@ Prints one table and writes it as JSON (--out):
   - one ViT forward over 8 videos against 8 separate forwards;
   - 8 users at once at q = 0 and q = 0.7: mean TTFT, wall time, output tokens/s, every video read before
     the burst is admitted (one vision forward); and 8 users at q = 0 admitted as each video is read, as in
-    serving, against the pipelined ideal of bench/users.py (the TTFT table's q = 0 stages);
+    serving, against the pipelined ideal of bench/users.py (the TTFT table's q = 0 stages), with each user's
+    stages by first token;
   - peak GPU memory, the memory plan (a hybrid model's recurrent state per sequence beside its KV per
     token), the attention kernel of each tower (and of a hybrid model's linear-attention layers), the
     driver and CUDA versions.
@@ -151,14 +152,21 @@ def burst(engine: Engine, clips: list[Path], q: float, work: dict, new_tokens: i
             "decode_batch_max": max(a.stats["decode_batch_max"] for a in run.answers)}, run.answers
 
 
+# The stats of each user of the arrival burst that the report shows (seconds, and the users of its ViT forward).
+ARRIVAL_STAGES = ("read_video_s", "read_wait_s", "vit_s", "vit_batch_requests", "prefill_s")
+
+
 def arrival_burst(engine: Engine, clips: list[Path], single: dict, work: dict, new_tokens: int) -> dict:
     """USERS requests at q = 0 submitted at the same instant and admitted as each video is read (as in
     serving): mean TTFT against the pipelined ideal from `single`, the TTFT table's q = 0 row."""
     run = engine_burst(engine, clips, params(0.0, work, new_tokens))
     mean_ttft_s = burst_summary(run)["mean_ttft_s"]
     ideal_s = pipelined_ideal_s(single, len(clips))
+    # Each user's stages, in the order the first tokens came: where a miss of the ideal comes from.
+    per_user = sorted(({"ttft_s": user.ttft_s, **{key: answer.stats[key] for key in ARRIVAL_STAGES}}
+                       for user, answer in zip(run.users, run.answers)), key=lambda row: row["ttft_s"])
     return {"users": len(clips), "mean_ttft_s": mean_ttft_s, "pipelined_ideal_s": ideal_s,
-            "ttft_over_ideal": mean_ttft_s / ideal_s, "wall_s": run.wall_s}
+            "ttft_over_ideal": mean_ttft_s / ideal_s, "wall_s": run.wall_s, "per_user": per_user}
 
 
 def print_table(report: dict) -> None:
@@ -193,6 +201,11 @@ def print_table(report: dict) -> None:
           f"mean TTFT/ideal | wall s |\n|---|---|---|---|---|")
     print(f"| as in serving | {arrival['mean_ttft_s']:.3f} | {arrival['pipelined_ideal_s']:.3f} | "
           f"{arrival['ttft_over_ideal']:.2f} | {arrival['wall_s']:.2f} |")
+    print("\n| its users, by first token | TTFT s from the burst's start | read s (waiting) | ViT s (users) | prefill s |"
+          "\n|---|---|---|---|---|")
+    for rank, u in enumerate(arrival["per_user"], 1):
+        print(f"| {rank} | {u['ttft_s']:.3f} | {u['read_video_s']:.3f} ({u['read_wait_s']:.3f}) | "
+              f"{u['vit_s']:.3f} ({u['vit_batch_requests']}) | {u['prefill_s']:.3f} |")
     print(f"\npeak GPU memory: {report['peak_gpu_memory_gib']} GiB" if report["peak_gpu_memory_gib"] is not None
           else "\npeak GPU memory: n/a (CPU)")
     plan = report["memory_plan"]

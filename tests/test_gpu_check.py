@@ -8,6 +8,7 @@ plotly shadowed by packages that refuse to import.
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -65,6 +66,10 @@ def test_quick_run_saves_every_figure(quick_run):
     arrival = report["arrival_burst"]
     assert arrival["users"] == 8 and arrival["pipelined_ideal_s"] > 0
     assert arrival["ttft_over_ideal"] == pytest.approx(arrival["mean_ttft_s"] / arrival["pipelined_ideal_s"])
+    ttfts = [user["ttft_s"] for user in arrival["per_user"]]
+    assert len(ttfts) == 8 and ttfts == sorted(ttfts)
+    assert statistics.mean(ttfts) == pytest.approx(arrival["mean_ttft_s"])
+    assert all(user["vit_batch_requests"] >= 1 and user["prefill_s"] > 0 for user in arrival["per_user"])
     assert {"driver_version", "torch_cuda", "summary"} <= set(report["host"])
     assert {"attn_vision", "attn_text", "attn_linear", "dtype"} <= set(report["model"])
     assert (report["model"]["attn_linear"] is not None) == ("qwen3.5" in report["model"]["name"])
