@@ -201,7 +201,7 @@ def print_table(report: dict) -> None:
           f"mean TTFT/ideal | wall s |\n|---|---|---|---|---|")
     print(f"| as in serving | {arrival['mean_ttft_s']:.3f} | {arrival['pipelined_ideal_s']:.3f} | "
           f"{arrival['ttft_over_ideal']:.2f} | {arrival['wall_s']:.2f} |")
-    print("\n| its users, by first token | TTFT s from the burst's start | read s (waiting) | ViT s (users) | prefill s |"
+    print("\n| its users, by first token | TTFT s from the burst's start | read and processor s (waiting) | ViT s (users) | prefill s |"
           "\n|---|---|---|---|---|")
     for rank, u in enumerate(arrival["per_user"], 1):
         print(f"| {rank} | {u['ttft_s']:.3f} | {u['read_video_s']:.3f} ({u['read_wait_s']:.3f}) | "

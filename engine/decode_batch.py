@@ -63,8 +63,10 @@ class DecodeBatch:
         mask = self.attention_mask.index_select(0, index)
         first_used = int(mask.any(dim=0).nonzero().min())
         state, tokens = state_of(self.cache), mask.sum(dim=1).tolist()
+        # Built first, so that a failed rebuild (out of memory) leaves the batch as it was.
+        cache = batch_cache([state.row(i, n) for i, n in zip(keep, tokens)], mask.shape[1] - first_used)
         self.keys = [self.keys[i] for i in keep]
-        self.cache = batch_cache([state.row(i, n) for i, n in zip(keep, tokens)], mask.shape[1] - first_used)
+        self.cache = cache
         self.attention_mask = mask[:, first_used:].contiguous()
 
     def step_mask(self) -> torch.Tensor:

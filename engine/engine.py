@@ -393,6 +393,8 @@ class Engine:
             video = self._load_video(path, sampling, key[0], hear)
             with self._frames_lock:
                 self._frames.put(key, video, video.nbytes)
+                if hear:  # it serves requests without the soundtrack too: the same frames need not stay twice
+                    self._frames.pop((key[0], sampling, False))
             pending.set_result(video)
             return video, True
         except BaseException as error:

@@ -6,7 +6,8 @@ conversion to and from the transformers `Cache` a forward appends to.
 
 The two kinds of layer need different rules, and this module is where they differ:
 - KV grows by one slot a token and can be cut back to any shorter prefix; rows of different lengths share a
-  batch by left padding, since a masked slot is never attended to.
+  batch by left padding, since a masked slot is never attended to (it holds zeros all the same: a softmax
+  weight of 0 times NaN would be NaN).
 - A recurrent state has no token axis: it is the whole past folded into fixed-size tensors, so it can only
   resume from the exact end of what it has seen (`resumable_at`), and rows stack along the batch axis with
   no padding at all. A prefill segment must never be padded behind a non-empty state: the decay is not
@@ -232,6 +233,7 @@ def _right_aligned(tensors: list[torch.Tensor], length: int) -> torch.Tensor:
     row = 0
     for tensor in tensors:
         rows, start = tensor.shape[0], length - tensor.shape[2]
+        assert start >= 0, "a row longer than the batch"
         buffer[row : row + rows, :, :start] = 0
         buffer[row : row + rows, :, start:length] = tensor
         row += rows

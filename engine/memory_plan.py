@@ -31,10 +31,10 @@ that hears, A audio tokens: the longest soundtrack it is given, EngineConfig.max
   Qwen3.5-9B (24 layers x (8,192 x 4 x 2 + 32 x 128 x 128 x 4 bytes)). 0 on KV-only models. Mamba-2 has the
   same two tensors (LinearAttentionDims.from_text_config maps its sizes onto these names).
 - kv_copies = 3: a request joining or leaving rebuilds the decode batch (engine/decode_batch.py DecodeBatch.add
-  / remove through lm_state.batch_cache), and for a moment the old batch, the joining row's own cache and the
-  new batch's buffers are all alive; the third copy covers the caching allocator, which cannot hand the old
-  batch's blocks to a batch one row larger. The recurrent states are concatenated along the batch axis in the
-  same rebuild, so they count as many times.
+  / remove through lm_state.batch_cache): for a moment the old batch with the joining row's own cache (one
+  copy of every row) and the new batch's buffers (a second) are alive together; the third is slack for the
+  caching allocator, which cannot hand the old batch's blocks to a batch one row larger. The recurrent
+  states are rebuilt the same way, so they count three times too.
 - The prefix cache keeps a hybrid model's state snapshots (at the end of [system + video] and where the
   last answer began) beside the KV it stores; they count inside its byte bound (engine/prefix_cache.py), which
   is part of reserved.

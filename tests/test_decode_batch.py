@@ -49,6 +49,31 @@ def test_join_left_pads_and_leave_trims():
     assert len(batch) == 0 and batch.cache is None
 
 
+def test_rows_of_different_lengths_keep_their_own_kv_when_others_leave():
+    """Four rows of 5, 9, 3 and 6 tokens, two decode steps, then the longest and the first leave: every row left
+    holds exactly its own prompt and steps, right-aligned, with zeros (never stale numbers) in its padding."""
+    batch, prompts = DecodeBatch(), {}
+    for seed, (name, length) in enumerate([("a", 5), ("b", 9), ("c", 3), ("d", 6)]):
+        prompts[name] = kv(1, length, seed)
+        batch.add(name, cache_from_tensors([prompts[name]]))
+    steps = [kv(4, 1, 10 + step) for step in range(2)]
+    for keys, values in steps:
+        batch.step_mask()
+        batch.cache.update(keys, values, 0)
+    batch.remove({"b"})
+    batch.remove({"a"})
+    keys, values = cache_tensors(batch.cache)[0]
+    assert batch.keys == ["c", "d"] and keys.shape[2] == values.shape[2] == 6 + 2
+    assert batch.attention_mask.tolist() == [[0, 0, 0, 1, 1, 1, 1, 1], [1] * 8]
+    for row, (name, old_row) in enumerate([("c", 2), ("d", 3)]):  # each one's row before the others left
+        alone = batch.row_state(name).layers[0]
+        for got, own_alone, prompt, stepped in ((keys, alone.keys, prompts[name][0], [k for k, _ in steps]),
+                                                (values, alone.values, prompts[name][1], [v for _, v in steps])):
+            own = torch.cat([prompt[0], *(step[old_row] for step in stepped)], dim=1)  # (heads, tokens, dim)
+            assert torch.equal(own_alone[0], own) and torch.equal(got[row, :, -own.shape[1]:], own)
+            assert not got[row, :, : got.shape[2] - own.shape[1]].any()
+
+
 def test_prefix_cache_reuses_the_longest_shared_start():
     from engine.prefix_cache import PrefixCache
 

@@ -143,14 +143,26 @@ def test_a_request_that_does_not_hear_has_no_soundtrack_read_for_it(engine, tmp_
     read_s is 0 on a frame cache hit."""
     off_first, heard_first = (write_clip_with_sound(tmp_path / f"{name}.mp4", tone(hz, 2.0, 22050)[None], 22050)
                               for name, hz in (("off-first", 330), ("heard-first", 370)))
-    off, _ = asked(engine, off_first, hear=False)
-    heard, _ = asked(engine, off_first, hear=True)
-    assert (off.stats["soundtrack"], heard.stats["soundtrack"]) == ("off", "heard")
-    assert off.stats["read_s"] > 0 and heard.stats["read_s"] > 0  # the frames read without it did not serve
-    heard, _ = asked(engine, heard_first, hear=True)
-    off, _ = asked(engine, heard_first, hear=False)
-    assert (heard.stats["soundtrack"], off.stats["soundtrack"]) == ("heard", "off")
-    assert heard.stats["read_s"] > 0 and off.stats["read_s"] == 0  # served by the read with the soundtrack
+    pool, soundtrack_asked = engine.readers, []
+    read = pool.read
+
+    def noted(request, *args, **kwargs):  # the real read; only whether it asked for the soundtrack is noted
+        soundtrack_asked.append(request["soundtrack"] is not None)
+        return read(request, *args, **kwargs)
+
+    pool.read = noted
+    try:
+        off, _ = asked(engine, off_first, hear=False)
+        heard, _ = asked(engine, off_first, hear=True)
+        assert (off.stats["soundtrack"], heard.stats["soundtrack"]) == ("off", "heard")
+        assert off.stats["read_s"] > 0 and heard.stats["read_s"] > 0  # the frames read without it did not serve
+        heard, _ = asked(engine, heard_first, hear=True)
+        off, _ = asked(engine, heard_first, hear=False)
+        assert (heard.stats["soundtrack"], off.stats["soundtrack"]) == ("heard", "off")
+        assert heard.stats["read_s"] > 0 and off.stats["read_s"] == 0  # served by the read with the soundtrack
+    finally:
+        del pool.read
+    assert soundtrack_asked == [False, True, True]
 
 
 def test_a_model_without_an_audio_tower_ignores_the_switch(tiny_cache_dir, clips):
