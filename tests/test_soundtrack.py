@@ -64,6 +64,18 @@ def clips(tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.mark.parametrize("name", ["tone", "stereo", "opus", "pcm"])
+def test_one_second_resampler_frames_change_no_sample(clips, name):
+    """The resampler hands back one-second frames (far fewer arrays to convert than one per decoded frame): the
+    samples must be those of a resampler giving a frame out per frame in, to the bit, the stream's tail included."""
+    with av.open(str(clips[name])) as container:
+        resampler = av.AudioResampler(format="flt", layout="mono", rate=RATE_HZ)
+        outs = [out for frame in container.decode(audio=0) for out in resampler.resample(frame)]
+        outs += resampler.resample(None)
+    reference = np.concatenate([out.to_ndarray().reshape(-1) for out in outs])
+    np.testing.assert_array_equal(read_soundtrack(clips[name], RATE_HZ, max_seconds=60.0).samples, reference)
+
+
+@pytest.mark.parametrize("name", ["tone", "stereo", "opus", "pcm"])
 def test_skipping_the_video_probe_changes_no_sample(clips, name, monkeypatch):
     """read_soundtrack opens files without decoding video frames while probing: the samples must be a full
     open's, to the bit."""
