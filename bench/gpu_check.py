@@ -47,8 +47,8 @@ from bench.bursts import engine_burst  # noqa: E402
 from bench.environment import machine, versions  # noqa: E402
 from bench.reading import reading_rows  # noqa: E402
 from bench.summary import burst_summary  # noqa: E402
-from bench.users import pipelined_ideal_s  # noqa: E402
 from bench.ttft_by_rate import ttft_by_rate  # noqa: E402
+from bench.users import pipelined_ideal_s  # noqa: E402
 from bench.vit_timing import prepared_prompts, vit_forward_s  # noqa: E402
 from bench.workload import QUESTION  # noqa: E402
 from engine import Answer, Engine, EngineConfig, FrameSampling, GenerationParams  # noqa: E402

@@ -59,15 +59,15 @@ class DecodeBatch:
         if not keep:
             self.keys, self.cache, self.attention_mask = [], None, None
             return
-        index = torch.tensor(keep, device=self.attention_mask.device)
-        mask = self.attention_mask.index_select(0, index)
-        first_used = int(mask.any(dim=0).nonzero().min())
-        state, tokens = state_of(self.cache), mask.sum(dim=1).tolist()
+        mask = self.attention_mask.index_select(0, torch.tensor(keep, device=self.attention_mask.device))
+        tokens = mask.sum(dim=1).tolist()  # each row's own, after its left padding
+        length = max(tokens)  # the padding every row left has is trimmed
+        state = state_of(self.cache)
         # Built first, so that a failed rebuild (out of memory) leaves the batch as it was.
-        cache = batch_cache([state.row(i, n) for i, n in zip(keep, tokens)], mask.shape[1] - first_used)
+        cache = batch_cache([state.row(i, n) for i, n in zip(keep, tokens)], length)
         self.keys = [self.keys[i] for i in keep]
         self.cache = cache
-        self.attention_mask = mask[:, first_used:].contiguous()
+        self.attention_mask = mask[:, mask.shape[1] - length :].contiguous()
 
     def step_mask(self) -> torch.Tensor:
         """(B, S + 1): the mask for one more token per row; becomes the batch mask after the step."""
