@@ -32,11 +32,12 @@ from huggingface_hub.errors import GatedRepoError, HFValidationError, LocalEntry
 from engine import Engine, EngineConfig, InputError
 from engine.config import MAX_FILE_BYTES, limits_from_env
 from engine.errors import one_line
-from engine.front_door import request_params
-from engine.hardware import DeviceUnavailable, choose_device, probe_host
-from engine.memory_plan import GIB, InsufficientMemory
-from engine.models import ModelUnavailable, UnsupportedModel, describe_model, is_tiny_model
-from engine.serving import Serving
+from engine.front.door import request_params
+from engine.loading.device import DeviceUnavailable, choose_device, probe_host
+from engine.memory.dims import GIB
+from engine.memory.plan import InsufficientMemory
+from engine.loading.load import ModelUnavailable, UnsupportedModel, describe_model, is_tiny_model
+from engine.front.serving import Serving
 
 
 DEFAULT_MODEL = "Qwen/Qwen3-VL-4B-Instruct"

@@ -1,4 +1,4 @@
-"""Video reading: the engine's `load_video` on a long-GOP 1080p H.264 file, the slowest common upload, and
+"""Video reading: the engine's `read_video` on a long-GOP 1080p H.264 file, the slowest common upload, and
 on a short clip.
 
     python -m bench.decoding [--quick] [--keep DIR]
@@ -8,7 +8,7 @@ keyframes): a grainy panorama panned across the frame (about 1.2 Mbit/s at 1080p
 costs a real decode. Full mode: 2 minutes of 1920x1080, 32 frames sampled at most 224x224 (the CPU
 defaults), as issue 11 measured it; making the file takes about 5 minutes on two cores (`--keep DIR`
 makes it once). Quick mode: 20 s of 960x540 with the same GOP, made and read in under 30 s on two
-cores. `load_video` is timed `repeats` times each way, the median kept (the first, untimed run warms the
+cores. `read_video` is timed `repeats` times each way, the median kept (the first, untimed run warms the
 page cache): with a reader started for the file (every upload before issue 20), with a warm pool of one
 reader, and with a warm pool of one reader per core, which reads the long file in segments at once. Beside
 them, once each in this process: the engine's read (`read_file`) with the frames it decoded, every frame
@@ -36,10 +36,10 @@ if __package__ in (None, ""):  # `python bench/decoding.py`: make the repository
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from assets.clips import _panorama, write_clip  # noqa: E402
-from engine.config import FrameSampling  # noqa: E402
-from engine.reader_pool import ReaderPool, default_size  # noqa: E402
-from engine.video import load_video  # noqa: E402
-from engine.video_pyav import decode_everything, read_file  # noqa: E402
+from engine.config import FrameSampling
+from engine.reading.pool import ReaderPool, default_size
+from engine.reading.video import read_video
+from engine.reading.pyav_video import decode_everything, read_file
 
 try:
     from .markdown import cell, table
@@ -94,15 +94,15 @@ SHORT_CLIP = {"seconds": 3.0, "fps": 8, "size": (320, 240)}
 
 
 def read_unbounded(path: Path, sampling: FrameSampling, readers: ReaderPool | None):
-    """The engine's `load_video` on `path` with the upload limits out of the way (the bench times reading,
+    """The engine's `read_video` on `path` with the upload limits out of the way (the bench times reading,
     not the checks): through the warm pool `readers`, or (None) a reader started for it."""
-    return load_video(path, sampling, max_seconds=3 * 3600, max_bytes=1 << 40, timeout_s=600, readers=readers)
+    return read_video(path, sampling, max_seconds=3 * 3600, max_bytes=1 << 40, timeout_s=600, readers=readers)
 
 
 def time_load_video(path: Path, sampling: FrameSampling, repeats: int,
                     readers: ReaderPool | None = None) -> tuple[list[float], list[float], object]:
     """(wall seconds, reader-process CPU seconds, one per timed run; the last SampledVideo) of the
-    engine's `load_video` on `path`: through the warm pool `readers`, or (None) with a reader started for
+    engine's `read_video` on `path`: through the warm pool `readers`, or (None) with a reader started for
     each run, as every upload was read before the pool. CPU seconds count only readers that ended (the
     ones started for a run; 0 through a warm pool); they are the steadier figure on a shared machine."""
     def once():
@@ -124,7 +124,7 @@ def time_load_video(path: Path, sampling: FrameSampling, repeats: int,
 
 def time_two_at_once(path: Path, sampling: FrameSampling, repeats: int,
                      readers: ReaderPool | None = None) -> list[float]:
-    """Wall seconds, one per timed run, until two `load_video` calls on `path` made at the same moment both
+    """Wall seconds, one per timed run, until two `read_video` calls on `path` made at the same moment both
     end: two users' long uploads in a burst, through the warm pool `readers` or (None) with a reader started
     for each, as before the pool."""
     def once() -> float:
@@ -252,13 +252,13 @@ def markdown(result: dict) -> str:
     ])
     total = result["total_frames"]
     rows = [
-        ["`load_video`, a reader started for the file (every upload before the pool; median)",
+        ["`read_video`, a reader started for the file (every upload before the pool; median)",
          cell(result["started_reader_s"]), cell(result["started_reader_cpu_s"]),
          f"{result['frames_decoded']} of {total}, {result['seeks']} seeks",
          f"runs {', '.join(cell(run) for run in result['started_reader_runs_s'])}"],
-        ["`load_video`, a warm pool of 1 reader (median)", cell(result["warm_one_reader_s"]), "—",
+        ["`read_video`, a warm pool of 1 reader (median)", cell(result["warm_one_reader_s"]), "—",
          f"{result['frames_decoded']} of {total}", f"runs {', '.join(cell(run) for run in result['warm_one_reader_runs_s'])}"],
-        [f"`load_video`, a warm pool of {result['warm_readers']} readers (median)", cell(result["warm_readers_s"]), "—",
+        [f"`read_video`, a warm pool of {result['warm_readers']} readers (median)", cell(result["warm_readers_s"]), "—",
          f"in {result['warm_readers_used']} segments at once",
          f"runs {', '.join(cell(run) for run in result['warm_readers_runs_s'])}"],
         ["two of the file at once, a reader started for each (median)", cell(result["two_started_readers_s"]), "—",

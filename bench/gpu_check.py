@@ -52,9 +52,9 @@ from bench.users import pipelined_ideal_s  # noqa: E402
 from bench.vit_timing import prepared_prompts, vit_forward_s  # noqa: E402
 from bench.workload import QUESTION  # noqa: E402
 from engine import Answer, Engine, EngineConfig, FrameSampling, GenerationParams  # noqa: E402
-from engine.errors import one_line  # noqa: E402
-from engine.hardware import probe_host  # noqa: E402
-from engine.memory_plan import GIB  # noqa: E402
+from engine.errors import one_line
+from engine.loading.device import probe_host
+from engine.memory.dims import GIB
 
 PRUNING_RATES = (0.0, 0.5, 0.7, 0.9)
 BURST_RATES = (0.0, 0.7)

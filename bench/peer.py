@@ -2,7 +2,7 @@
 
 One request at a time in submission order (concurrency 1): decode the sampled frames, run the HF processor,
 then `model.generate(..., streamer=TextIteratorStreamer)` on a thread while the caller reads the stream.
-Same weights and processor as the engine (`engine.loaded`), the same sampled frames (`engine.video.load_video`
+Same weights and processor as the engine (`engine.loaded`), the same sampled frames (`engine.reading.video.read_video`
 with the engine's sampling), the same prompt text and the same token budget with EOS ignored
 (min_new_tokens = max_new_tokens). No EVS: the peer's numbers hold for every q.
 """
@@ -14,8 +14,8 @@ from pathlib import Path
 from transformers import TextIteratorStreamer
 
 from engine import Engine, FrameSampling
-from engine.prompt import chat_text, processor_inputs
-from engine.video import load_video
+from engine.prompt.unpruned import chat_text, processor_inputs
+from engine.reading.video import read_video
 
 from .bursts import BurstRun, UserTiming
 from .workload import QUESTION
@@ -42,7 +42,7 @@ def answer(engine: Engine, clip: Path, sampling: FrameSampling, new_tokens: int,
            timeout_s: float = 600.0) -> tuple[str, FirstTokenStreamer]:
     """One request the stock way; returns the streamed text and the streamer (first-token time, tokens)."""
     loaded, config = engine.loaded, engine.config
-    video = load_video(clip, sampling, max_seconds=config.max_video_seconds, max_bytes=config.max_file_bytes,
+    video = read_video(clip, sampling, max_seconds=config.max_video_seconds, max_bytes=config.max_file_bytes,
                        timeout_s=config.read_timeout_s,
                        temporal_patch=engine.family.temporal_patch)
     text = chat_text(engine.family, engine.system_prompt, QUESTION, [])

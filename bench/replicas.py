@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from engine import Engine, EngineConfig
-from engine.video import file_sha256
+from engine.reading.video import file_sha256
 
 from .markdown import cell, table
 from .workload import FOLLOW_UP_QUESTION, FRAME_SAMPLING, FULL, QUESTION, QUICK, make_clips, params

@@ -8,7 +8,8 @@ import statistics
 from pathlib import Path
 
 from engine import Engine, FrameSampling
-from engine.scheduler import vision_chunks, vit_patch_budget
+from engine.config import vit_patch_budget
+from engine.scheduling.scheduler import vision_chunks
 
 from .markdown import table
 from .vit_timing import prepared_prompts, vit_forward_s

@@ -7,25 +7,25 @@ from pathlib import Path
 import torch
 
 from engine import Engine, FrameSampling
-from engine.prompt import PreparedPrompt, prepare_prompt
-from engine.video import load_video
+from engine.prompt.unpruned import UnprunedPrompt, unpruned_prompt
+from engine.reading.video import read_video
 
 
 def prepared_prompts(engine: Engine, clips: list[Path], sampling: FrameSampling,
-                     question: str) -> list[PreparedPrompt]:
+                     question: str) -> list[UnprunedPrompt]:
     """Each clip's frames sampled and run through the HF processor as the engine does, no size limits."""
     loaded = engine.loaded
     temporal_patch = loaded.model.config.vision_config.temporal_patch_size
     prompts = []
     for clip in clips:
-        video = load_video(clip, sampling, max_seconds=1e9, max_bytes=1 << 60, timeout_s=600,
+        video = read_video(clip, sampling, max_seconds=1e9, max_bytes=1 << 60, timeout_s=600,
                            temporal_patch=temporal_patch)
-        prompts.append(prepare_prompt(loaded, engine.family, video, question, [], engine.system_prompt,
+        prompts.append(unpruned_prompt(loaded, engine.family, video, question, [], engine.system_prompt,
                                       sampling.max_pixels_per_frame))
     return prompts
 
 
-def vit_forward_s(engine: Engine, prompts: list[PreparedPrompt]) -> float:
+def vit_forward_s(engine: Engine, prompts: list[UnprunedPrompt]) -> float:
     """Seconds of one vision-tower forward over every prompt's patches together (a prompt listed twice
     counts twice), waiting for the GPU to finish."""
     loaded = engine.loaded

@@ -1,4 +1,25 @@
-"""EVS Video Chat engine: video in, EVS-pruned prompt, batched streaming generation out."""
+"""EVS Video Chat engine: video in, EVS-pruned prompt, batched streaming generation out.
+
+The path of one request, by the types it passes through, and the room (sub-package) that owns each step:
+
+    upload (a path)
+      -> front/       checks the question and settings (checks.py); every way in uses the front door (door.py)
+      -> reading/     read in a reader process: SampledVideo (sampled frames, times, soundtrack)   [video.py]
+      -> prompt/      the HF processor's output as the UnprunedPrompt (token ids, MRoPE positions) [unpruned.py]
+                      -- the two steps above run on a prepare thread (prepare.py), before the GPU
+      -> scheduling/  a Request, moved QUEUED -> ENCODING -> PREFILLING -> DECODING -> FINISHED
+      -> worker/      the vision tower: VideoFeatures (vision.py; a family says how, families/)
+      -> prompt/      EVS keeps a mask of tokens: the PrunedPrompt, positions taken from the unpruned [pruned.py]
+      -> worker/      prefill and shared decode steps (runner.py) on the language model's state:
+      -> state/       LMState (KV and recurrent layers), in the DecodeBatch and the PrefixCache
+      -> worker/      token choice (token_choice.py), then events (events.py) onto the request's
+      -> Stream       status, the EVS picture, thinking and answer text, and the done event's stats
+
+Beside the path: memory/ plans how much fits on the device, loading/ picks the device and kernels and loads a
+model by name, checkpoints/ builds models without the Hub (tiny and random-weight ones). At the top of the
+package: the public names below and the small modules every room shares (config, errors, stats, stream, lru,
+detokenize). docs/architecture.md says the same at length.
+"""
 
 from .config import EngineConfig, FrameSampling, GenerationParams
 from .engine import Engine

@@ -20,14 +20,15 @@ import argparse
 import json
 import sys
 
+from .checkpoints.random_weights import UnknownCheckpoint
 from .config import GPU_FRAME_SAMPLING, EngineConfig, GenerationParams
 from .engine import Engine
 from .errors import InputError, one_line
-from .front_door import request_params
-from .memory_plan import GIB, InsufficientMemory, checkpoint_config, checkpoint_plan
-from .hardware import DeviceUnavailable
-from .models import ModelUnavailable, UnsupportedModel, describe_model, resolve_device
-from .random_checkpoints import UnknownCheckpoint
+from .front.door import request_params
+from .loading.device import DeviceUnavailable
+from .loading.load import ModelUnavailable, UnsupportedModel, describe_model, resolve_device
+from .memory.dims import GIB
+from .memory.plan import InsufficientMemory, checkpoint_config, checkpoint_plan
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

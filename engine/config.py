@@ -74,9 +74,18 @@ def frame_sampling_limits(device_type: str) -> FrameSamplingLimits:
     return GPU_FRAME_SAMPLING_LIMITS if device_type == "cuda" else CPU_FRAME_SAMPLING_LIMITS
 
 
+def vit_patch_budget(config, device_type: str) -> int:
+    """Patches (rows of pixel_values) in one vision forward: EngineConfig.vit_patch_budget, else 65,536 on a
+    GPU ("cuda"; one forward per burst pays, and the memory plan counts its activations) and 4,096 on a CPU
+    (where larger batches overflow the caches: EngineConfig says what was measured)."""
+    if config.vit_patch_budget is not None:
+        return config.vit_patch_budget
+    return 65536 if device_type == "cuda" else 4096
+
+
 DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
 
-# Video limits (EngineConfig fields; load_video's defaults). Length: 3 hours, as sampling caps the frames and
+# Video limits (EngineConfig fields; read_video's defaults). Length: 3 hours, as sampling caps the frames and
 # the decoder seeks, so a long video costs little more to read than a short one (bench/decoding.py). Frame
 # size as stored: DCI 4K (4096x2160, 8.8 megapixels) and UHD pass; 8K (33 megapixels a frame) is refused
 # before decoding, since each decoded frame alone is 50 MB and the decoder holds a dozen.

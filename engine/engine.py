@@ -4,14 +4,10 @@ import contextlib
 import itertools
 import logging
 import threading
-import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import torch
 
-from .audio_inputs import audio_token_count, soundtrack_rate_hz
-from .checks import check_markup, check_request, model_markup
 from .config import (
     DEFAULT_PRUNING_RATE,
     DEFAULT_SYSTEM_PROMPT,
@@ -22,50 +18,22 @@ from .config import (
     default_frame_sampling,
     frame_sampling_limits,
     video_tokens,
+    vit_patch_budget,
 )
 from .errors import QUEUE_FULL, RESTARTING, BusyError, InputError
-from .families import family_for, video_geometry
-from .lru import ByteLRU
-from .memory_plan import Plan, engine_plan
-from .metrics import Metrics
-from .models import load_model
-from .prompt import PreparedPrompt, prepare_prompt
-from .reader_pool import ReaderPool, default_size
-from .request import Request
-from .sampling import SplitDetokenizer
-from .scheduler import vit_patch_budget
-from .stream import Event, Stream
-from .video import SampledVideo, file_sha256, load_video
-from .worker import Worker
+from .families.registry import family_for, video_geometry
+from .front.checks import check_markup, check_request, model_markup
+from .front.metrics import Metrics
+from .loading.load import load_model
+from .memory.plan import Plan, engine_plan
+from .prepare import Preparer
+from .prompt.audio import audio_token_count, soundtrack_rate_hz
+from .reading.pool import ReaderPool, default_size
+from .scheduling.request import Request
+from .stream import Stream
+from .worker.loop import Worker
 
 log = logging.getLogger(__name__)
-
-NO_SOUNDTRACK = "the upload has no soundtrack"
-UNREADABLE_SOUNDTRACK = "the soundtrack could not be read; answering from the frames"
-
-
-def soundtrack_verdict(hears: bool, asked: bool | None, video: SampledVideo, prompt: PreparedPrompt) -> str:
-    """The `soundtrack` stat: "unsupported" (the model has no audio tower), "off" (the request turned it off),
-    "unreadable" (its stream did not decode), "none" (no audio stream, or one too short to hear), "cut" (only
-    its first max_soundtrack_seconds were heard) or "heard"."""
-    if not hears:
-        return "unsupported"
-    if asked is False:
-        return "off"
-    if video.soundtrack_status == "unreadable":
-        return "unreadable"
-    if prompt.audio is None:
-        return "none"
-    return "cut" if video.soundtrack.cut else "heard"
-
-
-def soundtrack_status_line(verdict: str, seconds: float) -> str | None:
-    """The status line of a request whose soundtrack was to be heard and was not, or not all of it (verdict:
-    soundtrack_verdict's; seconds: how much was heard); None otherwise."""
-    if verdict == "cut":
-        return f"heard the first {seconds:g} s of the soundtrack"
-    return {"none": NO_SOUNDTRACK, "unreadable": UNREADABLE_SOUNDTRACK}.get(verdict)
-
 
 def think_end_id(family, tokenizer) -> int | None:
     """The token that ends the model's thinking, or None when the model has no thinking switch."""
@@ -100,12 +68,7 @@ class Engine:
         self._admission = threading.BoundedSemaphore(self.config.max_queue)
         self._closed = False
         self._submit_lock = threading.Lock()  # a submit never races shutdown past the closed check
-        self._preparing = 0  # requests submitted and not yet handed to the worker
-        # The frame cache: sampled frames of recent uploads, so a follow-up question skips reading the file again.
-        self._frames = ByteLRU(self.config.frame_cache_bytes)
-        self._reading: dict[tuple, Future] = {}  # reads under way, by (digest, frame sampling, soundtrack read)
-        self._frames_lock = threading.Lock()
-        self._prepared = threading.Condition()
+        self._pause_lock = threading.Lock()
         self._pauses = 0  # paused() blocks open; admission is held while above 0
         device_type = self.loaded.device.type
         self._default_frame_sampling = self.config.frame_sampling or default_frame_sampling(device_type)
@@ -134,9 +97,11 @@ class Engine:
                                gpu_bytes=(lambda: torch.cuda.memory_allocated(self.loaded.device)) if cuda else None)
         # Started last, once nothing above can fail: the readers live until shutdown.
         self._readers = ReaderPool(self.config.video_readers or default_size())
-        # As many as there are readers (two at least: one hashes or runs the HF processor while another
-        # waits on a reader), so every reader can be busy.
-        self._prepare_pool = ThreadPoolExecutor(max_workers=max(2, self._readers.size), thread_name_prefix="evs-prepare")
+        self._preparer = Preparer(
+            self.loaded, self.family, self.config, self._readers, self._memory_plan,
+            system_prompt=self.system_prompt, hears=self._hears, soundtrack_rate_hz=self._soundtrack_rate_hz,
+            think_end=self._think_end, enqueue=self._worker.enqueue,
+        )
         self._worker.start()
 
     @property
@@ -214,7 +179,7 @@ class Engine:
     def queued_requests(self) -> int:
         """Submitted and not yet taken by the worker: being read, on their way to it, or waiting there.
         Read from other threads without a lock, so a scrape may be off by a request in motion."""
-        return self._preparing + self._worker.inbox.qsize() + len(self._worker.scheduler.waiting)
+        return self._preparer.preparing + self._worker.inbox.qsize() + len(self._worker.scheduler.waiting)
 
     def submit(
         self,
@@ -272,9 +237,7 @@ class Engine:
             admission=self._admission,
         )
         request.stats.pruning_rate = float(params.pruning_rate)
-        with self._prepared:
-            self._preparing += 1
-        self._prepare_pool.submit(self._prepare, request)
+        self._preparer.submit(request)
         return stream
 
     @contextlib.contextmanager
@@ -283,149 +246,23 @@ class Engine:
         is prepared, then let the worker take them all in one iteration (one ViT forward). Benchmarks
         and tests use it to make "simultaneous" exact; running requests keep decoding meanwhile.
         Pauses may overlap (two sweeps at once): admission resumes when the last one ends."""
-        with self._prepared:
+        with self._pause_lock:
             self._pauses += 1
             self._worker.admitting.clear()
         try:
             yield self
-            with self._prepared:
-                self._prepared.wait_for(lambda: self._preparing == 0, timeout_s)
+            self._preparer.wait_until_prepared(timeout_s)
         finally:
-            with self._prepared:
+            with self._pause_lock:
                 self._pauses -= 1
                 if self._pauses == 0:
                     self._worker.admitting.set()
-
-    def _prepare(self, request: Request) -> None:
-        """CPU work off the GPU thread: read the video's sampled frames (and soundtrack), run the HF processor."""
-        try:
-            self._prepare_request(request)
-        finally:
-            with self._prepared:
-                self._preparing -= 1
-                self._prepared.notify_all()
-
-    def _prepare_request(self, request: Request) -> None:
-        stream = request.stream
-        if stream.cancelled:  # dropped before any work: end it like a cancel in the queue
-            request.leave_queue()
-            stream.push(Event("done", stats=request.stats.as_dict()))
-            return
-        try:
-            stream.push(Event("status", "reading video"))
-            start = time.perf_counter()
-            sampling = request.frame_sampling
-            hear = self._hears and request.params.hear_soundtrack is not False
-            request.video, read_now = self._sampled_video(request.video_path, sampling, hear)
-            think_end = self._think_end if request.params.enable_thinking else None
-            request.prompt = prepare_prompt(
-                self.loaded,
-                self.family,
-                request.video,
-                request.question,
-                request.history,
-                self.system_prompt,
-                sampling.max_pixels_per_frame,
-                thinking=think_end is not None,
-                soundtrack=request.video.soundtrack if hear else None,
-            )
-            T, h, w = request.prompt.grid_thw
-            stats = request.stats
-            stats.soundtrack = soundtrack_verdict(self._hears, request.params.hear_soundtrack, request.video,
-                                                  request.prompt)
-            stats.audio_tokens = int(request.prompt.is_audio.sum())
-            stats.audio_seconds = request.video.soundtrack.seconds if request.prompt.audio is not None else 0.0
-            stats.read_video_s = time.perf_counter() - start
-            stats.read_wait_s = request.video.read_wait_s if read_now else 0.0
-            stats.read_s = request.video.read_s if read_now else 0.0
-            stats.frames_sampled = len(request.video.frames)
-            stats.sampled_fps = request.video.sampled_fps
-            stats.grid_thw, stats.video_tokens_total = [T, h, w], T * h * w
-            self._check_context(request.prompt.input_ids.numel(), T * h * w, request.params.max_new_tokens)
-            # Refused here, before the ViT, the KV cache or any device memory is touched.
-            self._memory_plan.check_request(T * h * w, request.prompt.input_ids.numel(), request.params.max_new_tokens)
-            request.detokenizer = SplitDetokenizer(self.loaded.processor.tokenizer, think_end)
-            request.generator = torch.Generator().manual_seed(request.params.seed)
-            stream.push(Event("status", f"read {stats.frames_sampled} frames at {stats.sampled_fps:.3g} fps"))
-            if line := soundtrack_status_line(stats.soundtrack, stats.audio_seconds):
-                stream.push(Event("status", line))
-            stream.push(Event("status", "waiting for the GPU"))
-            self._worker.enqueue(request)
-        except Exception as error:
-            if not isinstance(error, InputError):
-                log.exception("preparing request %d failed", request.id)
-                error = RuntimeError("Something went wrong while preparing the request; please try again.")
-            request.abort(error)
-
-    def _check_context(self, prompt_tokens: int, video_tokens: int, max_new_tokens: int) -> None:
-        """The whole prompt (counted before EVS, whose positions keep the unpruned length) and the answer
-        must fit the model's context."""
-        context = self.loaded.model.config.text_config.max_position_embeddings
-        if prompt_tokens + max_new_tokens > context:
-            raise InputError(
-                f"The video ({video_tokens:,} tokens), the conversation and up to {max_new_tokens:,} new tokens "
-                f"need {prompt_tokens + max_new_tokens:,} tokens, more than the model's context of {context:,}: "
-                "sample fewer frames or fewer pixels per frame, or start a new conversation.")
-
-    def _sampled_video(self, path: str, sampling, hear: bool) -> tuple[SampledVideo, bool]:
-        """(sampled frames of an upload, with its soundtrack when hear; whether they were read for this request),
-        shared: a recent read is reused, and two requests on the same bytes at once (compare mode, several
-        users) wait for one read instead of running two (both count it as theirs). A read with the soundtrack
-        also serves a request without it (the frames are the same); one without serves only its like, so a
-        request that does not hear has no soundtrack decoded for it (up to 600 s of one)."""
-        file = Path(path)
-        hashable = file.is_file() and file.stat().st_size <= self.config.max_file_bytes
-        if not hashable:  # load_video says what is wrong with it
-            return self._load_video(path, sampling, None, hear), True
-        key = (file_sha256(path), sampling, hear)
-        serving = [key] if hear else [key, (key[0], sampling, True)]
-        with self._frames_lock:
-            video = next((found for k in serving if (found := self._frames.get(k)) is not None), None)
-            pending = next((self._reading[k] for k in serving if k in self._reading), None)
-            owner = video is None and pending is None
-            if owner:
-                pending = self._reading[key] = Future()
-        if video is not None:
-            return video, False
-        if not owner:
-            return pending.result(), True
-        try:
-            video = self._load_video(path, sampling, key[0], hear)
-            with self._frames_lock:
-                self._frames.put(key, video, video.nbytes)
-                if hear:  # it serves requests without the soundtrack too: the same frames need not stay twice
-                    self._frames.pop((key[0], sampling, False))
-            pending.set_result(video)
-            return video, True
-        except BaseException as error:
-            pending.set_exception(error)
-            raise
-        finally:
-            with self._frames_lock:
-                del self._reading[key]
-
-    def _load_video(self, path: str, sampling, digest: str | None, hear: bool) -> SampledVideo:
-        config = self.config
-        return load_video(
-            path,
-            sampling,
-            max_seconds=config.max_video_seconds,
-            max_bytes=config.max_file_bytes,
-            timeout_s=config.read_timeout_s,
-            temporal_patch=self.family.temporal_patch,
-            content_hash=digest,
-            max_source_pixels=config.max_video_source_pixels,
-            memory_bytes=config.read_memory_bytes,
-            readers=self._readers,
-            soundtrack_rate_hz=self._soundtrack_rate_hz if hear else None,
-            max_soundtrack_seconds=config.max_soundtrack_seconds,
-        )
 
     def shutdown(self) -> None:
         """Stop taking requests, let accepted ones reach the worker, then end every stream still open."""
         with self._submit_lock:
             self._closed = True
-        self._prepare_pool.shutdown(wait=True)
+        self._preparer.shutdown()
         self._readers.shutdown()
         self._worker.stop()
         self._worker.join(timeout=30)

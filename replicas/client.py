@@ -30,11 +30,11 @@ from ray import serve
 from ray.exceptions import RayActorError
 from ray.serve.exceptions import RequestCancelledError
 
-from engine.checks import check_request
+from engine.front.checks import check_request
 from engine.config import EngineConfig, FrameSampling, FrameSamplingLimits, GenerationParams
 from engine.errors import QUEUE_FULL, RESTARTING, SERVER_FAULT, SHUTTING_DOWN, BusyError, InputError
-from engine.memory_plan import Plan
-from engine.metrics import Metrics
+from engine.memory.plan import Plan
+from engine.front.metrics import Metrics
 from engine.stats import Stats
 from engine.stream import Event, Stream
 

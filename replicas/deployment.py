@@ -21,7 +21,7 @@ from ray.serve.config import RequestRouterConfig
 from ray.serve.schema import LoggingConfig
 
 from engine import Engine, EngineConfig
-from engine.front_door import cancel_unfinished, merged, request_params
+from engine.front.door import cancel_unfinished, merged, request_params
 from engine.stream import Stream
 
 from .router import VideoAffinityRouter

@@ -1,6 +1,6 @@
 """How an upload reaches the replica that answers: its path on one machine, its bytes across machines.
 
-Client side (`VideoSender`): the routing key is the file's sha256 (engine.video.file_sha256), computed
+Client side (`VideoSender`): the routing key is the file's sha256 (engine.reading.video.file_sha256), computed
 once per (path, size, modification time). Across machines a path means nothing on the replica's node,
 so the bytes go through Ray's object store, put once per digest and kept in a byte-bounded LRU so a
 follow-up question does not upload the video again; the upload limit bounds each put.
@@ -19,7 +19,7 @@ import ray
 
 from engine.errors import NO_VIDEO, InputError
 from engine.lru import ByteLRU
-from engine.video import size_pair, file_sha256
+from engine.reading.video import size_pair, file_sha256
 
 
 class VideoSender:

@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 
 from assets.clips import write_clip
-from engine.families import family_for
-from engine.models import load_model
+from engine.families.registry import family_for
+from engine.loading.load import load_model
 
 
 @pytest.fixture(scope="session")

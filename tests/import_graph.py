@@ -7,7 +7,9 @@ of it that docs/architecture.md carries between its import-table markers.
 Every import counts, at module level or inside a function (a lazy import still ties the two modules).
 A relative import is resolved against its package. `from package import name` is an edge to the submodule
 `package.name` when there is one, otherwise to the package's `__init__.py`; `import a.b` is an edge to
-`a.b`. Modules are named as Python names them: `engine.video`, `engine` for engine/__init__.py, `app`.
+`a.b`. Modules are named as Python names them: `engine.reading.video`, `engine` for engine/__init__.py, `app`.
+An import under `if TYPE_CHECKING:` ties two modules of the project all the same (layering and cycles count
+it), but a third-party package imported there alone never loads: it is listed apart, as "for annotations".
 """
 
 import argparse
@@ -31,14 +33,15 @@ class Graph:
     files: dict[str, str]
     internal: dict[str, set[str]]
     external: dict[str, set[str]]
+    annotations: dict[str, set[str]]  # third-party packages imported under TYPE_CHECKING only
 
 
 def read_graph(root: Path = ROOT) -> Graph:
     files = _project_files(root)
-    internal, external = {}, {}
+    internal, external, annotations = {}, {}, {}
     for module, path in files.items():
-        internal[module], external[module] = _imports(module, root / path, files)
-    return Graph(files, internal, external)
+        internal[module], external[module], annotations[module] = _imports(module, root / path, files)
+    return Graph(files, internal, external, annotations)
 
 
 def _project_files(root: Path) -> dict[str, str]:
@@ -54,11 +57,12 @@ def _project_files(root: Path) -> dict[str, str]:
     return files
 
 
-def _imports(module: str, path: Path, files: dict[str, str]) -> tuple[set[str], set[str]]:
+def _imports(module: str, path: Path, files: dict[str, str]) -> tuple[set[str], set[str], set[str]]:
+    """(project modules, third-party packages at run time, third-party packages for annotations only)."""
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    internal, external = set(), set()
+    internal, external, typing_only = set(), set(), set()
 
-    def add(name: str) -> None:
+    def add(name: str, for_types: bool) -> None:
         top = name.partition(".")[0]
         if top in TOP_LEVEL:
             while name not in files and "." in name:  # `import a.b.missing` still runs a.b
@@ -66,12 +70,12 @@ def _imports(module: str, path: Path, files: dict[str, str]) -> tuple[set[str], 
             if name in files and name != module:
                 internal.add(name)
         elif top not in sys.stdlib_module_names:
-            external.add(top)
+            (typing_only if for_types else external).add(top)
 
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    def visit(node: ast.AST, for_types: bool) -> None:
         if isinstance(node, ast.Import):
             for alias in node.names:
-                add(alias.name)
+                add(alias.name, for_types)
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
@@ -79,8 +83,24 @@ def _imports(module: str, path: Path, files: dict[str, str]) -> tuple[set[str], 
                 base = ".".join(anchor + ([base] if base else []))
             for alias in node.names:
                 submodule = f"{base}.{alias.name}"
-                add(submodule if submodule in files else base)
-    return internal, external
+                add(submodule if submodule in files else base, for_types)
+        elif isinstance(node, ast.If) and _is_type_checking(node.test):
+            for child in node.body:
+                visit(child, True)
+            for child in node.orelse:
+                visit(child, for_types)
+            return
+        for child in ast.iter_child_nodes(node):
+            visit(child, for_types)
+
+    visit(ast.parse(path.read_text(), str(path)), False)
+    return internal, external, typing_only - external
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    """`TYPE_CHECKING` or `typing.TYPE_CHECKING`."""
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
 def cycles(graph: Graph) -> list[list[str]]:
@@ -145,7 +165,8 @@ def table(graph: Graph) -> str:
     lines = ["| module | imports of the project | third-party imports |", "|---|---|---|"]
     for module, path in sorted(graph.files.items(), key=lambda item: item[1]):
         internal = ", ".join(f"`{name}`" for name in sorted(graph.internal[module])) or "—"
-        external = ", ".join(f"`{name}`" for name in sorted(graph.external[module])) or "—"
+        external = ", ".join([*(f"`{name}`" for name in sorted(graph.external[module])),
+                              *(f"`{name}` (annotations)" for name in sorted(graph.annotations[module]))]) or "—"
         lines.append(f"| `{path}` | {internal} | {external} |")
     return "\n".join(lines) + "\n"
 

@@ -1,7 +1,7 @@
 """Reader processes as the tests see them: this process's children that are video readers, and readers
 that misbehave on purpose.
 
-`faulty_program()` is engine/reader_pool.py's READER_PROGRAM with engine.video_reader._read wrapped, so
+`faulty_program()` is engine/reading/pool.py's READER_PROGRAM with engine.reading.reader_process._read wrapped, so
 that a reader, before reading a file, looks at its name:
 - `hang_*`: writes a marker with its pid (`<file>.child`), then sleeps for an hour (a decoder stuck on a
   malformed file);
@@ -21,12 +21,12 @@ in a reader (the tests fail on a missing marker if the seam moves, or here if RE
 import os
 from pathlib import Path
 
-from engine import reader_pool
+from engine.reading import pool as reader_pool
 
 FAULTS = '''
 import os as _os, signal as _signal, time as _time
 import av as _av
-import engine.video_reader as _reader
+import engine.reading.reader_process as _reader
 _real_read = _reader._read
 _real_read_soundtrack = _reader.read_soundtrack
 
@@ -62,7 +62,7 @@ def _faulty_read_soundtrack(path, rate_hz, max_seconds):
 _reader._read = _faulty_read
 _reader.read_soundtrack = _faulty_read_soundtrack
 '''
-_ANCHOR = "from engine.video_reader import serve\n"
+_ANCHOR = "from engine.reading.reader_process import serve\n"
 
 
 def faulty_program() -> str:
@@ -85,7 +85,7 @@ def reader_children(parent: int | None = None) -> set[int]:
         except OSError:
             continue  # ended meanwhile
         alive = fields.get("State", "").strip()[:1] != "Z"
-        if alive and int(fields.get("PPid", "0").strip()) == parent and b"video_reader" in cmdline:
+        if alive and int(fields.get("PPid", "0").strip()) == parent and b"reader_process" in cmdline:
             found.add(int(status.parent.name))
     return found
 

@@ -17,9 +17,9 @@ import pytest
 from huggingface_hub.errors import GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError
 
 import app
-from engine.hardware import MIN_DRIVER_FOR_CUDA_MAJOR
-from engine.memory_plan import InsufficientMemory
-from engine.models import ModelUnavailable, UnsupportedModel
+from engine.loading.device import MIN_DRIVER_FOR_CUDA_MAJOR
+from engine.memory.plan import InsufficientMemory
+from engine.loading.load import ModelUnavailable, UnsupportedModel
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "Qwen/Qwen3-VL-4B-Instruct"
@@ -268,7 +268,7 @@ HUB_MESSAGE = ("We couldn't connect to 'https://huggingface.co' to load the file
 
 
 def chained(*errors: BaseException) -> BaseException:
-    """The first of `errors` raised from the second, that from the third, ... as engine.models raises
+    """The first of `errors` raised from the second, that from the third, ... as engine.loading.load raises
     ModelUnavailable from the Hub client's errors."""
     for outer, inner in zip(errors, errors[1:]):
         outer.__cause__ = inner

@@ -1,9 +1,9 @@
-"""The vision towers on torch's varlen kernel (engine.attention): the same features as sdpa, one kernel call
+"""The vision towers on torch's varlen kernel (engine.loading.kernels): the same features as sdpa, one kernel call
 per layer for a whole batch of videos where sdpa makes one per frame group (or window), the language model
 left on sdpa, and the per-device kernel choice.
 
 varlen_attn runs on CUDA only, so on CPU a pure-torch reference of what it computes stands in for it
-through `engine.attention.kernel`.
+through `engine.loading.kernels.kernel`.
 """
 
 import logging
@@ -12,11 +12,11 @@ import math
 import pytest
 import torch
 
-from engine import attention, models
+from engine.loading import kernels, load
 from engine.config import FrameSampling
-from engine.models import _pick_attention, load_model
-from engine.prompt import prepare_prompt
-from engine.video import load_video
+from engine.loading.load import _pick_attention, load_model
+from engine.prompt.unpruned import unpruned_prompt
+from engine.reading.video import read_video
 
 MODELS = ["tiny-random", "tiny-random-qwen2.5-vl"]  # Qwen3-VL (DeepStack), Qwen2.5-VL (windowed blocks)
 PIXELS = 224 * 224
@@ -46,7 +46,7 @@ def kernel_calls(monkeypatch) -> list[dict]:
         calls.append({"tokens": q.shape[0], "segments": cu_seq_q.numel() - 1})
         return reference_varlen(q, k, v, cu_seq_q, cu_seq_k, max_q, max_k, scale)
 
-    monkeypatch.setattr(attention, "kernel", counted)
+    monkeypatch.setattr(kernels, "kernel", counted)
     return calls
 
 
@@ -73,7 +73,7 @@ def varlen_models(tiny_cache_dir):
     def get(name):
         if name not in loaded:
             with pytest.MonkeyPatch.context() as patch:
-                patch.setattr(models, "_pick_attention", lambda device, dtype: attention.TORCH_VARLEN)
+                patch.setattr(load, "_pick_attention", lambda device, dtype: kernels.TORCH_VARLEN)
                 loaded[name] = load_model(name, "cpu", tiny_cache_dir)
         return loaded[name]
 
@@ -90,7 +90,7 @@ def batch(clip):
         ("scene_cut", 1.0, (96, 128), 2.0, 2),
     ]
     sampled = [
-        load_video(
+        read_video(
             clip(kind, seconds=seconds, fps=8, size=size),
             FrameSampling(fps=fps, max_frames=frames, max_pixels_per_frame=PIXELS),
             max_seconds=60,
@@ -101,7 +101,7 @@ def batch(clip):
     ]
 
     def get(loaded, family):
-        prompts = [prepare_prompt(loaded, family, video, "What moves?", [], "", PIXELS) for video in sampled]
+        prompts = [unpruned_prompt(loaded, family, video, "What moves?", [], "", PIXELS) for video in sampled]
         grids = torch.stack([p.grid_thw_patches for p in prompts])
         assert len({tuple(g.tolist()) for g in grids}) == len(prompts)  # really different sizes
         return torch.cat([p.pixel_values for p in prompts]), grids
@@ -165,11 +165,11 @@ def test_varlen_is_one_call_per_layer_sdpa_one_per_segment(
 def test_varlen_is_the_vision_towers_only(name, varlen_models):
     loaded = varlen_models(name)
     config = loaded.model.config
-    assert loaded.attn_implementation == attention.TORCH_VARLEN
+    assert loaded.attn_implementation == kernels.TORCH_VARLEN
     # What Engine.model_info reports as attn_vision / attn_text.
-    assert config.vision_config._attn_implementation == attention.TORCH_VARLEN
+    assert config.vision_config._attn_implementation == kernels.TORCH_VARLEN
     assert config.text_config._attn_implementation == "sdpa"
-    assert loaded.model.model.visual.config._attn_implementation == attention.TORCH_VARLEN
+    assert loaded.model.model.visual.config._attn_implementation == kernels.TORCH_VARLEN
     assert loaded.model.model.language_model.config._attn_implementation == "sdpa"
 
 
@@ -178,7 +178,7 @@ def test_real_kernel_is_called_with_its_signature():
     binds to the real op and gives (T, H, D) back, without a GPU."""
     q, k, v = (torch.empty(10, 2, 8, device="meta") for _ in range(3))
     cu = torch.tensor([0, 4, 10], dtype=torch.int32, device="meta")
-    out = attention._torch_varlen_kernel(q, k, v, cu, cu, 6, 6, 0.25)
+    out = kernels._torch_varlen_kernel(q, k, v, cu, cu, 6, 6, 0.25)
     assert out.shape == (10, 2, 8) and out.device.type == "meta"
 
 
@@ -195,7 +195,7 @@ def test_varlen_refuses_what_it_does_not_compute(misuse, kernel_calls):
     cu = torch.tensor([0, 4], dtype=torch.int32)
     kwargs = dict(attention_mask=None, scaling=0.5, cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=4, max_length_k=4)
     with pytest.raises(ValueError):
-        attention.varlen_attention_forward(None, q, q, q, **{**kwargs, **misuse})
+        kernels.varlen_attention_forward(None, q, q, q, **{**kwargs, **misuse})
     assert kernel_calls == []
 
 
@@ -211,26 +211,26 @@ CUDA = torch.device("cuda")
         (CUDA, torch.bfloat16, (7, 5), True, True, "sdpa"),  # pre-Ampere
         (CUDA, torch.bfloat16, (9, 0), True, True, "flash_attention_2"),
         (CUDA, torch.float16, (8, 0), True, False, "flash_attention_2"),
-        (CUDA, torch.bfloat16, (9, 0), False, True, attention.TORCH_VARLEN),
-        (CUDA, torch.float16, (8, 0), False, True, attention.TORCH_VARLEN),
+        (CUDA, torch.bfloat16, (9, 0), False, True, kernels.TORCH_VARLEN),
+        (CUDA, torch.float16, (8, 0), False, True, kernels.TORCH_VARLEN),
         (CUDA, torch.bfloat16, (9, 0), False, False, "sdpa"),  # a torch without varlen_attn
     ],
 )
 def test_pick_attention(device, dtype, capability, flash_attn, varlen, expected, monkeypatch, caplog):
     # Scoped fakes: restored after the test, and a CPU device never asks for the capability.
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
-    monkeypatch.setattr(models, "_flash_attn_importable", lambda: flash_attn)
-    monkeypatch.setattr(attention, "torch_varlen_available", lambda: varlen)
-    with caplog.at_level(logging.INFO, logger="engine.models"):
+    monkeypatch.setattr(load, "_flash_attn_importable", lambda: flash_attn)
+    monkeypatch.setattr(kernels, "torch_varlen_available", lambda: varlen)
+    with caplog.at_level(logging.INFO, logger="engine.loading.load"):
         assert _pick_attention(device, dtype) == expected
     assert [r.getMessage().split(" ")[1] for r in caplog.records] == [expected]
 
 
 def test_built_implementation_keeps_the_language_model_off_varlen():
-    assert attention.built_implementation(attention.TORCH_VARLEN) == "sdpa"
-    assert attention.built_implementation("flash_attention_2") == "flash_attention_2"
-    assert attention.built_implementation("sdpa") == "sdpa"
-    assert attention.torch_varlen_available()  # torch 2.14 ships it; the GPU path depends on it
+    assert kernels.built_implementation(kernels.TORCH_VARLEN) == "sdpa"
+    assert kernels.built_implementation("flash_attention_2") == "flash_attention_2"
+    assert kernels.built_implementation("sdpa") == "sdpa"
+    assert kernels.torch_varlen_available()  # torch 2.14 ships it; the GPU path depends on it
 
 
 def test_the_cpu_environment_keeps_the_linear_attention_kernels_out():
@@ -239,12 +239,12 @@ def test_the_cpu_environment_keeps_the_linear_attention_kernels_out():
     import importlib.util
 
     assert importlib.util.find_spec("fla") is None and importlib.util.find_spec("causal_conv1d") is None
-    assert attention.linear_attention_kernels(torch.device("cpu")) == "delta rule torch, short convolution torch"
+    assert kernels.linear_attention_kernels(torch.device("cpu")) == "delta rule torch, short convolution torch"
 
 
 def test_the_linear_attention_kernels_are_named_as_transformers_picks_them(monkeypatch):
     importable = {"fla"}
-    monkeypatch.setattr(attention, "_importable", lambda module: module in importable)
-    assert attention.linear_attention_kernels(torch.device("cuda")) == (
+    monkeypatch.setattr(kernels, "_importable", lambda module: module in importable)
+    assert kernels.linear_attention_kernels(torch.device("cuda")) == (
         "delta rule flash-linear-attention (Triton), short convolution torch")
-    assert attention.linear_attention_kernels(torch.device("cpu")).endswith("these kernels need CUDA tensors")
+    assert kernels.linear_attention_kernels(torch.device("cpu")).endswith("these kernels need CUDA tensors")

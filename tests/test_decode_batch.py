@@ -3,8 +3,8 @@
 
 import torch
 
-from engine.decode_batch import DecodeBatch
-from engine.lm_state import ATTENTION, KV, GrowingLayer, LMState, cache_of, new_cache, state_of
+from engine.state.decode_batch import DecodeBatch
+from engine.state.lm_state import ATTENTION, KV, GrowingLayer, LMState, cache_of, new_cache, state_of
 
 
 def cache_from_tensors(tensors):
@@ -75,7 +75,7 @@ def test_rows_of_different_lengths_keep_their_own_kv_when_others_leave():
 
 
 def test_prefix_cache_reuses_the_longest_shared_start():
-    from engine.prefix_cache import PrefixCache
+    from engine.state.prefix_cache import PrefixCache
 
     cache = PrefixCache(max_bytes=1 << 20)
     stored_ids = torch.tensor([1, 2, 3, 4, 5, 6])

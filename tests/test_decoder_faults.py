@@ -9,8 +9,8 @@ the engine starts), which misbehave on files named `hang_*`, `crash_*`, `hungry_
 and read anything else for real.
 
 The hang, the crash and the memory each go to the engine together with a normal request on another clip.
-What must hold: the faulty request ends with its own one-sentence error (engine.video.TOO_SLOW after the
-timeout, engine.video.UNREADABLE for the crash, engine.video.OUT_OF_MEMORY past the cap); the normal one
+What must hold: the faulty request ends with its own one-sentence error (engine.reading.video.TOO_SLOW after the
+timeout, engine.reading.video.UNREADABLE for the crash, engine.reading.video.OUT_OF_MEMORY past the cap); the normal one
 completes with its answer, without waiting for the hang; the faulty reader is killed and reaped; the
 pool is back to its size with warm readers, none of them the faulty one, and the next upload is read
 without waiting for a reader to start; the engine ends with no running request and keeps serving; no
@@ -23,9 +23,10 @@ from pathlib import Path
 
 import pytest
 
-import engine.video as video
-from engine import Engine, EngineConfig, GenerationParams, STATS_KEYS, reader_pool
-from engine.engine import UNREADABLE_SOUNDTRACK
+import engine.reading.video as video
+from engine import Engine, EngineConfig, GenerationParams, STATS_KEYS
+from engine.reading import pool as reader_pool
+from engine.prepare import UNREADABLE_SOUNDTRACK
 from engine.errors import InputError
 
 from app_harness import wait_until

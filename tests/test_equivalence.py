@@ -6,10 +6,10 @@ import torch
 
 from engine import Engine, EngineConfig, GenerationParams
 from engine.config import FrameSampling
-from engine.lm import LMInput, embed_prompt, lm_logits
-from engine.prompt import chat_text, processor_inputs, prepare_prompt
-from engine.pruning import prune_prompt
-from engine.video import load_video
+from engine.worker.lm import LMInput, embed_prompt, lm_logits
+from engine.prompt.unpruned import chat_text, processor_inputs, unpruned_prompt
+from engine.prompt.pruned import prune_prompt
+from engine.reading.video import read_video
 
 SYSTEM = "You are a helpful assistant."
 QUESTION = "What moves?"
@@ -21,7 +21,7 @@ MODELS = ["tiny-random", "tiny-random-qwen2.5-vl"]
 
 
 def sampled(path):
-    return load_video(path, FRAME_SAMPLING, max_seconds=60, max_bytes=10**8, timeout_s=60)
+    return read_video(path, FRAME_SAMPLING, max_seconds=60, max_bytes=10**8, timeout_s=60)
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -72,7 +72,7 @@ def pruned_logits(loaded, family, pruned):
 @pytest.mark.parametrize("name", MODELS)
 def test_pruned_logits_equal_masked_full_sequence(name, tiny_models, clip):
     loaded, family = tiny_models(name)
-    prompt = prepare_prompt(
+    prompt = unpruned_prompt(
         loaded, family, sampled(clip("moving_object", seconds=2.0, size=(224, 224))), QUESTION, [], SYSTEM, 224 * 224
     )
     with torch.inference_mode():
@@ -90,7 +90,7 @@ def test_pruned_logits_equal_masked_full_sequence(name, tiny_models, clip):
 def test_deepstack_reaches_the_pruned_path(tiny_models, clip):
     """Dropping DeepStack changes the logits, so the equivalence above covers it."""
     loaded, family = tiny_models("tiny-random")
-    prompt = prepare_prompt(
+    prompt = unpruned_prompt(
         loaded, family, sampled(clip("moving_object", seconds=2.0, size=(224, 224))), QUESTION, [], SYSTEM, 224 * 224
     )
     with torch.inference_mode():

@@ -16,10 +16,10 @@ from mcp import ClientSession
 from mcp.client.streamable_http import streamablehttp_client
 
 from engine import Engine, GenerationParams
-from engine.checks import check_params
+from engine.front.checks import check_params
 from engine.errors import BAD_HISTORY, BAD_NUMBERS, NO_VIDEO, InputError
-from engine.front_door import defaults, history_pairs, merged, request_params
-from engine.serving import Serving
+from engine.front.door import defaults, history_pairs, merged, request_params
+from engine.front.serving import Serving
 from engine.stream import Event, Stream
 from ui.handlers import Handlers
 

@@ -10,7 +10,7 @@ import stat
 import pytest
 import torch
 
-from engine.hardware import (
+from engine.loading.device import (
     DeviceUnavailable,
     HostReport,
     _parse_driver_version,
@@ -144,7 +144,7 @@ def test_a_gpu_index_past_the_last_gpu_is_refused():
 
 
 def test_the_engine_refuses_cuda_here_before_loading_anything(tmp_path):
-    from engine.models import load_model
+    from engine.loading.load import load_model
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a usable GPU")

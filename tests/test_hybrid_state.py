@@ -14,11 +14,11 @@ from app_harness import wait_until
 from batched_rows import answered_in_one_batch
 from engine import Engine, EngineConfig, GenerationParams
 from engine.config import FrameSampling
-from engine.decode_batch import DecodeBatch
-from engine.lm_state import KV, LMState, Recurrent, cache_of, new_cache, state_of
-from engine.prefix_cache import PrefixCache
-from engine.prompt import chat_text, prepare_prompt, processor_inputs
-from engine.video import load_video
+from engine.state.decode_batch import DecodeBatch
+from engine.state.lm_state import KV, LMState, Recurrent, cache_of, new_cache, state_of
+from engine.state.prefix_cache import PrefixCache
+from engine.prompt.unpruned import chat_text, unpruned_prompt, processor_inputs
+from engine.reading.video import read_video
 
 DENSE, MOE = "tiny-random-qwen3.5", "tiny-random-qwen3.5-moe"
 FRAME_SAMPLING = FrameSampling(fps=4.0, max_frames=8, max_pixels_per_frame=160 * 128)
@@ -64,7 +64,7 @@ def alone(tiny_cache_dir, videos):
 @pytest.mark.parametrize("name", [DENSE, MOE])
 def test_q0_equals_stock_generate(name, tiny_models, tiny_cache_dir, videos):
     loaded, family = tiny_models(name)
-    video = load_video(videos[0], FRAME_SAMPLING, max_seconds=60, max_bytes=10**8, timeout_s=60)
+    video = read_video(videos[0], FRAME_SAMPLING, max_seconds=60, max_bytes=10**8, timeout_s=60)
     inputs = processor_inputs(loaded, video, chat_text(family, SYSTEM, "What moves?", []),
                               FRAME_SAMPLING.max_pixels_per_frame)
     with torch.inference_mode():
@@ -198,8 +198,8 @@ def test_pruned_equals_the_stock_model_on_the_compacted_sequence(name, tiny_mode
     gave, teacher-forced: its logits at each answer step must be the engine's (its argmax, the engine's
     tokens, for the MoE model)."""
     loaded, family = tiny_models(name)
-    video = load_video(videos[0], FRAME_SAMPLING, max_seconds=60, max_bytes=10**8, timeout_s=60)
-    prompt = prepare_prompt(loaded, family, video, "What moves?", [], SYSTEM, FRAME_SAMPLING.max_pixels_per_frame)
+    video = read_video(videos[0], FRAME_SAMPLING, max_seconds=60, max_bytes=10**8, timeout_s=60)
+    prompt = unpruned_prompt(loaded, family, video, "What moves?", [], SYSTEM, FRAME_SAMPLING.max_pixels_per_frame)
     with make_engine(name, tiny_cache_dir) as engine:
         answer = engine.submit(videos[0], "What moves?", params(0.5)).result(120)
     with torch.inference_mode():

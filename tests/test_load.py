@@ -42,8 +42,8 @@ import ui.layout
 from app_harness import launched_app, outcomes, scrape_metrics, wait_until
 from reader_processes import reader_children
 from engine import STATS_KEYS
-from engine.reader_pool import default_size
-from engine.request import Request
+from engine.reading.pool import default_size
+from engine.scheduling.request import Request
 
 USERS = 16
 ROUNDS = 3

@@ -24,13 +24,13 @@ from engine.config import (
     video_tokens,
 )
 from engine.__main__ import main as engine_main
-from engine.audio_inputs import audio_token_count
-from engine.frame_sampling import sample_frame_indices
-from engine.memory_plan import (GIB, InsufficientMemory, ModelDims, PlanSettings, checkpoint_audio_tokens,
-                                plan_memory)
-from engine.models import sized_processor
-from engine.random_checkpoints import checkpoint_spec, spec_config, spec_processor
-from engine.tiny import build_tokenizer
+from engine.prompt.audio import audio_token_count
+from engine.reading.frame_sampling import sample_frame_indices
+from engine.memory.dims import GIB, ModelDims
+from engine.families.registry import family_for
+from engine.memory.plan import InsufficientMemory, PlanSettings, checkpoint_audio_tokens, plan_memory
+from engine.checkpoints.random_weights import checkpoint_spec, spec_config, spec_processor
+from engine.checkpoints.tokenizer import build_tokenizer
 
 QWEN3_4B = "Qwen/Qwen3-VL-4B-Instruct"
 QWEN35_9B = "Qwen/Qwen3.5-9B"
@@ -100,9 +100,9 @@ def test_the_checkpoints_own_processor_agrees_with_the_token_arithmetic(checkpoi
         frames = np.zeros((4, height, width, 3), np.uint8)
         metadata = VideoMetadata(total_num_frames=4, fps=2.0, frames_indices=[0, 1, 2, 3], duration=2.0,
                                  height=height, width=width)
+        size_kwargs = family_for(loaded.model).sized_processor(processor, 4, GPU_FRAME_SAMPLING.max_pixels_per_frame)[1]
         out = processor.video_processor(videos=[frames], video_metadata=[metadata], do_sample_frames=False,
-                                        return_tensors="pt",
-                                        **sized_processor(loaded, 4, GPU_FRAME_SAMPLING.max_pixels_per_frame)[1])
+                                        return_tensors="pt", **size_kwargs)
         groups, h, w = out["video_grid_thw"][0].tolist()
         assert groups == 2 and (h // merge) * (w // merge) <= per_group
         if height == width:
@@ -186,16 +186,16 @@ def test_too_little_memory_serves_one_smaller_request_at_a_time(qwen3_4b):
     starved = plan_memory(qwen3_4b, 1 * GIB, settings())  # less than the caches' own bounds
     assert starved.max_running == 1 and starved.max_video_tokens == 0
     with pytest.raises(InputError, match="fewer frames or fewer pixels per frame"):
-        starved.check_request(video_tokens=4, prompt_tokens=40, max_new_tokens=8)
+        starved.check_fits(video_tokens=4, prompt_tokens=40, max_new_tokens=8)
 
 
 def test_the_refusals_say_what_to_lower(qwen3_4b):
     plan = plan_memory(qwen3_4b, 40 * GIB, settings())
-    plan.check_request(video_tokens=12_544, prompt_tokens=13_300, max_new_tokens=1024)  # fits: no error
+    plan.check_fits(video_tokens=12_544, prompt_tokens=13_300, max_new_tokens=1024)  # fits: no error
     with pytest.raises(InputError, match=r"12,545 video tokens.*choose fewer frames or fewer pixels per frame\.$"):
-        plan.check_request(video_tokens=12_545, prompt_tokens=13_000, max_new_tokens=16)
+        plan.check_fits(video_tokens=12_545, prompt_tokens=13_000, max_new_tokens=16)
     with pytest.raises(InputError, match="ask for fewer new tokens, start a new conversation"):
-        plan.check_request(video_tokens=12_544, prompt_tokens=14_000, max_new_tokens=4096)
+        plan.check_fits(video_tokens=12_544, prompt_tokens=14_000, max_new_tokens=4096)
 
 
 # --- hybrid models (Qwen3.5 / 3.6) and mixtures of experts ---------------------------------------
@@ -368,7 +368,7 @@ def test_a_cpu_engine_has_no_memory_plan_and_the_cpu_defaults(tiny_cache_dir):
         assert engine.frame_sampling_limits == CPU_FRAME_SAMPLING_LIMITS
         plan = engine.memory_plan
         assert not plan.bounded and plan.max_video_tokens is None and plan.max_running == 16
-        plan.check_request(video_tokens=10**9, prompt_tokens=10**9, max_new_tokens=4096)  # never refuses
+        plan.check_fits(video_tokens=10**9, prompt_tokens=10**9, max_new_tokens=4096)  # never refuses
         assert "memory plan: none" in plan.summary()
 
 

@@ -11,14 +11,9 @@ from safetensors.torch import load_file
 from transformers import Qwen2Config, Qwen2_5_VLProcessor, Qwen3VLProcessor
 from transformers.video_utils import VideoMetadata
 
-from engine import tiny
-from engine.models import (
-    ModelUnavailable,
-    UnsupportedModel,
-    load_model,
-    sized_processor,
-    resolve_device,
-)
+from engine.checkpoints import tiny, tokenizer
+from engine.families.registry import family_for
+from engine.loading.load import ModelUnavailable, UnsupportedModel, load_model, resolve_device
 
 TINY = {"tiny-random": ("qwen3_vl", Qwen3VLProcessor), "tiny-random-qwen2.5-vl": ("qwen2_5_vl", Qwen2_5_VLProcessor)}
 VIDEO_PAD = "<|video_pad|>"
@@ -43,7 +38,7 @@ def _video(num_frames: int, height: int, width: int, seed: int = 0) -> np.ndarra
 def _process(lm, prompt: str, frames: np.ndarray, fps: float, indices: list[int], total_frames: int):
     metadata = VideoMetadata(total_num_frames=total_frames, fps=fps, frames_indices=indices)
     height, width = frames.shape[1:3]
-    processor, size_kwargs = sized_processor(lm, len(frames), height * width)
+    processor, size_kwargs = family_for(lm.model).sized_processor(lm.processor, len(frames), height * width)
     return processor(
         text=[prompt],
         videos=[frames],
@@ -85,7 +80,7 @@ def test_config_token_ids_match_tokenizer(loaded, name):
     assert cfg.get_text_config().vocab_size == len(tok)
     assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<|endoftext|>"
     # Special tokens can never win greedy decoding, so a tiny answer always runs to max_new_tokens.
-    special_ids = tok.convert_tokens_to_ids(tiny.SPECIAL_TOKENS)
+    special_ids = tok.convert_tokens_to_ids(tokenizer.SPECIAL_TOKENS)
     lm_head = lm.model.get_output_embeddings().weight
     assert not lm_head[special_ids].any()
     vision_ids = [cfg.video_token_id, cfg.vision_start_token_id, cfg.vision_end_token_id]
@@ -175,7 +170,7 @@ def test_video_kwargs_cap_pixels_per_frame(loaded, name, num_frames):
     lm = loaded[name]
     cap = 224 * 224
     metadata = VideoMetadata(total_num_frames=num_frames, fps=8.0, frames_indices=list(range(num_frames)))
-    processor, size_kwargs = sized_processor(lm, num_frames, cap)
+    processor, size_kwargs = family_for(lm.model).sized_processor(lm.processor, num_frames, cap)
     inputs = processor(
         text=[VIDEO_PAD],
         videos=[_video(num_frames, 480, 640)],

@@ -6,9 +6,10 @@ import json
 import torch
 
 from engine import Engine, EngineConfig, GenerationParams
-from engine.memory_plan import GIB, MIB, checkpoint_plan
-from engine.models import describe_model
-from engine.random_checkpoints import checkpoint_spec, spec_config
+from engine.memory.dims import GIB, MIB
+from engine.memory.plan import checkpoint_plan
+from engine.loading.load import describe_model
+from engine.checkpoints.random_weights import checkpoint_spec, spec_config
 
 CHECKPOINT = "nvidia/Nemotron-3-Nano-Omni-30B-A3B-Reasoning-BF16"
 # What transformers builds from the spec, and its parts: the language model (NVIDIA-Nemotron-3-Nano-30B-A3B's,

@@ -13,9 +13,9 @@ import torch
 
 from engine import Engine, EngineConfig, GenerationParams, InputError
 from engine.config import FrameSampling
-from engine.prompt import chat_text, prepare_prompt, processor_inputs
-from engine.pruning import prune_prompt
-from engine.video import load_video
+from engine.prompt.unpruned import chat_text, unpruned_prompt, processor_inputs
+from engine.prompt.pruned import prune_prompt
+from engine.reading.video import read_video
 
 from batched_rows import answered_in_one_batch
 
@@ -74,7 +74,7 @@ def alone(tiny_cache_dir, videos):
 
 def stock_inputs(tiny_models, video_path, question):
     loaded, family = tiny_models(NAME)
-    video = load_video(video_path, FRAME_SAMPLING, max_seconds=60, max_bytes=10**8, timeout_s=60)
+    video = read_video(video_path, FRAME_SAMPLING, max_seconds=60, max_bytes=10**8, timeout_s=60)
     text = chat_text(family, SYSTEM, question, [])
     return loaded, processor_inputs(loaded, video, text, FRAME_SAMPLING.max_pixels_per_frame)
 
@@ -146,8 +146,8 @@ def test_follow_ups_equal_the_same_conversations_asked_cold(tiny_cache_dir, vide
 
 def test_a_tubelet_that_keeps_no_token_keeps_its_frame_text(tiny_models, videos):
     loaded, family = tiny_models(NAME)
-    video = load_video(videos[0], FRAME_SAMPLING, max_seconds=60, max_bytes=10**8, timeout_s=60)
-    prompt = prepare_prompt(loaded, family, video, "What moves?", [], SYSTEM, FRAME_SAMPLING.max_pixels_per_frame)
+    video = read_video(videos[0], FRAME_SAMPLING, max_seconds=60, max_bytes=10**8, timeout_s=60)
+    prompt = unpruned_prompt(loaded, family, video, "What moves?", [], SYSTEM, FRAME_SAMPLING.max_pixels_per_frame)
     with torch.inference_mode():
         features = family.encode(loaded.model, prompt.pixel_values, prompt.grid_thw_patches[None])[0]
     pruned = prune_prompt(prompt, features, 0.9)

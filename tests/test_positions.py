@@ -5,18 +5,18 @@ import torch
 
 import evs
 from engine.config import FrameSampling
-from engine.families import Qwen25VL, Qwen3VL
-from engine.prompt import prepare_prompt
-from engine.pruning import prune_prompt
-from engine.video import load_video
+from engine.families.qwen import Qwen25VL, Qwen3VL
+from engine.prompt.unpruned import unpruned_prompt
+from engine.prompt.pruned import prune_prompt
+from engine.reading.video import read_video
 
 FRAME_SAMPLING = FrameSampling(fps=4.0, max_frames=8, max_pixels_per_frame=224 * 224)
 
 
 def prepared(tiny_models, name, path, question="What moves?"):
     loaded, family = tiny_models(name)
-    video = load_video(path, FRAME_SAMPLING, max_seconds=60, max_bytes=10**8, timeout_s=60)
-    prompt = prepare_prompt(loaded, family, video, question, [], "You are a helpful assistant.", 224 * 224)
+    video = read_video(path, FRAME_SAMPLING, max_seconds=60, max_bytes=10**8, timeout_s=60)
+    prompt = unpruned_prompt(loaded, family, video, question, [], "You are a helpful assistant.", 224 * 224)
     return loaded, family, video, prompt
 
 

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from engine import Engine, EngineConfig, GenerationParams
-from engine.models import ModelUnavailable, describe_model
-from engine.random_checkpoints import checkpoint_spec, spec_config, spec_processor, stored_checkpoints
-from engine.tiny import build_tokenizer, special_token_ids
+from engine.loading.load import ModelUnavailable, describe_model
+from engine.checkpoints.random_weights import checkpoint_spec, spec_config, spec_processor, stored_checkpoints
+from engine.checkpoints.tokenizer import build_tokenizer, special_token_ids
 
 ROOT = Path(__file__).resolve().parent.parent
 # Parameter counts the Hub shows for each checkpoint's safetensors (its API's safetensors.total; tied

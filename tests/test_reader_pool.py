@@ -20,9 +20,9 @@ from hypothesis import strategies as st
 from bench.decoding import write_long_gop_clip
 from engine import Engine, EngineConfig
 from engine.config import FrameSampling
-from engine.reader_pool import ReaderPool
-from engine.video import load_video
-from engine.video_segments import segments, units
+from engine.reading.pool import ReaderPool
+from engine.reading.video import read_video
+from engine.reading.segments import segments, units
 
 from app_harness import wait_until
 from reader_processes import alive, reader_children
@@ -61,8 +61,8 @@ def test_segments_read_at_once_give_the_frames_one_reader_gives(long_files, one_
     same frames to the bit, the same ordinals and times, as one reader reading the whole file."""
     with ReaderPool(readers, split_min_pixels=0) as pool:
         assert wait_until(lambda: pool.idle == readers, 60)
-        together = load_video(long_files[name], FRAME_SAMPLING, readers=pool, **LIMITS)
-    alone = load_video(long_files[name], FRAME_SAMPLING, readers=one_reader, **LIMITS)
+        together = read_video(long_files[name], FRAME_SAMPLING, readers=pool, **LIMITS)
+    alone = read_video(long_files[name], FRAME_SAMPLING, readers=one_reader, **LIMITS)
     assert together.readers == readers and alone.readers == 1
     assert together.frames.shape == alone.frames.shape and len(alone.frames) >= 20
     assert np.array_equal(together.frames, alone.frames)
@@ -78,8 +78,8 @@ def test_a_split_read_carries_the_soundtrack_one_reader_gives(tmp_path, one_read
                                  keyframe_every=5)
     with ReaderPool(2, split_min_pixels=0) as pool:
         assert wait_until(lambda: pool.idle == 2, 60)
-        together = load_video(path, FRAME_SAMPLING, readers=pool, soundtrack_rate_hz=16000, **LIMITS)
-    alone = load_video(path, FRAME_SAMPLING, readers=one_reader, soundtrack_rate_hz=16000, **LIMITS)
+        together = read_video(path, FRAME_SAMPLING, readers=pool, soundtrack_rate_hz=16000, **LIMITS)
+    alone = read_video(path, FRAME_SAMPLING, readers=one_reader, soundtrack_rate_hz=16000, **LIMITS)
     assert together.readers == 2 and alone.readers == 1
     assert together.soundtrack_status == alone.soundtrack_status == "ok"
     assert abs(together.soundtrack.seconds - 4.0) <= 0.1 and together.soundtrack.cut == alone.soundtrack.cut
@@ -91,7 +91,7 @@ def test_a_short_clip_is_read_by_one_reader(long_files):
     """Below the pool's threshold a video is not split, however many readers are free."""
     with ReaderPool(2) as pool:
         assert wait_until(lambda: pool.idle == 2, 60)
-        assert load_video(long_files["long_gop"], FRAME_SAMPLING, readers=pool, **LIMITS).readers == 1
+        assert read_video(long_files["long_gop"], FRAME_SAMPLING, readers=pool, **LIMITS).readers == 1
 
 
 @given(gaps=st.lists(st.integers(1, 5), min_size=1, max_size=200), every=st.integers(1, 40),
@@ -117,7 +117,7 @@ def test_a_reader_killed_while_idle_is_replaced_and_blames_no_file(clip):
         (pid,) = pool.pids()
         os.kill(pid, signal.SIGKILL)
         assert wait_until(lambda: not alive(pid), 5)
-        video = load_video(clip("pan", seconds=2.0), FRAME_SAMPLING, readers=pool, **LIMITS)
+        video = read_video(clip("pan", seconds=2.0), FRAME_SAMPLING, readers=pool, **LIMITS)
         assert len(video.frames) == 8 and pid not in pool.pids() and len(pool.pids()) == 1
 
 
@@ -134,7 +134,7 @@ def test_stopping_the_engine_leaves_no_reader_alive(tiny_cache_dir):
 PARENT = """
 import sys, threading, time
 sys.path[:0] = [sys.argv[1], sys.argv[1] + "/tests"]
-from engine import reader_pool
+from engine.reading import pool as reader_pool
 from reader_processes import faulty_program
 reader_pool.READER_PROGRAM = faulty_program()
 pool = reader_pool.ReaderPool(2)

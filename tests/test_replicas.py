@@ -24,7 +24,7 @@ import torch
 from assets.clips import write_clip
 from engine import Engine, EngineConfig, FrameSampling, GenerationParams, InputError
 from engine.errors import NO_VIDEO
-from engine.video import UNREADABLE, file_sha256
+from engine.reading.video import UNREADABLE, file_sha256
 from replicas import REPLICA_LOST, ReplicaLost, ReplicasUnavailable, ReplicatedEngine
 from replicas.routing import home_of, ranks
 from replicas.videos import VideoSender

@@ -10,8 +10,9 @@ from types import SimpleNamespace
 import pytest
 
 from engine.config import EngineConfig, GenerationParams
-from engine.scheduler import Scheduler, WorkWeights, vision_chunks, vit_patch_budget
-from engine.stage import Stage
+from engine.config import vit_patch_budget
+from engine.scheduling.scheduler import Scheduler, WorkWeights, vision_chunks
+from engine.scheduling.stage import Stage
 from engine.stats import Stats
 
 _ids = iter(range(1, 10_000))

@@ -16,10 +16,9 @@ import numpy as np
 import pytest
 import torch
 
-from engine.audio_inputs import (audio_token_count, min_soundtrack_samples, processor_audio,
-                                 soundtrack_rate_hz)
-from engine.soundtrack import soundtrack_from_message, soundtrack_message
-from engine.soundtrack_pyav import MonoResampler, read_soundtrack
+from engine.prompt.audio import audio_token_count, min_soundtrack_samples, processor_audio, soundtrack_rate_hz
+from engine.reading.soundtrack import soundtrack_from_message, soundtrack_message
+from engine.reading.pyav_soundtrack import MonoResampler, read_soundtrack
 
 from sound_clips import FPS, SECONDS, tone, write_clip_with_sound
 
@@ -153,7 +152,7 @@ def test_the_soundtrack_crosses_the_pipe_unchanged(clips):
 
 
 def test_the_reader_reads_soundtracks_without_torch_and_the_engine_holds_them_without_pyav(clips):
-    """Under a bare `engine` package, as engine/reader_pool.py's READER_PROGRAM starts a reader: reading a
+    """Under a bare `engine` package, as engine/reading/pool.py's READER_PROGRAM starts a reader: reading a
     soundtrack loads neither torch nor transformers (seconds and hundreds of MB a reader), and what the engine's
     process imports to hold one and make it the processor's input loads no PyAV (the readers' alone)."""
     program = f"""
@@ -161,9 +160,9 @@ import json, sys, types
 package = types.ModuleType("engine")
 package.__path__ = [{str(ENGINE_DIR)!r}]
 sys.modules["engine"] = package
-import engine.audio_inputs, engine.soundtrack
+import engine.prompt.audio, engine.reading.soundtrack
 engine_side = "av" in sys.modules
-from engine.soundtrack_pyav import read_soundtrack
+from engine.reading.pyav_soundtrack import read_soundtrack
 soundtrack = read_soundtrack({str(clips['tone'])!r}, {RATE_HZ}, 60.0)
 print(json.dumps({{"samples": len(soundtrack.samples), "engine_side_pyav": engine_side,
                   "reader_heavy": sorted(name for name in ("torch", "transformers") if name in sys.modules)}}))
@@ -214,7 +213,7 @@ def test_a_soundtrack_too_short_to_hear_or_at_another_rate_is_not_an_input(omni)
 
 def media_inputs(processor, soundtrack) -> dict:
     """The processor's inputs for 8 frames and the soundtrack, in the first user turn: the video, then its
-    soundtrack, then the question (the order engine.prompt.chat_text writes them in)."""
+    soundtrack, then the question (the order engine.prompt.unpruned.chat_text writes them in)."""
     frames = np.stack([np.full((64, 64, 3), 30 * index, np.uint8) for index in range(8)])
     text = ("<|im_start|>system\n<|im_end|>\n<|im_start|>user\n<video>\n<so_embedding>\nWhat is said?<|im_end|>\n"
             "<|im_start|>assistant\n<think></think>")

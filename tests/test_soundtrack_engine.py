@@ -16,13 +16,13 @@ import torch
 import evs
 from engine import Engine, EngineConfig, GenerationParams
 from engine.__main__ import main as engine_main
-from engine.audio_inputs import audio_token_count, processor_audio
+from engine.prompt.audio import audio_token_count, processor_audio
 from engine.config import FrameSampling
-from engine.engine import NO_SOUNDTRACK
-from engine.lm import embed_prompt
-from engine.prompt import chat_text, prepare_prompt, processor_inputs
-from engine.pruning import prune_prompt
-from engine.video import load_video
+from engine.prepare import NO_SOUNDTRACK
+from engine.worker.lm import embed_prompt
+from engine.prompt.unpruned import chat_text, unpruned_prompt, processor_inputs
+from engine.prompt.pruned import prune_prompt
+from engine.reading.video import read_video
 
 from sound_clips import tone, write_clip_with_sound
 from test_nemotron_omni import builtin_evs
@@ -186,9 +186,9 @@ def test_evs_keeps_every_audio_token(engine, clips):
     """At q = 0.9 most video tokens go; the audio tokens kept are exactly the audio tower's rows, which go in
     their place."""
     loaded, family = engine.loaded, engine.family
-    video = load_video(clips["speech"], FRAME_SAMPLING, max_seconds=60, max_bytes=10**8, timeout_s=60,
+    video = read_video(clips["speech"], FRAME_SAMPLING, max_seconds=60, max_bytes=10**8, timeout_s=60,
                        soundtrack_rate_hz=RATE_HZ)
-    prompt = prepare_prompt(loaded, family, video, "What is said?", [], engine.system_prompt,
+    prompt = unpruned_prompt(loaded, family, video, "What is said?", [], engine.system_prompt,
                             FRAME_SAMPLING.max_pixels_per_frame, soundtrack=video.soundtrack)
     with torch.inference_mode():
         features = family.encode(loaded.model, prompt.pixel_values, prompt.grid_thw_patches[None])[0]
@@ -209,7 +209,7 @@ def test_per_request_pruning_with_the_soundtrack_equals_the_models_own_evs(engin
     question = "What is said in this clip?"
     answer, _ = asked(engine, clips["speech"], q=Q, question=question)
     loaded, family = engine.loaded, engine.family
-    video = load_video(clips["speech"], FRAME_SAMPLING, max_seconds=60, max_bytes=10**8, timeout_s=60,
+    video = read_video(clips["speech"], FRAME_SAMPLING, max_seconds=60, max_bytes=10**8, timeout_s=60,
                        soundtrack_rate_hz=RATE_HZ, max_soundtrack_seconds=MAX_SOUNDTRACK_S)
     text = chat_text(family, engine.system_prompt, question, [], heard=True)
     audio = processor_audio(loaded.processor, video.soundtrack.samples, video.soundtrack.rate_hz)

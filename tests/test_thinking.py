@@ -12,15 +12,15 @@ from gradio_client import handle_file
 from playwright.sync_api import sync_playwright
 
 from app_harness import launched_app
-from engine import outputs
+from engine.worker import events as stream_events
 from engine.config import FrameSampling, GenerationParams
 from engine.engine import think_end_id
-from engine.families import Qwen3VL, Qwen35, Qwen25VL
-from engine.prompt import chat_text
-from engine.request import Request
-from engine.sampling import SplitDetokenizer
+from engine.families.qwen import Qwen3VL, Qwen35, Qwen25VL
+from engine.prompt.unpruned import chat_text
+from engine.scheduling.request import Request
+from engine.detokenize import SplitDetokenizer
 from engine.stream import Event, Stream
-from engine.tiny import build_tokenizer
+from engine.checkpoints.tokenizer import build_tokenizer
 from test_browser import CHROMIUM, CHROMIUM_ARGS, PHONE, TIMEOUT_MS, ask, set_slider, upload
 from ui import openai_api
 
@@ -102,9 +102,9 @@ def served(tokenizer, token_ids: list[int], thinking: bool):
                       frame_sampling=FrameSampling())
     request.detokenizer = SplitDetokenizer(tokenizer, think_end)
     for token_id in token_ids:
-        if outputs.token(request, token_id, logits=None, eos_ids={tokenizer.eos_token_id}):
+        if stream_events.token(request, token_id, logits=None, eos_ids={tokenizer.eos_token_id}):
             break
-    outputs.done(request)
+    stream_events.done(request)
     events = [event for event in request.stream if event.kind in ("thinking", "text")]
     return request.stream.result(), events
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import engine.runner
+import engine.worker.runner
 from assets.make_examples import EXAMPLES, EXAMPLES_DIR
 from assets.shapes import QUESTIONS, STILL_SECONDS, held_out_seeds, shape_clip, write_shape_clip
 from bench import accuracy as accuracy_bench
@@ -81,7 +81,7 @@ def test_positions_renumbered_for_the_pruned_sequence_lose_answers(trained_engin
                                                                    monkeypatch):
     """The classic EVS bug, on purpose: number the pruned sequence's positions afresh (as if it had never
     held the dropped tokens) instead of keeping the unpruned layout's. Answers at q = 0.7 get worse."""
-    original = engine.runner.prune_prompt
+    original = engine.worker.runner.prune_prompt
 
     def renumbered(prompt, features, q):
         pruned = original(prompt, features, q)
@@ -90,7 +90,7 @@ def test_positions_renumbered_for_the_pruned_sequence_lose_answers(trained_engin
         pruned.next_position = length
         return pruned
 
-    monkeypatch.setattr(engine.runner, "prune_prompt", renumbered)
+    monkeypatch.setattr(engine.worker.runner, "prune_prompt", renumbered)
     broken = accuracy_bench.accuracy(trained_engine, held_out_clips, [Q])[str(Q)]
     assert sum(broken.values()) <= sum(table[str(Q)].values()) - 0.3, (table[str(Q)], broken)
 

@@ -10,12 +10,12 @@ import json
 import pytest
 import torch
 
-import engine.runner
+import engine.worker.runner
 from assets.shapes import QUESTIONS, held_out_seeds, write_shape_clip
 from engine import Engine, EngineConfig, GenerationParams
-from engine.families import family_for
-from engine.models import load_model
-from engine.tiny import MODEL_NOTES_FILE
+from engine.families.registry import family_for
+from engine.loading.load import load_model
+from engine.checkpoints.tiny import MODEL_NOTES_FILE
 from train import tiny_trained
 
 Q = 0.7
@@ -25,7 +25,7 @@ Q = 0.7
 def served(tmp_path_factory, request):
     """(request's sampled video, the engine's PrunedPrompt, generated token ids) for one held-out clip."""
     seen = []
-    serve = engine.runner.ModelRunner.prune
+    serve = engine.worker.runner.ModelRunner.prune
 
     def recording(runner, req):
         serve(runner, req)
@@ -33,7 +33,7 @@ def served(tmp_path_factory, request):
 
     patch = pytest.MonkeyPatch()
     request.addfinalizer(patch.undo)
-    patch.setattr(engine.runner.ModelRunner, "prune", recording)
+    patch.setattr(engine.worker.runner.ModelRunner, "prune", recording)
     clip = write_shape_clip(tmp_path_factory.mktemp("clip") / "clip.mp4", held_out_seeds(0, 1)[0])
     config = EngineConfig(model="tiny-trained", device="cpu", cache_dir=tmp_path_factory.mktemp("models"))
     with Engine(config) as running:

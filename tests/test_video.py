@@ -21,18 +21,18 @@ from fractions import Fraction
 import av
 
 from assets.clips import write_clip
-from engine import reader_pool
+from engine.reading import pool as reader_pool
 from engine.config import EngineConfig, FrameSampling
 from engine.errors import NO_VIDEO, InputError
-from engine.frame_sampling import fit_pixels, sample_by_time, sample_frame_indices
-from engine.video import (
+from engine.reading.frame_sampling import fit_pixels, sample_by_time, sample_frame_indices
+from engine.reading.video import (
     OUT_OF_MEMORY,
     TOO_SLOW,
     UNREADABLE,
     _duration_pair,
     size_pair,
     file_sha256,
-    load_video,
+    read_video,
 )
 
 from reader_processes import alive, faulty_program
@@ -41,7 +41,7 @@ LIMITS = dict(max_seconds=600.0, max_bytes=200 * 1024 * 1024, timeout_s=30.0)
 
 
 def _load(path, sampling=FrameSampling(), **overrides):
-    return load_video(path, sampling, **{**LIMITS, **overrides})
+    return read_video(path, sampling, **{**LIMITS, **overrides})
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,8 @@ import pytest
 from test_video_formats import CONSTANT_8FPS, CORPUS, picture, write_video
 
 from engine.config import FrameSampling
-from engine.video import load_video
-from engine.video_pyav import (
+from engine.reading.video import read_video
+from engine.reading.pyav_video import (
     decode_everything,
     decode_planned,
     open_unprobed,
@@ -170,7 +170,7 @@ def test_h264_is_decoded_at_full_size_then_scaled(tmp_path):
 def test_raw_stream_without_times_is_matched_by_order(tmp_path):
     """An Annex-B .h264 file has no timestamps: frames are counted at the rate its headers give."""
     path = write_video(tmp_path / "raw.h264", "h264", "libx264", [Fraction(i, 8) for i in range(16)])
-    video = load_video(path, FrameSampling(fps=4.0), max_seconds=60, max_bytes=10**8, timeout_s=60)
+    video = read_video(path, FrameSampling(fps=4.0), max_seconds=60, max_bytes=10**8, timeout_s=60)
     assert video.total_frames == 16 and video.duration_s == pytest.approx(2.0)
     assert video.frame_indices == [0, 2, 4, 6, 9, 11, 13, 15]
     assert video.timestamps_s == pytest.approx([i / 8 for i in video.frame_indices])

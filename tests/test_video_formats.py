@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from engine.config import FrameSampling
-from engine.prompt import group_timestamps_s, prepare_prompt, processor_frame_positions, processor_inputs
-from engine.video import load_video
+from engine.prompt.unpruned import group_timestamps_s, unpruned_prompt, processor_frame_positions, processor_inputs
+from engine.reading.video import read_video
 
 SIZE = (160, 120)  # width, height
 SIDE = SIZE[1] // 4  # the square's side
@@ -112,7 +112,7 @@ CORPUS = [
 @pytest.mark.parametrize("name, container_format, codec, extra", CORPUS, ids=[row[0] for row in CORPUS])
 def test_every_common_codec_is_answered(tmp_path, name, container_format, codec, extra):
     path = write_video(tmp_path / name, container_format, codec, CONSTANT_8FPS, **extra)
-    video = load_video(path, FrameSampling(fps=4.0, max_frames=32), **LIMITS)
+    video = read_video(path, FrameSampling(fps=4.0, max_frames=32), **LIMITS)
     assert video.frames.shape == (8, 120, 160, 3)  # 2 s at 4 fps
     assert video.total_frames == 16 and video.duration_s == pytest.approx(2.0)
     assert video.timestamps_s == pytest.approx([i / 8 for i in video.frame_indices], abs=1e-3)
@@ -124,7 +124,7 @@ def test_variable_frame_rate_is_sampled_by_time(tmp_path, container_format, suff
     """30 fps, then 10 fps: frames evenly spaced in seconds (not in frame numbers, which would put 7 of
     12 samples in the first third), each with the time it is shown in the file."""
     path = write_video(tmp_path / f"vfr.{suffix}", container_format, "libx264", VARIABLE)
-    video = load_video(path, FrameSampling(fps=2.0, max_frames=32), **LIMITS)
+    video = read_video(path, FrameSampling(fps=2.0, max_frames=32), **LIMITS)
     assert video.total_frames == 100
     assert video.duration_s == pytest.approx(6.0, abs=0.07)  # the last frame lasts 1/30 or 1/10 s
     assert video.native_fps == pytest.approx(100 / video.duration_s)
@@ -142,7 +142,7 @@ def test_variable_frame_rate_is_sampled_by_time(tmp_path, container_format, suff
 def test_phone_clips_are_upright(tmp_path, rotation, quarter_turns):
     """A portrait phone clip is stored landscape with a display matrix: frames come out as shown."""
     path = write_video(tmp_path / "portrait.mp4", "mp4", "libx264", CONSTANT_8FPS, rotation=rotation)
-    video = load_video(path, FrameSampling(fps=4.0, max_frames=32), **LIMITS)
+    video = read_video(path, FrameSampling(fps=4.0, max_frames=32), **LIMITS)
     upright = (160, 120) if quarter_turns % 2 else (120, 160)
     assert video.frames.shape[1:] == (*upright, 3)
     for frame, time_s in zip(video.frames, video.timestamps_s):
@@ -154,14 +154,14 @@ def test_variable_frame_rate_timestamps_reach_the_prompt(tmp_path, tiny_models):
     """Qwen3-VL's `<t seconds>` text shows each group's true time, and Qwen2.5-VL's seconds per temporal
     group follow the rate actually sampled."""
     path = write_video(tmp_path / "vfr.mp4", "mp4", "libx264", VARIABLE)
-    video = load_video(path, FrameSampling(fps=2.0, max_frames=32, max_pixels_per_frame=64 * 64), **LIMITS)
+    video = read_video(path, FrameSampling(fps=2.0, max_frames=32, max_pixels_per_frame=64 * 64), **LIMITS)
     true_groups_s = [(a + b) / 2 for a, b in zip(video.timestamps_s[::2], video.timestamps_s[1::2])]
     # By frame number / average fps instead, the group at 2.4 s would read 3.8 s.
     by_index_s = [(a + b) / 2 / video.native_fps for a, b in zip(video.frame_indices[::2], video.frame_indices[1::2])]
     assert max(abs(a - b) for a, b in zip(true_groups_s, by_index_s)) > 0.5
 
     loaded, family = tiny_models("tiny-random")
-    prompt = prepare_prompt(loaded, family, video, "What moves?", [], "", 64 * 64)
+    prompt = unpruned_prompt(loaded, family, video, "What moves?", [], "", 64 * 64)
     assert prompt.timestamps_s == pytest.approx(true_groups_s, abs=1e-9)
     text = loaded.processor.tokenizer.decode(prompt.input_ids)
     shown = [float(t) for t in re.findall(r"<([\d.]+) seconds>", text)]
@@ -176,7 +176,7 @@ def test_constant_rate_prompts_keep_integer_frame_positions(tmp_path):
     """At a constant rate the processor gets the frame indices themselves, as before timestamps came from
     the container: prompts of such files are unchanged to the bit."""
     path = write_video(tmp_path / "cfr.mp4", "mp4", "libx264", [Fraction(i, 30) for i in range(90)])
-    video = load_video(path, FrameSampling(fps=2.0, max_frames=32), **LIMITS)
+    video = read_video(path, FrameSampling(fps=2.0, max_frames=32), **LIMITS)
     positions = processor_frame_positions(video)
     assert positions == video.frame_indices and all(isinstance(p, int) for p in positions)
     assert group_timestamps_s(positions, video.native_fps, 2) == [

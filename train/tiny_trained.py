@@ -37,15 +37,17 @@ from transformers import GenerationConfig
 
 from assets.shapes import FPS, HELD_OUT_FROM, QUESTIONS, SECONDS, held_out_seeds, shape_clip, write_shape_clip
 from engine.config import FrameSampling
-from engine.families import Family, family_for
-from engine.frame_sampling import sample_frame_indices
-from engine.lm import embed_prompt
-from engine.models import LoadedModel, load_model
-from engine.prompt import prepare_prompt
-from engine.pruning import PrunedPrompt, prune_prompt
-from engine.tiny import MODEL_NOTES_FILE, build_tokenizer, qwen3_vl_layout
-from engine.reader_pool import ReaderPool
-from engine.video import SampledVideo, load_video
+from engine.families.base import Family
+from engine.families.registry import family_for
+from engine.reading.frame_sampling import sample_frame_indices
+from engine.worker.lm import embed_prompt
+from engine.loading.load import LoadedModel, load_model
+from engine.prompt.unpruned import unpruned_prompt
+from engine.prompt.pruned import PrunedPrompt, prune_prompt
+from engine.checkpoints.tiny import MODEL_NOTES_FILE, qwen3_vl_layout
+from engine.checkpoints.tokenizer import build_tokenizer
+from engine.reading.pool import ReaderPool
+from engine.reading.video import SampledVideo, read_video
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BASE = REPO_ROOT / "assets" / "models" / "tiny-trained-base"
@@ -58,7 +60,7 @@ FRAME_SAMPLING = FrameSampling()  # the engine's CPU default: 2 fps, so 16 of th
 TRAIN_RATES = (0.0, 0.3, 0.5, 0.7, 0.9)  # each --evs example is pruned at one of these, drawn uniformly
 EVAL_RATES = (0.0, 0.7)  # q = 0.7 is the app's default
 INIT_STD = 0.02
-# Saved beside the weights; the engine reads them (engine.models): trained without a system turn, so it
+# Saved beside the weights; the engine reads them (engine.loading.load): trained without a system turn, so it
 # is served without one, and the app's banner says what it can answer.
 ABOUT = "a tiny model trained on synthetic clips of moving shapes: ask about colour, direction, shape or " \
         "when it starts moving"
@@ -101,7 +103,7 @@ def sampled_video(seed: int) -> SampledVideo:
 
 class UploadedClips:
     """Clips as a user's upload reaches the engine: each written as its H.264 MP4 and read back by the
-    engine's own reader (load_video through a warm reader), 25 ms a clip.
+    engine's own reader (read_video through a warm reader), 25 ms a clip.
 
     Why not the drawn frames: EVS breaks ties among equally unchanged tokens in raster order, and the still
     groups of drawn frames tie exactly, while a codec's noise breaks those ties another way in every
@@ -120,7 +122,7 @@ class UploadedClips:
     def video(self, seed: int) -> SampledVideo:
         path = write_shape_clip(Path(self._folder.name) / f"{seed}.mp4", seed)
         try:
-            return load_video(path, FRAME_SAMPLING, max_seconds=SECONDS + 1, max_bytes=1 << 24, timeout_s=60.0,
+            return read_video(path, FRAME_SAMPLING, max_seconds=SECONDS + 1, max_bytes=1 << 24, timeout_s=60.0,
                               readers=self._readers)
         finally:
             path.unlink()
@@ -131,7 +133,7 @@ def served_prompts(loaded: LoadedModel, family: Family, videos: list[SampledVide
     """What the engine's language model receives for each (video, question, q): the prompt prepared as the
     engine prepares it, the videos encoded in one vision forward (with gradients when training), pruned by
     the engine's own prune_prompt."""
-    prompts = [prepare_prompt(loaded, family, video, question, [], "", FRAME_SAMPLING.max_pixels_per_frame)
+    prompts = [unpruned_prompt(loaded, family, video, question, [], "", FRAME_SAMPLING.max_pixels_per_frame)
                for video, question in zip(videos, questions)]
     features = family.encode(loaded.model, torch.cat([p.pixel_values for p in prompts]),
                              torch.stack([p.grid_thw_patches for p in prompts]))

@@ -16,8 +16,8 @@ import gradio as gr
 
 from engine.config import GenerationParams
 from engine.errors import NO_VIDEO, InputError
-from engine.front_door import follow, history_pairs, request_params
-from engine.serving import Serving
+from engine.front.door import follow, history_pairs, request_params
+from engine.front.serving import Serving
 from engine.stream import Event, EvsPicture
 from ui import figures, frame_files, overlays, stats_panel
 from ui.gradio_errors import raises_gradio_errors

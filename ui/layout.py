@@ -11,8 +11,8 @@ import gradio as gr
 
 from assets.make_examples import example_questions
 from engine.config import MAX_FILE_BYTES, FrameSamplingLimits, GenerationParams
-from engine.front_door import defaults
-from engine.serving import Serving
+from engine.front.door import defaults
+from engine.front.serving import Serving
 from ui import stats_panel
 from ui.handlers import CHAT_OUTPUTS, Handlers
 from ui.mcp_tool import TOOL_MAX_NEW_TOKENS, VideoQuestionTool

@@ -15,8 +15,8 @@ server named by its link or path, and other URLs only when the operator allows f
 import json
 
 from engine.config import DEFAULT_PRUNING_RATE
-from engine.front_door import follow, request_params
-from engine.serving import Serving
+from engine.front.door import follow, request_params
+from engine.front.serving import Serving
 from ui.gradio_errors import raises_gradio_errors
 from ui.handlers import RunView
 from ui.video_inputs import VideoPolicy, local_video

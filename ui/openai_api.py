@@ -32,8 +32,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from engine.config import MAX_FILE_BYTES
 from engine.errors import NO_VIDEO, SERVER_FAULT, BusyError, InputError
-from engine.front_door import request_params
-from engine.serving import Serving
+from engine.front.door import request_params
+from engine.front.serving import Serving
 from engine.stream import Event, Stream
 from ui.video_inputs import LocalVideo, VideoPolicy, local_video, video_policy
 

@@ -16,8 +16,8 @@ import gradio as gr
 import pandas as pd
 
 from engine.errors import InputError
-from engine.front_door import follow, request_params
-from engine.serving import Serving
+from engine.front.door import follow, request_params
+from engine.front.serving import Serving
 from ui import figures, stats_panel
 from ui.gradio_errors import raises_gradio_errors
 from ui.handlers import RunView, not_an_mcp_tool

@@ -1,0 +1,235 @@
+"""What every model family answers: the data the engine keeps between the processor, the towers and the
+language model (`VideoFeatures`, `VideoInputs`, `AudioInputs`), and `Family`, the questions the rest of the
+engine asks a family (prompt markers, positions, the processor's output, the towers' outputs, where the
+language model sits in the checkpoint). The families themselves are in qwen.py and nemotron.py; the
+registry picks one for a loaded model.
+
+Everything here works on one unpruned prompt; EVS (evs/) then selects columns from it.
+"""
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+@dataclass
+class VideoFeatures:
+    """Vision-tower output for one video, rows in (t, h, w) raster order of LLM tokens, and the audio tower's
+    for its soundtrack when it was heard.
+
+    embeds: (T*h*w, D) the final visual embeddings the LLM receives (merger output).
+    deepstack: per DeepStack level, (T*h*w, D); empty for families without DeepStack.
+    audio: (A, D) one row per audio token of the prompt, in order; None when no soundtrack was heard.
+    """
+
+    embeds: torch.Tensor
+    deepstack: list[torch.Tensor]
+    audio: torch.Tensor | None = None
+
+    @property
+    def nbytes(self) -> int:
+        tensors = [self.embeds, *self.deepstack, *([] if self.audio is None else [self.audio])]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    def select(self, keep: torch.Tensor) -> "VideoFeatures":
+        """Rows where keep (T*h*w,) bool is True; the same mask for every DeepStack level. EVS prunes video
+        tokens only: every audio row is kept (the same tensor, not a copy)."""
+        return VideoFeatures(self.embeds[keep], [level[keep] for level in self.deepstack], self.audio)
+
+
+@dataclass
+class VideoInputs:
+    """The video part of the HF processor's output for one prompt, in the layout the engine keeps.
+
+    pixel_values: (P, C) float patches, one row per vision patch, in (t, row, col) order. grid_thw_patches: (3,)
+    long patch grid (groups, rows, cols). grid_thw: (T, h, w) in LLM tokens (after the spatial merge).
+    second_per_group: seconds of video per temporal group (Qwen2.5-VL's temporal scale; 0.0 where unused).
+    """
+
+    pixel_values: torch.Tensor
+    grid_thw_patches: torch.Tensor
+    grid_thw: tuple[int, int, int]
+    second_per_group: float
+
+
+@dataclass
+class AudioInputs:
+    """The soundtrack part of the HF processor's output for one prompt: the audio tower's input.
+
+    features: (1, F, mel bins) float log-mel frames. mask: (1, F) 1 on each real frame (all of them: one clip).
+    """
+
+    features: torch.Tensor
+    mask: torch.Tensor
+
+
+class Family:
+    """Base: a Qwen-VL family. Subclasses fill in the differences.
+
+    temporal_patch: video frames per temporal group (the vision tower's temporal patch size), read once
+    from the model config here; the rest of the engine asks the family.
+    """
+
+    name = ""
+    think_end: str | None = None  # the marker that ends the thinking; None: no enable_thinking switch
+    writes_empty_system = False  # whether the chat template writes a system turn when there is no system prompt
+
+    def __init__(self, temporal_patch: int):
+        self.temporal_patch = temporal_patch
+
+    def video_placeholder(self) -> str:
+        """Text that the HF processor expands into the video's tokens."""
+        raise NotImplementedError
+
+    def hears(self, model) -> bool:
+        """Whether the model has an audio tower, so that a soundtrack can be given to it beside the frames."""
+        return False
+
+    def audio_placeholder(self) -> str:
+        """Text, written right after the video placeholder, that the HF processor expands into the soundtrack's
+        tokens (a family that hears)."""
+        raise NotImplementedError
+
+    def audio_token_id(self, config) -> int:
+        """The token id that stands for one audio token in the prompt (a family that hears)."""
+        raise NotImplementedError
+
+    def audio_end_token_id(self, tokenizer) -> int:
+        """The marker the processor writes right after the soundtrack's last token (a family that hears)."""
+        raise NotImplementedError
+
+    def audio_inputs(self, inputs) -> AudioInputs:
+        """The processor output's audio features (one soundtrack; a family that hears)."""
+        raise NotImplementedError
+
+    def encode_audio(self, model, clip: AudioInputs) -> torch.Tensor:
+        """The audio tower over one soundtrack: (A, D), one row per audio token of the prompt (a family that
+        hears)."""
+        raise NotImplementedError
+
+    def message_text(self, text: str) -> str:
+        """A system or user message as the checkpoint's chat template writes it (the video placeholder
+        included, in the first user message)."""
+        return text
+
+    def earlier_answer(self, answer: str) -> str:
+        """An earlier assistant turn as the chat template writes it in the history."""
+        return answer
+
+    def answer_opening(self, thinking: bool) -> str:
+        """What the chat template writes after `<|im_start|>assistant\\n` of the turn to be generated;
+        thinking is its enable_thinking, which a family without the switch ignores."""
+        return ""
+
+    def video_runs(self, grid_thw: tuple[int, int, int]) -> list[tuple[int, int]]:
+        """(first temporal group, groups in the run) for each contiguous run of video tokens."""
+        raise NotImplementedError
+
+    def temporal_offsets(self, num_groups: int, second_per_group: float) -> torch.Tensor:
+        """(num_groups,) long: temporal MRoPE offset of each group within its run."""
+        raise NotImplementedError
+
+    def next_text_position(self, run_start: int, run_max: int, grid_thw: tuple[int, int, int]) -> int:
+        """Where text after a run of video tokens starts."""
+        raise NotImplementedError
+
+    def full_positions(
+        self, is_video: torch.Tensor, grid_thw: tuple[int, int, int], second_per_group: float
+    ) -> torch.Tensor:
+        """MRoPE positions (3, L) of an unpruned prompt holding one video.
+
+        is_video: (L,) bool marks the T*h*w video tokens; grid_thw: (T, h, w) in LLM tokens;
+        second_per_group: seconds of video per temporal group (Qwen2.5's temporal scale).
+        """
+        T, h, w = grid_thw
+        length = is_video.numel()
+        positions = torch.empty(3, length, dtype=torch.long)
+        video_idx = torch.nonzero(is_video).flatten().tolist()
+        runs = self.video_runs(grid_thw)
+        tokens_per_group = h * w
+        if len(video_idx) != T * tokens_per_group:
+            raise ValueError(f"prompt holds {len(video_idx)} video tokens, grid {grid_thw} needs {T * h * w}")
+        rows = torch.arange(h).repeat_interleave(w)
+        cols = torch.arange(w).repeat(h)
+        cursor, text_pos, consumed = 0, 0, 0
+        for first_group, num_groups in runs:
+            run_len = num_groups * tokens_per_group
+            run_begin = video_idx[consumed]
+            if video_idx[consumed + run_len - 1] != run_begin + run_len - 1:
+                raise ValueError("video tokens of one run are not contiguous in the prompt")
+            positions[:, cursor:run_begin] = torch.arange(run_begin - cursor) + text_pos
+            start = text_pos + run_begin - cursor
+            t_off = self.temporal_offsets(num_groups, second_per_group)
+            run = positions[:, run_begin : run_begin + run_len]
+            run[0] = (t_off.repeat_interleave(tokens_per_group)) + start
+            run[1] = rows.repeat(num_groups) + start
+            run[2] = cols.repeat(num_groups) + start
+            text_pos = self.next_text_position(start, int(run.max()), grid_thw)
+            cursor = run_begin + run_len
+            consumed += run_len
+        positions[:, cursor:] = torch.arange(length - cursor) + text_pos
+        return positions
+
+    def encode(self, model, pixel_values: torch.Tensor, grid_thw_patches: torch.Tensor) -> list[VideoFeatures]:
+        """One vision forward over several videos.
+
+        pixel_values: (P, C) patches of all videos concatenated; grid_thw_patches: (n, 3) patch grids.
+        Returns one VideoFeatures per video, in order.
+        """
+        raise NotImplementedError
+
+    def language_kwargs(self, visual_mask: torch.Tensor | None, deepstack: list[torch.Tensor] | None) -> dict:
+        """Extra arguments for the language model's forward (DeepStack injection)."""
+        return {}
+
+    def processor_size(self, num_frames: int, max_pixels_per_frame: int, factor: int) -> dict:
+        """The HF video processor's `size` (pixels) that caps each of num_frames frames at
+        max_pixels_per_frame; factor is patch * merge, the side of one LLM token in pixels."""
+        return {"shortest_edge": factor * factor, "longest_edge": max_pixels_per_frame}
+
+    def sized_processor(self, processor, num_frames: int, max_pixels_per_frame: int) -> tuple[object, dict]:
+        """(processor, call kwargs) that cap each of num_frames frames at max_pixels_per_frame (height*width)
+        and never upscale. Sides are rounded to multiples of patch*merge (32 for Qwen3-VL, 28 for Qwen2.5-VL)
+        by the processor; what `size` means differs by family (processor_size). The floor is one merged token
+        per frame: ValueError below it."""
+        video_processor = processor.video_processor
+        factor = video_processor.patch_size * video_processor.merge_size
+        size = self.processor_size(num_frames, max_pixels_per_frame, factor)
+        if size["longest_edge"] < size["shortest_edge"]:
+            raise ValueError(f"max_pixels_per_frame={max_pixels_per_frame} is below one token ({factor}x{factor})")
+        # cap_pixels_per_frame=False: the cap above is ours; the processor must not shrink frames further.
+        return processor, {"size": size, "cap_pixels_per_frame": False}
+
+    def video_token_id(self, config) -> int:
+        """The token id that stands for one video token in the prompt."""
+        return config.video_token_id
+
+    def video_end_token_id(self, config, tokenizer) -> int:
+        """The marker the processor writes right after the video's last token."""
+        return config.vision_end_token_id
+
+    def video_inputs(self, inputs, config) -> VideoInputs:
+        """The processor output's video pixels and grids (one video)."""
+        grid_patches = inputs["video_grid_thw"][0]
+        merge = config.vision_config.spatial_merge_size
+        second_per_group = float(inputs["second_per_grid_ts"][0]) if "second_per_grid_ts" in inputs else 0.0
+        grid_thw = (int(grid_patches[0]), int(grid_patches[1]) // merge, int(grid_patches[2]) // merge)
+        return VideoInputs(inputs["pixel_values_videos"], grid_patches, grid_thw, second_per_group)
+
+    def language_positions(self, positions: torch.Tensor) -> torch.Tensor:
+        """What the language model takes as position_ids, from the engine's (4, B, L) rows (row 0 the 1-D
+        position, rows 1-3 MRoPE t/h/w): all four for the Qwen families."""
+        return positions
+
+    def text_model(self, model) -> nn.Module:
+        """The language model's decoder stack: takes inputs_embeds, position_ids, attention_mask and a cache,
+        returns last_hidden_state."""
+        return model.model.language_model
+
+    def lm_head(self, model) -> nn.Module:
+        return model.lm_head
+
+    def vision_modules(self, model) -> list[nn.Module]:
+        """The modules a video passes through before the language model (for counting their parameters)."""
+        return [model.model.visual]

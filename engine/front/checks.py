@@ -1,0 +1,82 @@
+"""The checks of a request that need nothing but the engine's config: each problem a user could cause is an
+InputError with one sentence. Engine.submit and replicas.ReplicatedEngine.submit both run them, so a
+request refused behind --replicas reads as it would on one engine, before it travels to a replica."""
+
+import math
+import re
+
+import evs
+from engine.config import EngineConfig, FrameSamplingLimits, GenerationParams
+from engine.errors import BAD_HISTORY, NO_VIDEO, InputError
+
+CONTROL_TOKEN = re.compile(r"<\|[a-z_]+\|>")
+
+
+def check_text(text: str, what: str) -> None:
+    """The model's control tokens (<|video_pad|>, <|im_end|>, ...) in user text would be read as markup."""
+    if CONTROL_TOKEN.search(text):
+        raise InputError(f"The {what} may not contain control markers such as <|im_end|>.")
+
+
+def model_markup(tokenizer) -> tuple[str, ...]:
+    """The tokenizer's added tokens written as tags (<image>, <so_embedding>, <think>, <|im_end|>): the
+    model's markup, whatever its family calls it."""
+    return tuple(sorted(t for t in tokenizer.get_added_vocab() if len(t) > 2 and t[0] == "<" and t[-1] == ">"))
+
+
+def check_markup(text: str, what: str, markup: tuple[str, ...]) -> None:
+    """A tag of the model's own in user text would be read as markup: a media placeholder the processor
+    cannot match to any media, an end of turn the user did not write."""
+    found = next((tag for tag in markup if tag in text), None)
+    if found:
+        raise InputError(f"The {what} may not contain control markers such as {found}.")
+
+
+def check_params(question: str, params: GenerationParams, config: EngineConfig,
+                 limits: FrameSamplingLimits) -> None:
+    """Raise InputError for anything in the request a user could have got wrong."""
+    if not isinstance(question, str) or not question.strip():
+        raise InputError("Please type a question about the video.")
+    check_text(question, "question")
+    if len(question) > config.max_question_chars:
+        raise InputError(f"The question is {len(question):,} characters long; the limit is {config.max_question_chars:,}.")
+    try:
+        evs.validate_pruning_rate(params.pruning_rate)
+    except ValueError as error:
+        raise InputError(str(error)) from None
+    if not isinstance(params.max_new_tokens, int) or not 1 <= params.max_new_tokens <= config.max_new_tokens:
+        raise InputError(f"Max new tokens must be a whole number from 1 to {config.max_new_tokens:,}.")
+    temperature = params.temperature
+    if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and (temperature == 0 or temperature >= 0.01)):
+        raise InputError("The temperature must be 0 (greedy) or a number of at least 0.01.")
+    if not isinstance(params.seed, int):
+        raise InputError("The seed must be a whole number.")
+    if not isinstance(params.enable_thinking, bool):
+        raise InputError("Think first must be true or false.")
+    if params.hear_soundtrack is not None and not isinstance(params.hear_soundtrack, bool):
+        raise InputError("Hear the soundtrack must be true or false.")
+    if not (isinstance(params.top_p, (int, float)) and 0 < params.top_p <= 1):
+        raise InputError("Top-p must be above 0 and at most 1.")
+    sampling = params.frame_sampling
+    if sampling is not None and not (sampling.fps > 0 and sampling.max_frames >= 2 and sampling.max_pixels_per_frame >= 28 * 28):
+        raise InputError("Sampling needs fps above 0, at least 2 frames and at least 28x28 pixels per frame.")
+    if sampling is not None:
+        for what, asked, most in [("fps", sampling.fps, limits.max_fps), ("frames", sampling.max_frames, limits.max_frames),
+                                  ("pixels per frame", sampling.max_pixels_per_frame, limits.max_pixels_per_frame)]:
+            if asked > most:
+                raise InputError(f"{asked:,} {what} were asked for; this server samples at most {most:,}.")
+
+
+def check_request(video, question: str, params: GenerationParams, history, config: EngineConfig,
+                  limits: FrameSamplingLimits) -> list[tuple[str, str]]:
+    """Every check of this module on one request; returns the history as (question, answer) string pairs."""
+    check_params(question, params, config, limits)
+    if video is None or not str(video).strip():
+        raise InputError(NO_VIDEO)
+    try:
+        history = [(str(asked), str(answered)) for asked, answered in history]
+    except (TypeError, ValueError):
+        raise InputError(BAD_HISTORY) from None
+    for turn in history:
+        check_text(" ".join(turn), "conversation history")
+    return history

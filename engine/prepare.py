@@ -1,0 +1,225 @@
+"""The prepare threads: everything a request needs before the GPU, off the worker's thread.
+
+For each accepted request one thread reads the upload's sampled frames (and soundtrack) through the reader
+pool, sharing reads and keeping recent ones (the frame cache), runs the checkpoint's HF processor into the
+unpruned prompt, refuses what cannot fit the model's context or the memory plan, and hands the request to
+the worker. Nothing here touches device memory.
+"""
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+from .config import EngineConfig, FrameSampling
+from .detokenize import SplitDetokenizer
+from .errors import InputError
+from .lru import ByteLRU
+from .memory.plan import Plan
+from .prompt.unpruned import UnprunedPrompt, unpruned_prompt
+from .reading.pool import ReaderPool
+from .reading.video import SampledVideo, file_sha256, read_video
+from .scheduling.request import Request
+from .stream import Event
+
+log = logging.getLogger(__name__)
+
+NO_SOUNDTRACK = "the upload has no soundtrack"
+UNREADABLE_SOUNDTRACK = "the soundtrack could not be read; answering from the frames"
+
+
+def soundtrack_verdict(hears: bool, asked: bool | None, video: SampledVideo, prompt: UnprunedPrompt) -> str:
+    """The `soundtrack` stat: "unsupported" (the model has no audio tower), "off" (the request turned it off),
+    "unreadable" (its stream did not decode), "none" (no audio stream, or one too short to hear), "cut" (only
+    its first max_soundtrack_seconds were heard) or "heard"."""
+    if not hears:
+        return "unsupported"
+    if asked is False:
+        return "off"
+    if video.soundtrack_status == "unreadable":
+        return "unreadable"
+    if prompt.audio is None:
+        return "none"
+    return "cut" if video.soundtrack.cut else "heard"
+
+
+def soundtrack_status_line(verdict: str, seconds: float) -> str | None:
+    """The status line of a request whose soundtrack was to be heard and was not, or not all of it (verdict:
+    soundtrack_verdict's; seconds: how much was heard); None otherwise."""
+    if verdict == "cut":
+        return f"heard the first {seconds:g} s of the soundtrack"
+    return {"none": NO_SOUNDTRACK, "unreadable": UNREADABLE_SOUNDTRACK}.get(verdict)
+
+
+class Preparer:
+    """The prepare threads of one engine (one per reader, two at least: one hashes or runs the HF processor
+    while another waits on a reader, so every reader can be busy) and the frame cache they share.
+
+    system_prompt: the system turn of every prompt. hears: whether the model has an audio tower;
+    soundtrack_rate_hz: the rate every soundtrack is read at (None when it cannot hear). think_end: the token
+    that ends thinking, None when the model cannot think. enqueue: hands a prepared request to the worker.
+    """
+
+    def __init__(self, loaded, family, config: EngineConfig, readers: ReaderPool, memory_plan: Plan, *,
+                 system_prompt: str, hears: bool, soundtrack_rate_hz: int | None, think_end: int | None,
+                 enqueue: Callable[[Request], None]):
+        self.loaded, self.family, self.config = loaded, family, config
+        self._readers, self._memory_plan = readers, memory_plan
+        self._system_prompt, self._hears = system_prompt, hears
+        self._soundtrack_rate_hz, self._think_end = soundtrack_rate_hz, think_end
+        self._enqueue = enqueue
+        # The frame cache: sampled frames of recent uploads, so a follow-up question skips reading the file again.
+        self._frames = ByteLRU(config.frame_cache_bytes)
+        self._reading: dict[tuple, Future] = {}  # reads under way, by (digest, frame sampling, soundtrack read)
+        self._frames_lock = threading.Lock()
+        self._prepared = threading.Condition()
+        self._preparing = 0  # requests accepted and not yet handed to the worker
+        self._pool = ThreadPoolExecutor(max_workers=max(2, readers.size), thread_name_prefix="evs-prepare")
+
+    @property
+    def preparing(self) -> int:
+        """Requests accepted and not yet handed to the worker (read without a lock: a scrape may be off by one)."""
+        return self._preparing
+
+    def submit(self, request: Request) -> None:
+        """Prepare `request` on a prepare thread; it reaches the worker, or its stream ends with the reason."""
+        with self._prepared:
+            self._preparing += 1
+        self._pool.submit(self._prepare, request)
+
+    def wait_until_prepared(self, timeout_s: float) -> None:
+        """Block until every request submitted so far is handed to the worker (or ended), at most timeout_s."""
+        with self._prepared:
+            self._prepared.wait_for(lambda: self._preparing == 0, timeout_s)
+
+    def shutdown(self) -> None:
+        """Let every accepted request finish preparing, then stop the threads."""
+        self._pool.shutdown(wait=True)
+
+    def _prepare(self, request: Request) -> None:
+        try:
+            self._prepare_request(request)
+        finally:
+            with self._prepared:
+                self._preparing -= 1
+                self._prepared.notify_all()
+
+    def _prepare_request(self, request: Request) -> None:
+        stream = request.stream
+        if stream.cancelled:  # dropped before any work: end it like a cancel in the queue
+            request.leave_queue()
+            stream.push(Event("done", stats=request.stats.as_dict()))
+            return
+        try:
+            stream.push(Event("status", "reading video"))
+            start = time.perf_counter()
+            sampling = request.frame_sampling
+            hear = self._hears and request.params.hear_soundtrack is not False
+            request.video, read_now = self._sampled_video(request.video_path, sampling, hear)
+            think_end = self._think_end if request.params.enable_thinking else None
+            request.prompt = unpruned_prompt(
+                self.loaded,
+                self.family,
+                request.video,
+                request.question,
+                request.history,
+                self._system_prompt,
+                sampling.max_pixels_per_frame,
+                thinking=think_end is not None,
+                soundtrack=request.video.soundtrack if hear else None,
+            )
+            T, h, w = request.prompt.grid_thw
+            stats = request.stats
+            stats.soundtrack = soundtrack_verdict(self._hears, request.params.hear_soundtrack, request.video,
+                                                  request.prompt)
+            stats.audio_tokens = int(request.prompt.is_audio.sum())
+            stats.audio_seconds = request.video.soundtrack.seconds if request.prompt.audio is not None else 0.0
+            stats.read_video_s = time.perf_counter() - start
+            stats.read_wait_s = request.video.read_wait_s if read_now else 0.0
+            stats.read_s = request.video.read_s if read_now else 0.0
+            stats.frames_sampled = len(request.video.frames)
+            stats.sampled_fps = request.video.sampled_fps
+            stats.grid_thw, stats.video_tokens_total = [T, h, w], T * h * w
+            self._check_context(request.prompt.input_ids.numel(), T * h * w, request.params.max_new_tokens)
+            # Refused here, before the ViT, the KV cache or any device memory is touched.
+            self._memory_plan.check_fits(T * h * w, request.prompt.input_ids.numel(), request.params.max_new_tokens)
+            request.detokenizer = SplitDetokenizer(self.loaded.processor.tokenizer, think_end)
+            request.generator = torch.Generator().manual_seed(request.params.seed)
+            stream.push(Event("status", f"read {stats.frames_sampled} frames at {stats.sampled_fps:.3g} fps"))
+            if line := soundtrack_status_line(stats.soundtrack, stats.audio_seconds):
+                stream.push(Event("status", line))
+            stream.push(Event("status", "waiting for the GPU"))
+            self._enqueue(request)
+        except Exception as error:
+            if not isinstance(error, InputError):
+                log.exception("preparing request %d failed", request.id)
+                error = RuntimeError("Something went wrong while preparing the request; please try again.")
+            request.abort(error)
+
+    def _check_context(self, prompt_tokens: int, video_tokens: int, max_new_tokens: int) -> None:
+        """The whole prompt (counted before EVS, whose positions keep the unpruned length) and the answer
+        must fit the model's context."""
+        context = self.loaded.model.config.text_config.max_position_embeddings
+        if prompt_tokens + max_new_tokens > context:
+            raise InputError(
+                f"The video ({video_tokens:,} tokens), the conversation and up to {max_new_tokens:,} new tokens "
+                f"need {prompt_tokens + max_new_tokens:,} tokens, more than the model's context of {context:,}: "
+                "sample fewer frames or fewer pixels per frame, or start a new conversation.")
+
+    def _sampled_video(self, path: str, sampling: FrameSampling, hear: bool) -> tuple[SampledVideo, bool]:
+        """(sampled frames of an upload, with its soundtrack when hear; whether they were read for this request),
+        shared: a recent read is reused, and two requests on the same bytes at once (compare mode, several
+        users) wait for one read instead of running two (both count it as theirs). A read with the soundtrack
+        also serves a request without it (the frames are the same); one without serves only its like, so a
+        request that does not hear has no soundtrack decoded for it (up to 600 s of one)."""
+        file = Path(path)
+        hashable = file.is_file() and file.stat().st_size <= self.config.max_file_bytes
+        if not hashable:  # read_video says what is wrong with it
+            return self._read_video(path, sampling, None, hear), True
+        key = (file_sha256(path), sampling, hear)
+        serving = [key] if hear else [key, (key[0], sampling, True)]
+        with self._frames_lock:
+            video = next((found for k in serving if (found := self._frames.get(k)) is not None), None)
+            pending = next((self._reading[k] for k in serving if k in self._reading), None)
+            owner = video is None and pending is None
+            if owner:
+                pending = self._reading[key] = Future()
+        if video is not None:
+            return video, False
+        if not owner:
+            return pending.result(), True
+        try:
+            video = self._read_video(path, sampling, key[0], hear)
+            with self._frames_lock:
+                self._frames.put(key, video, video.nbytes)
+                if hear:  # it serves requests without the soundtrack too: the same frames need not stay twice
+                    self._frames.pop((key[0], sampling, False))
+            pending.set_result(video)
+            return video, True
+        except BaseException as error:
+            pending.set_exception(error)
+            raise
+        finally:
+            with self._frames_lock:
+                del self._reading[key]
+
+    def _read_video(self, path: str, sampling: FrameSampling, digest: str | None, hear: bool) -> SampledVideo:
+        config = self.config
+        return read_video(
+            path,
+            sampling,
+            max_seconds=config.max_video_seconds,
+            max_bytes=config.max_file_bytes,
+            timeout_s=config.read_timeout_s,
+            temporal_patch=self.family.temporal_patch,
+            content_hash=digest,
+            max_source_pixels=config.max_video_source_pixels,
+            memory_bytes=config.read_memory_bytes,
+            readers=self._readers,
+            soundtrack_rate_hz=self._soundtrack_rate_hz if hear else None,
+            max_soundtrack_seconds=config.max_soundtrack_seconds,
+        )

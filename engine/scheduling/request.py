@@ -1,0 +1,82 @@
+"""One request's state as it moves through the engine: bookkeeping, torch-free at run time (the tensors it
+holds are typed for readers, under TYPE_CHECKING)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from engine.config import FrameSampling, GenerationParams
+from engine.detokenize import SplitDetokenizer
+from engine.stats import Stats
+from engine.stream import Stream
+
+from .stage import Stage
+
+if TYPE_CHECKING:  # what the worker puts here is tensors; bookkeeping only holds them, without torch
+    import torch
+    from transformers.cache_utils import Cache
+
+    from engine.families.base import VideoFeatures
+    from engine.prompt.pruned import PrunedPrompt
+    from engine.prompt.unpruned import UnprunedPrompt
+    from engine.reading.video import SampledVideo
+    from engine.state.lm_state import Snapshot
+
+
+@dataclass(eq=False)
+class Request:
+    stream: Stream
+    video_path: str
+    question: str
+    history: list[tuple[str, str]]
+    params: GenerationParams
+    frame_sampling: FrameSampling
+    stage: Stage = Stage.QUEUED
+    submitted_at: float = field(default_factory=time.perf_counter)
+    stats: Stats = field(default_factory=Stats)
+    video: SampledVideo | None = None
+    prompt: UnprunedPrompt | None = None
+    feature_key: tuple | None = None
+    prefix_key: tuple | None = None
+    features: VideoFeatures | None = None
+    pruned: PrunedPrompt | None = None
+    detokenizer: SplitDetokenizer | None = None  # every generated token; thinking and answer text apart
+    generator: torch.Generator | None = None
+    kv: Cache | None = None  # its own prompt state between prefill and joining the decode batch
+    # Recurrent-state snapshots inside its conversation (token count -> Snapshot), kept with it for follow-ups.
+    snapshots: dict[int, Snapshot] = field(default_factory=dict)
+    logits: list[torch.Tensor] = field(default_factory=list)  # (V,) float32 per token, when params.return_logits
+    last_token: int = -1
+    tokens_seen: int = 0  # tokens in this row's own sequence so far (its next 1-D position)
+    next_position: int = 0  # MRoPE position of the next token
+    first_token_at: float | None = None
+    admission: threading.Semaphore | None = None  # the queue slot held until the worker takes the request
+
+    @property
+    def id(self) -> int:
+        return self.stream.request_id
+
+    @property
+    def generated(self) -> int:
+        return len(self.detokenizer.token_ids) if self.detokenizer else 0
+
+    def leave_queue(self) -> None:
+        """Give back the admission slot (once), when the worker takes the request or it ends early."""
+        slot, self.admission = self.admission, None
+        if slot is not None:
+            slot.release()
+
+    def abort(self, error: BaseException) -> None:
+        """End the request with error: give back its queue slot and tensors, fail its stream."""
+        self.release()
+        self.stream.fail(error)
+
+    def release(self) -> None:
+        """The request has ended: give back its queue slot and drop its tensors to free their memory."""
+        self.leave_queue()
+        self.video = self.prompt = self.features = self.pruned = self.kv = None
+        self.snapshots = {}
+        self.stage = Stage.FINISHED

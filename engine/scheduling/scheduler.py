@@ -1,0 +1,152 @@
+"""What runs in each iteration of the worker: bookkeeping over requests, no tensors (and no torch).
+
+A request moves QUEUED -> ENCODING -> PREFILLING -> DECODING and from any stage to FINISHED
+(docs/architecture.md, "Request path"). Each iteration the worker asks for:
+1. `encode_chunk()`: the requests of the next vision forward, but only once every request encoded
+   earlier has been prefilled. So a burst is pipelined: the first chunk's users get their first
+   token after one vision forward and their own prefill, not after every video of the burst is encoded.
+   Only the scheduler splits requests into vision forwards, within a budget of patches (`vit_patch_budget`).
+2. `prefill_batch()`: prompts to prefill, within a token budget, so running rows wait a bounded time;
+3. then one decode step for everyone in `running`.
+
+Order within a burst: requests admitted in the same iteration are encoded shortest-remaining-work
+first (vision patches still to encode plus prompt tokens left after EVS, weighted by the towers' sizes),
+the order that minimises mean time to first token when work is known up front. Requests admitted
+later never overtake earlier ones, so a large video waits behind at most one burst of smaller ones.
+"""
+
+from collections import deque
+from dataclasses import dataclass
+from itertools import takewhile
+from typing import Callable, Iterator
+
+from .request import Request
+from .stage import Stage
+
+
+def vision_chunks(patches: list[int], budget: int) -> list[list[int]]:
+    """The indices of videos of `patches` patches each, in order, cut into consecutive chunks of at most
+    `budget` patches, one vision forward each; a video over the budget is a chunk alone."""
+    chunks: list[list[int]] = []
+    total = budget + 1
+    for index, size in enumerate(patches):
+        if total + size > budget:
+            chunks.append([])
+            total = 0
+        chunks[-1].append(index)
+        total += size
+    return chunks
+
+
+@dataclass(frozen=True)
+class WorkWeights:
+    """Relative cost of one vision patch and one prompt token (forward FLOPs grow with parameters x inputs)."""
+
+    per_patch: float = 1.0
+    per_token: float = 1.0
+
+
+class Scheduler:
+    """Queues by stage, and the decisions of each iteration.
+
+    max_running: requests past the queue at once (encoding, prefilling or decoding).
+    vit_patch_budget: most patches (rows of pixel_values) in one vision forward; one video may exceed it alone.
+    prefill_token_budget: prompt tokens per iteration between two decode steps (at least one prompt).
+    has_features(request): True when the request's video features are cached (no vision work left).
+    """
+
+    def __init__(self, max_running: int, vit_patch_budget: int, prefill_token_budget: int,
+                 weights: WorkWeights, has_features: Callable[["Request"], bool]):
+        self.max_running = max_running
+        self.vit_patch_budget = vit_patch_budget
+        self.prefill_token_budget = prefill_token_budget
+        self.weights = weights
+        self.has_features = has_features
+        self.waiting: deque[Request] = deque()
+        self.encoding: list[Request] = []  # in the order they will be encoded
+        self.prefilling: deque[Request] = deque()
+        self.running: dict[int, Request] = {}  # by request id, in the decode batch
+
+    # --- what to run ---------------------------------------------------------------------------
+    def admit(self) -> list["Request"]:
+        """Move waiting requests into ENCODING while decode slots are free; returns them."""
+        busy = len(self.encoding) + len(self.prefilling) + len(self.running)
+        new = [self.waiting.popleft() for _ in range(min(self.max_running - busy, len(self.waiting)))]
+        new.sort(key=self.remaining_work)  # stable: arrival order among equals
+        for request in new:
+            request.stage = Stage.ENCODING
+        self.encoding.extend(new)
+        return new
+
+    def remaining_work(self, request: "Request") -> float:
+        patches = 0 if self.has_features(request) else len(request.prompt.pixel_values)
+        video = request.stats.video_tokens_total
+        prompt_tokens = len(request.prompt.input_ids) - video * request.params.pruning_rate
+        return patches * self.weights.per_patch + prompt_tokens * self.weights.per_token
+
+    def encode_chunk(self) -> list["Request"]:
+        """The requests of the next vision forward, in order, within the patch budget; [] while an
+        earlier chunk still waits for prefill. Every request on a video the chunk encodes rides along,
+        and so does any whose features are cached (they cost the forward nothing)."""
+        if self.prefilling or not self.encoding:
+            return []
+        videos: dict[tuple, int] = {}  # the videos still to encode, in order: feature key -> patches
+        for request in self.encoding:
+            if request.feature_key not in videos and not self.has_features(request):
+                videos[request.feature_key] = len(request.prompt.pixel_values)
+        keys, chunks = list(videos), vision_chunks(list(videos.values()), self.vit_patch_budget)
+        taken = {keys[index] for index in chunks[0]} if chunks else set()
+        chunk = list(takewhile(lambda r: r.feature_key in taken or r.feature_key not in videos, self.encoding))
+        riders = [r for r in self.encoding[len(chunk):] if r.feature_key in taken]
+        return chunk + riders
+
+    def prefill_batch(self) -> list["Request"]:
+        """Prompts to prefill now, in order, until the token budget is spent (at least one)."""
+        batch, spent = [], 0
+        for request in self.prefilling:
+            tokens = len(request.pruned.input_ids)
+            if batch and spent + tokens > self.prefill_token_budget:
+                break
+            batch.append(request)
+            spent += tokens
+        return batch
+
+    # --- moves -----------------------------------------------------------------------------------
+    def add(self, request: "Request") -> None:
+        request.stage = Stage.QUEUED
+        self.waiting.append(request)
+
+    def encoded(self, request: "Request") -> None:
+        self.encoding.remove(request)
+        request.stage = Stage.PREFILLING
+        self.prefilling.append(request)
+
+    def decoding(self, request: "Request") -> None:
+        self.prefilling.remove(request)
+        request.stage = Stage.DECODING
+        self.running[request.id] = request
+
+    def remove(self, request: "Request") -> None:
+        """Take request out of whichever queue holds it (it is ending)."""
+        stage = request.stage
+        if stage is Stage.QUEUED and request in self.waiting:
+            self.waiting.remove(request)
+        elif stage is Stage.ENCODING and request in self.encoding:
+            self.encoding.remove(request)
+        elif stage is Stage.PREFILLING and request in self.prefilling:
+            self.prefilling.remove(request)
+        elif stage is Stage.DECODING:
+            self.running.pop(request.id, None)
+
+    # --- views -----------------------------------------------------------------------------------
+    def past_queue(self) -> list["Request"]:
+        """Requests admitted and not ended: the ones a device fault takes down."""
+        return [*self.encoding, *self.prefilling, *self.running.values()]
+
+    def __iter__(self) -> Iterator["Request"]:
+        yield from self.waiting
+        yield from self.past_queue()
+
+    @property
+    def idle(self) -> bool:
+        return not (self.encoding or self.prefilling or self.running)
