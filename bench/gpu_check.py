@@ -22,7 +22,7 @@ Prints one table and writes it as JSON (--out):
     driver and CUDA versions.
 Caches are off, so every request decodes, encodes and prefills for itself; answers run to a fixed length
 (EOS ignored). It imports no gradio or plotly: it runs on a bare GPU image with torch, numpy and the few
-wheels the README lists. Exits 1 when a request fails or a stat contradicts EVS, 0 otherwise.
+wheels docs/performance.md lists. Exits 1 when a request fails or a stat contradicts EVS, 0 otherwise.
 """
 
 import argparse

@@ -168,7 +168,7 @@ def test_pipelined_ideal_scales_the_device_stages_only():
 
 
 def test_the_gpu_check_still_starts_as_a_script(tmp_path):
-    """`python bench/gpu_check.py` from anywhere (the README's form on a GPU host) finds the `bench` package."""
+    """`python bench/gpu_check.py` from anywhere (docs/performance.md's form on a GPU host) finds the `bench` package."""
     result = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--help"], cwd=tmp_path,
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -1,6 +1,7 @@
 """python -m bench.gpu_check --quick --device cpu: the GPU check's code path, run in CI so it cannot rot.
 
-(`python bench/gpu_check.py`, the README's form, starts the same code: tests/test_bench.py checks it starts.)
+(`python bench/gpu_check.py`, the form docs/performance.md gives, starts the same code: tests/test_bench.py
+checks it starts.)
 
 It must run on a bare GPU image without this project's UI requirements, so the run here has gradio and
 plotly shadowed by packages that refuse to import.
