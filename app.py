@@ -296,7 +296,7 @@ def health_route(engine: Serving, fallback: bool) -> APIRoute:
 
 
 def metrics_route(engine: Serving) -> APIRoute:
-    """GET /metrics -> the engine's counters in Prometheus' text format (engine/metrics.py); an Engine's
+    """GET /metrics -> the engine's counters in Prometheus' text format (engine/front/metrics.py); an Engine's
     or, with --replicas, the ReplicatedEngine client's."""
 
     def metrics() -> Response:

@@ -11,7 +11,7 @@ Qwen3.5's multi-token-prediction head, unbuilt_parameters and a note), built on 
 on any machine, nothing downloaded or loaded.
 
 `python -m engine --model random:Qwen/Qwen3.5-9B --plan-gib 40 130` prints the GPU memory plan
-(engine/memory_plan.py) that model would get with 40 and with 130 GiB free after loading: bfloat16, the GPU's
+(engine/memory/plan.py) that model would get with 40 and with 130 GiB free after loading: bfloat16, the GPU's
 default sampling, the default limits. It reads the config alone (random:<checkpoint>, a local folder, or a
 Hub id already cached): no GPU needed, nothing built.
 """

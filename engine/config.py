@@ -43,7 +43,7 @@ def video_tokens(frames: int, max_pixels_per_frame: int, patch_size: int, merge_
     One token covers (patch*merge)^2 pixels of `temporal_patch` frames: 32x32 x 2 frames on Qwen3-VL (patch 16,
     merge 2), 28x28 x 2 frames on Qwen2.5-VL (patch 14). Sides are multiples of patch*merge, so h*w <= cap
     means at most cap // (patch*merge)^2 tokens per group whatever the aspect ratio (exact for a square cap
-    such as 448x448). Frames are taken in whole temporal groups, as engine/video.py samples them.
+    such as 448x448). Frames are taken in whole temporal groups, as engine/reading/video.py samples them.
     """
     groups = frames // temporal_patch
     return groups * (max_pixels_per_frame // (patch_size * merge_size) ** 2)
@@ -117,11 +117,11 @@ class EngineConfig:
     read_timeout_s: float = 60.0  # reading one upload, once a reader has it (waiting for one is not counted)
     # Seconds of soundtrack a model with an audio tower hears; a longer one is cut there (a status line says so).
     max_soundtrack_seconds: float = MAX_SOUNDTRACK_SECONDS
-    # Warm reader processes (engine/reader_pool.py): how many uploads are read at once, and how many parts
+    # Warm reader processes (engine/reading/pool.py): how many uploads are read at once, and how many parts
     # a long video is read in. None: one per core this process may run on.
     video_readers: int | None = None
     # Patches (pre-merge rows) in one ViT forward; the scheduler splits a burst's videos into forwards within
-    # it (engine/scheduler.py). None picks by device:
+    # it (engine/scheduling/scheduler.py). None picks by device:
     # 65536 on a GPU (bounds activation memory), 4096 on a CPU, where larger batches overflow the caches
     # and turn the elementwise ops memory-bound (2 cores, 8 videos of 1568 patches: one forward 1.18x
     # eight separate ones, forwards of 2 videos 0.97x; `python -m bench`).
@@ -135,7 +135,7 @@ class EngineConfig:
     max_question_tokens: int = 1024  # the question alone, in the model's tokens
     max_history_tokens: int = 8192  # every earlier question and answer together, in the model's tokens
     max_new_tokens: int = 4096  # the most a request may ask for
-    # Device bytes the memory plan (engine/memory_plan.py) divides between requests. None: on a GPU the free
+    # Device bytes the memory plan (engine/memory/plan.py) divides between requests. None: on a GPU the free
     # memory measured after loading, on a CPU no plan (requests unbounded by memory). Set it to share a GPU
     # with another process, or to try the plan's limits on a CPU.
     memory_budget_bytes: int | None = None

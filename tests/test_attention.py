@@ -83,7 +83,7 @@ def varlen_models(tiny_cache_dir):
 @pytest.fixture(scope="module")
 def batch(clip):
     """name -> (pixel_values (P, C), grid_thw_patches (n, 3)) of three videos of different sizes and lengths,
-    concatenated as the vision batcher does (engine/vision.py)."""
+    concatenated as the vision batcher does (engine/worker/vision.py)."""
     videos = [  # (kind, seconds, (width, height), sampled fps, max frames)
         ("moving_object", 2.0, (224, 224), 4.0, 8),
         ("pan", 3.0, (160, 96), 2.0, 6),

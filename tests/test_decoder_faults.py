@@ -3,7 +3,7 @@ bound each fail only their own request; the pool replaces the reader, and the ne
 warm one (issue 11, item 6; issue 20). A reader killed from outside mid-read blames no file: another reader
 reads it. A soundtrack that does not decode costs the soundtrack only.
 
-The engine reads every upload in a warm reader process from its pool (engine/reader_pool.py). The
+The engine reads every upload in a warm reader process from its pool (engine/reading/pool.py). The
 engine here runs tests/reader_processes.py's faulty readers (READER_PROGRAM, the pool's seam, set before
 the engine starts), which misbehave on files named `hang_*`, `crash_*`, `hungry_*`, `killed_*` and `deaf_*`
 and read anything else for real.

@@ -1,4 +1,4 @@
-"""The front door (engine/front_door.py): every way in says the same sentence for the same mistake, the
+"""The front door (engine/front/door.py): every way in says the same sentence for the same mistake, the
 one the engine's checks and sentences define; loose values become settings with the engine's defaults;
 one merge of streams; and `Engine` and `ReplicatedEngine` both offer the `Serving` interface."""
 

@@ -13,7 +13,7 @@ What must hold:
   (but PENDING_KEYS, present and not yet filled by the engine);
 - each cancel reaches the engine: that request ends cancelled, mid-answer, and no other is cancelled;
 - the engine ends every round with no running requests; the reader processes alive (this process's
-  children running engine/video_reader.py, sampled every 20 ms through the rounds) never outnumber the
+  children running engine/reading/reader_process.py, sampled every 20 ms through the rounds) never outnumber the
   pool's configured size, and at the end of each round they are exactly the pool's;
 - no engine Request outlives its answer (the frames, pixel tensors and KV it holds would be a leak);
 - resident memory after round 3 is within 10 % of after round 1 (round 1 pays for first-use allocations
@@ -54,7 +54,7 @@ RSS_TOLERANCE = 0.10
 ROUND_TIMEOUT_S = 120
 KINDS = ("moving_object", "pan", "scene_cut", "static")
 # Stats keys the engine lists but does not fill yet: sampled_fps arrives with issue 11 item 1 (long videos,
-# owned by engine/video.py's current work). Still required to be present; drop it from here once it lands.
+# owned by engine/reading/video.py's current work). Still required to be present; drop it from here once it lands.
 PENDING_KEYS = frozenset({"sampled_fps"})
 
 

@@ -1,4 +1,4 @@
-"""GET /metrics (engine/metrics.py) counts a known sequence of requests exactly, on a launched app.
+"""GET /metrics (engine/front/metrics.py) counts a known sequence of requests exactly, on a launched app.
 
 The two-replica twin is in tests/test_replicas.py, on its shared replicated engine.
 """

@@ -1,4 +1,4 @@
-"""The warm reader pool (engine/reader_pool.py): long videos read by several readers at once give exactly
+"""The warm reader pool (engine/reading/pool.py): long videos read by several readers at once give exactly
 the frames one reader gives; stopping the engine, or the death of its process, leaves no reader alive.
 
 Faults (hangs, crashes, memory) and the replacement of a reader: tests/test_decoder_faults.py. The pool

@@ -1,5 +1,5 @@
-"""An upload's soundtrack as a reader process reads it (engine/soundtrack_pyav.py) and sends it (engine/soundtrack.py),
-and the audio input it becomes for Nemotron-H Omni (engine/audio_inputs.py), against transformers' processor and
+"""An upload's soundtrack as a reader process reads it (engine/reading/pyav_soundtrack.py) and sends it (engine/reading/soundtrack.py),
+and the audio input it becomes for Nemotron-H Omni (engine/prompt/audio.py), against transformers' processor and
 the tiny model directly.
 
 The clips are muxed with PyAV (tests/sound_clips.py: H.264 and an audio stream from a numpy waveform), which

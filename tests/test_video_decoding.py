@@ -1,4 +1,4 @@
-"""How the child decodes (engine/video_pyav.py): seeking to keyframes, skipping frames nothing refers to,
+"""How the child decodes (engine/reading/pyav_video.py): seeking to keyframes, skipping frames nothing refers to,
 decoding at a reduced size. Each shortcut must give the frames decoding everything from the start gives,
 to the bit, and must actually save work. Run in this process (no child) on files made with PyAV.
 """
@@ -64,7 +64,7 @@ def test_planned_decoding_gives_the_frames_decoding_everything_gives(tmp_path, n
 
 @pytest.mark.parametrize("name, container_format, codec, options", LONG_GOP[:3], ids=[row[0] for row in LONG_GOP[:3]])
 def test_the_decoder_thread_count_changes_no_pixel(tmp_path, name, container_format, codec, options):
-    """The pool gives readers fewer decoder threads when they share the cores (engine/reader_pool.py): one
+    """The pool gives readers fewer decoder threads when they share the cores (engine/reading/pool.py): one
     thread, frame threads and the default must give the same frames."""
     path = write_video(tmp_path / name, container_format, codec, SIX_SECONDS, options=options)
     _, plan = plan_file(str(path), FRAME_SAMPLING, 600.0, 2, 10**8)

@@ -47,7 +47,7 @@ Outputs, streamed as a tuple (answer, stats, figures, frames):
 An intermediate update carries {"__type__": "update"} for an output that did not change; the final
 result always carries all four. User errors (no video, empty question, unreadable / too long / too
 large video, bad settings, server busy) come back as errors whose message is one sentence, the one every
-other way in gives for the same mistake (engine/front_door.py); the numbers have no slider's ends here.
+other way in gives for the same mistake (engine/front/door.py); the numbers have no slider's ends here.
 
 API endpoint `/sweep` (gradio_client: `client.predict(video, question, api_name="/sweep")`)
 --------------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """Async generator handlers that bridge Gradio events to the one engine, through its front door
-(engine/front_door.py: settings, sentences, the merged stream).
+(engine/front/door.py: settings, sentences, the merged stream).
 
 Each question becomes one engine request (two in compare mode: q=0 and the chosen q, submitted together
 so they share the ViT forward and decode steps). With "Think first" on, the model's thinking streams into a
@@ -101,7 +101,7 @@ class Handlers:
     ) -> AsyncIterator[tuple]:
         """The `/ask` API endpoint: streams (answer, stats, figures, frames); see ui/__init__.py.
 
-        A setting left out (None) takes the engine's default (front_door.defaults), as the sliders do. With
+        A setting left out (None) takes the engine's default (door.defaults), as the sliders do. With
         enable_thinking, the thinking so far rides in the stats output. hear_soundtrack: None hears it on a
         model that can.
         """

@@ -1,6 +1,6 @@
 """The q sweep: one question about one video answered at several pruning rates at once.
 
-The requests go to the engine as one burst (`engine.paused()`, through front_door.follow): the video is
+The requests go to the engine as one burst (`engine.paused()`, through door.follow): the video is
 read once, its features come from one ViT forward (identical uploads are encoded once), and the
 prompts prefill and decode together. What comes back is the picture the EVS papers print, for the
 user's own video: the answers side by side, kept tokens, TTFT and prefill time against q, and a table of
@@ -109,7 +109,7 @@ class Sweep:
         """The `/sweep` endpoint: streams (table, figure, answers_html); see ui/__init__.py.
 
         rates: pruning rates as "0, 0.3, 0.5" (or a list of numbers). A setting left out (None) takes the
-        engine's default (front_door.defaults). enable_thinking: every rate thinks first (the page's
+        engine's default (door.defaults). enable_thinking: every rate thinks first (the page's
         "Think first"); the cards show the answers, the stats count the thinking. hear_soundtrack: every rate
         hears the soundtrack (None: on a model that can); EVS never prunes it.
         """

@@ -1,6 +1,6 @@
 """Real checkpoints' exact architectures with random weights, built without the Hub: `random:<checkpoint>`.
 
-    random:Qwen/Qwen3-VL-4B-Instruct     one of the checkpoints stored in engine/checkpoints/
+    random:Qwen/Qwen3-VL-4B-Instruct     one of the checkpoints stored in engine/checkpoints/specs/
     random:/path/to/spec.json            any spec file of the same shape
 
 No machine of this project can download a checkpoint, the GPU machines it borrows included, so real
@@ -60,7 +60,7 @@ def is_random(name: str) -> bool:
 
 
 def stored_checkpoints() -> list[str]:
-    """Hub ids of the checkpoints whose specs ship in engine/checkpoints/."""
+    """Hub ids of the checkpoints whose specs ship in engine/checkpoints/specs/."""
     return sorted(json.loads(path.read_text())["checkpoint"] for path in CHECKPOINTS_DIR.glob("*.json"))
 
 

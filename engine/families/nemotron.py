@@ -11,7 +11,7 @@ from .base import AudioInputs, Family, VideoFeatures, VideoInputs
 class NemotronOmni(Family):
     """Nemotron-H Omni (transformers' `nemotron_h_omni`): a RADIO vision tower that packs two frames per
     tubelet, a pixel-shuffle projector, and a NemotronH language model of Mamba-2, attention and MoE layers
-    (engine/lm_state.py keeps its Mamba layers' conv and SSM state, like Gated DeltaNet's).
+    (engine/state/lm_state.py keeps its Mamba layers' conv and SSM state, like Gated DeltaNet's).
 
     The processor writes each tubelet as `Frame i sampled at t seconds and frame i+1 sampled at t' seconds: `
     + `<img>` + one `<image>` per token + `</img>`, the tubelets joined by newlines: one temporal group per

@@ -48,7 +48,7 @@ class Qwen3VL(Family):
 
 class Qwen35(Qwen3VL):
     """Qwen3.5 and Qwen3.6, dense and MoE: Qwen3-VL's prompt, timestamps and positions; no DeepStack in the
-    released configs; a hybrid language model (engine/lm_state.py keeps its recurrent layers' state). The chat
+    released configs; a hybrid language model (engine/state/lm_state.py keeps its recurrent layers' state). The chat
     template trims messages and has the enable_thinking switch: the answer opens with a think block, which
     the model fills and closes (thinking) or which comes empty (not)."""
 

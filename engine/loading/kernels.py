@@ -14,7 +14,7 @@ sm80+). This module registers it with transformers' AttentionInterface under `TO
 contains "flash" on purpose so the ViT takes its varlen branch (transformers tests for that substring).
 
 Only the vision tower uses it; the language model keeps sdpa. The engine's prefill and decode give the
-language model explicit padded attention masks and positions (engine/lm.py, engine/decode_batch.py), which
+language model explicit padded attention masks and positions (engine/worker/lm.py, engine/state/decode_batch.py), which
 the sdpa path handles as is, while a varlen kernel would need the batch unpadded and a KV cache laid out
 for it. So `install` sets the kernel on `config.vision_config` only, after the model is built with sdpa
 (transformers would try to fetch any unknown "flash"-named implementation as a Hub kernel at build time).

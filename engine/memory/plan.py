@@ -30,13 +30,13 @@ that hears, A audio tokens: the longest soundtrack it is given, EngineConfig.max
   x value head_dim, float32), as transformers' LinearAttentionLayer holds them: 49.5 MiB a sequence on
   Qwen3.5-9B (24 layers x (8,192 x 4 x 2 + 32 x 128 x 128 x 4 bytes)). 0 on KV-only models. Mamba-2 has the
   same two tensors (LinearAttentionDims.from_text_config maps its sizes onto these names).
-- kv_copies = 3: a request joining or leaving rebuilds the decode batch (engine/decode_batch.py DecodeBatch.add
+- kv_copies = 3: a request joining or leaving rebuilds the decode batch (engine/state/decode_batch.py DecodeBatch.add
   / remove through lm_state.batch_cache): for a moment the old batch with the joining row's own cache (one
   copy of every row) and the new batch's buffers (a second) are alive together; the third is slack for the
   caching allocator, which cannot hand the old batch's blocks to a batch one row larger. The recurrent
   states are rebuilt the same way, so they count three times too.
 - The prefix cache keeps a hybrid model's state snapshots (at the end of [system + video] and where the
-  last answer began) beside the KV it stores; they count inside its byte bound (engine/prefix_cache.py), which
+  last answer began) beside the KV it stores; they count inside its byte bound (engine/state/prefix_cache.py), which
   is part of reserved.
 - Every row is planned at the worst case, q = 0 (nothing pruned; compare mode always sends a q = 0
   request), and left padding makes every row of the batch as long as the longest.
@@ -44,7 +44,7 @@ that hears, A audio tokens: the longest soundtrack it is given, EngineConfig.max
   layer (inference mode), so only the largest of the three counts, at one layer's worth: the towers' depth
   does not enter. A request over the ViT patch budget is encoded alone, hence max(vit_patch_budget, V * merge^2).
   The audio tower's attention is quadratic in the soundtrack's length (AudioDims.forward_bytes); it takes one
-  soundtrack per forward (engine/vision.py), so one soundtrack's forward counts.
+  soundtrack per forward (engine/worker/vision.py), so one soundtrack's forward counts.
   A hybrid model's prefill peaks in its linear-attention layers, whose chunked delta rule runs in float32
   (ModelDims.prefill_bytes).
 - margin (10%) covers what the estimate leaves out: allocator fragmentation, cuBLAS / attention
@@ -82,7 +82,7 @@ class PlanSettings:
     Qwen3-VL's per-group timestamp and markers (a handful of tokens a group, some 600 at 64 groups) and a
     few turns of history. new_tokens: answer tokens planned per request, the UI's slider maximum; an API
     request may ask for up to the engine's 4,096 when the rest of its row leaves room (Plan.check_request
-    counts the whole row). spare_tokens: KV slots a growing cache allocates ahead (engine/lm_state.py
+    counts the whole row). spare_tokens: KV slots a growing cache allocates ahead (engine/state/lm_state.py
     GrowingLayer.SPARE_TOKENS). vit_patch_budget: the ViT forward budget in patches. reserved_bytes: device
     memory held by the feature and prefix caches at their bounds. margin_fraction: of the free memory,
     kept back. kv_copies: of the decode batch's KV and recurrent state alive while it is rebuilt (module
@@ -299,7 +299,7 @@ def engine_plan(loaded, config, planned_video_tokens: int, vit_patch_budget: int
 
 def checkpoint_config(model: str):
     """The config of `model`, read without building anything: random:<checkpoint> from its stored spec
-    (engine/random_checkpoints.py), anything else through AutoConfig, offline: a local folder, or a Hub id
+    (engine/checkpoints/random_weights.py), anything else through AutoConfig, offline: a local folder, or a Hub id
     already in the local cache. Raises UnknownCheckpoint, OSError or ValueError when there is none."""
     from transformers import AutoConfig
 

@@ -1,4 +1,4 @@
-"""A soundtrack's samples (engine/soundtrack.py, read in the reader process) as the audio input of a
+"""A soundtrack's samples (engine/reading/soundtrack.py, read in the reader process) as the audio input of a
 Nemotron-H Omni processor (transformers' `nemotron_h_omni`), on the engine's side of the pipe.
 
 The processor takes mono float32 samples at its feature extractor's rate (ParakeetFeatureExtractor: 16,000 Hz,

@@ -1,5 +1,5 @@
 """Which frames of a video to sample and at what size: arithmetic on frame counts, presentation times and
-frame sizes, nothing read. The reader process plans its reads with it (engine/video_pyav.py); training,
+frame sizes, nothing read. The reader process plans its reads with it (engine/reading/pyav_video.py); training,
 which draws its own clips, picks their frames the same way without a reader.
 """
 

@@ -14,7 +14,7 @@ for) fires when the thread that started a child ends, not only the process: the 
 the pool. A reader therefore dies with the engine's process even mid-decode, and exits when its stdin
 closes. The pool never holds more readers than its size: each of `size` slots is starting, idle or busy.
 
-A video worth splitting (engine/video_segments.py) comes back from its first reader as its timeline and
+A video worth splitting (engine/reading/segments.py) comes back from its first reader as its timeline and
 keyframe groups (units) instead of frames; the pool hands runs of whole units to that reader and to the
 readers idle at that moment, all decoding at once, and the caller puts the frames back in sampled order. The
 first segment's reader reads the soundtrack too.
@@ -115,7 +115,7 @@ class ReaderPool:
         self._keeper.start()
 
     def read(self, request: dict, timeout_s: float, *, count_wait: bool = False) -> Read:
-        """Read one upload: `request` is engine/video_reader.py's "read" request but for op and parts.
+        """Read one upload: `request` is engine/reading/reader_process.py's "read" request but for op and parts.
         timeout_s bounds the reading, from handing the file to a reader; with count_wait it also bounds the
         wait for a free reader (a pool started for one file: its reader's start). Past it the answer is
         "too_slow". Without count_wait the wait lasts while the pool makes progress: it ends "too_slow" only

@@ -2,9 +2,9 @@
 channel of float32 samples at the rate the model's feature extractor takes (16,000 Hz for Nemotron-H Omni),
 from the stream's start and for a bounded length.
 
-It runs under the same per-file timeout and memory cap as the frames (engine/video_reader.py), which is why it
+It runs under the same per-file timeout and memory cap as the frames (engine/reading/reader_process.py), which is why it
 imports numpy and PyAV only: the reader loads a bare `engine` package, without torch or transformers
-(engine/reader_pool.py, READER_PROGRAM).
+(engine/reading/pool.py, READER_PROGRAM).
 
 Samples are placed one after another as the decoder gives them: a gap in the stream's timestamps is not filled
 with silence. The soundtrack is heard as one block beside the frames, not interleaved with them, so its length

@@ -1,4 +1,4 @@
-"""PyAV decoding, run in a reader process (engine/video_reader.py): the video's timeline from its packets, then the
+"""PyAV decoding, run in a reader process (engine/reading/reader_process.py): the video's timeline from its packets, then the
 sampled frames only, each decoded the cheapest way the file allows.
 
 1. One pass over the packets, without decoding, gives every frame's presentation time (PTS) and which

@@ -1,5 +1,5 @@
 """The reader process: a long-lived child of the engine that reads one upload at a time with PyAV
-(engine/video_pyav.py, and engine/soundtrack_pyav.py for its soundtrack). engine/reader_pool.py starts it as
+(engine/reading/pyav_video.py, and engine/reading/pyav_soundtrack.py for its soundtrack). engine/reading/pool.py starts it as
 `python -c READER_PROGRAM`, under a bare `engine` package, so engine/__init__.py (torch, transformers) never
 loads here: PyAV and numpy are its whole start-up cost, paid once, before its first file.
 
@@ -17,7 +17,7 @@ answers each request on its stdout pipe; anything the native decoder prints goes
   (0: one per core).
 - soundtrack: null, or {"rate_hz", "max_seconds"}: the file's soundtrack is read too, after the frames, and an
   "ok" answer then says {"soundtrack": {"status": "ok", "samples", "rate_hz", "cut"}} with the samples' bytes
-  after the frames' (engine/soundtrack.py; payload_bytes counts both), or {"soundtrack": {"status": "none"}}
+  after the frames' (engine/reading/soundtrack.py; payload_bytes counts both), or {"soundtrack": {"status": "none"}}
   (no audio stream) or {"status": "unreadable"} (it did not decode: the frames are answered all the same). A
   split read's soundtrack is asked of the first segment, which reads it while the other readers decode theirs.
 - Statuses that end a read: "too_long", "too_many_pixels", "out_of_memory", "unreadable".

@@ -1,12 +1,12 @@
 """Validate an uploaded video and sample its frames by time, reading it in an isolated reader process.
 
-Reading runs in a child process (engine/reader_pool.py, engine/video_reader.py) so that a malformed file
+Reading runs in a child process (engine/reading/pool.py, engine/reading/reader_process.py) so that a malformed file
 that crashes or hangs the decoder costs that process, not the server: the pool kills it after the
 timeout and starts another, and the child's memory is capped so that a file that makes the decoder
 allocate without bound fails alone. The engine keeps a warm pool of readers that have imported PyAV and
 numpy already; `read_video` without one starts a reader for the file alone, as every upload once had.
 
-The reader decodes with PyAV (engine/video_pyav.py) rather than decord 0.6, the engine's decoder before:
+The reader decodes with PyAV (engine/reading/pyav_video.py) rather than decord 0.6, the engine's decoder before:
 the frames' presentation times come from the container, so variable-frame-rate files are sampled at the
 right seconds; it reads every codec its FFmpeg has (AV1 included, which decord 0.6 cannot); and it
 decodes the 32 sampled frames of a 2-minute 1080p long-GOP H.264 file with 40% less CPU (seeking only

@@ -2,7 +2,7 @@
 
 Rows join after their own prefill and leave when done; the batch tensors are rebuilt only when the
 membership changes, never on an ordinary decode step. A decode step feeds one token per row, so no row's
-recurrent state ever sees a pad (engine/lm_state.py says why that matters).
+recurrent state ever sees a pad (engine/state/lm_state.py says why that matters).
 """
 
 import torch

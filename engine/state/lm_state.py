@@ -12,7 +12,7 @@ The two kinds of layer need different rules, and this module is where they diffe
   resume from the exact end of what it has seen (`resumable_at`), and rows stack along the batch axis with
   no padding at all. A prefill segment must never be padded behind a non-empty state: the decay is not
   masked and pads enter the conv window (tests/test_hybrid_state.py shows the error). The runner prefills
-  every row alone, unpadded, and resumes follow-ups from snapshots (engine/prefix_cache.py).
+  every row alone, unpadded, and resumes follow-ups from snapshots (engine/state/prefix_cache.py).
 """
 
 from dataclasses import dataclass

@@ -6,7 +6,7 @@ sit at the same positions whatever follows, so any shared leading run of token i
 A recurrent layer's state cannot be cut back that way: a hybrid model resumes only where a snapshot was
 taken: at the end of [system + video], and where an answer begins (a follow-up quoting it continues the
 prompt up to there, as the chat template writes an earlier answer without its think block), or at the end
-of a conversation for a family whose template writes no such opening (engine/lm_state.py).
+of a conversation for a family whose template writes no such opening (engine/state/lm_state.py).
 """
 
 import hashlib

@@ -64,7 +64,7 @@ class ModelRunner:
 
         A hybrid model's prompt runs in segments that end where a later request may continue it: the end of
         [system + video] (another question on the video) and the start of the answer's opening (a follow-up
-        quoting this answer). The recurrent state at each such end is kept as a snapshot (engine/lm_state.py)."""
+        quoting this answer). The recurrent state at each such end is kept as a snapshot (engine/state/lm_state.py)."""
         start = time.perf_counter()
         pruned = request.pruned
         length = pruned.input_ids.numel()

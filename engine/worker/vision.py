@@ -24,7 +24,7 @@ class CachedFeatures:
 
 class VisionEncoder:
     """Fills request.features for a chunk of admitted requests, in one forward: the scheduler decides the
-    chunks (engine/scheduler.py, within its patch budget)."""
+    chunks (engine/scheduling/scheduler.py, within its patch budget)."""
 
     def __init__(self, model, family: Family, model_name: str, cache_bytes: int):
         self.model = model
