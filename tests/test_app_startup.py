@@ -228,7 +228,7 @@ def test_device_cuda_without_a_gpu_is_one_line(tmp_path):
 
 def checkpoint_folder(tmp_path: Path, checkpoint: str) -> Path:
     """A folder holding only the checkpoint's published config.json: enough to count its parameters."""
-    stored = json.loads((ROOT / "engine" / "checkpoints" / f"{checkpoint.replace('/', '--')}.json").read_text())
+    stored = json.loads((ROOT / "engine" / "checkpoints" / "specs" / f"{checkpoint.replace('/', '--')}.json").read_text())
     folder = tmp_path / checkpoint.split("/")[-1]
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps(stored["config"]))
