@@ -3,10 +3,12 @@
     clip = shape_clip(seed)                 # ShapeClip: frames (N, H, W, 3) uint8 + what is in them
     for question, answer in clip.questions(): ...
     write_shape_clip(path, seed)            # the same clip as an H.264 MP4, as a user would upload it
+    pair = clip_pair(seed)                  # two clips of different colours: "Which clip has the red shape?"
 
 Everything follows from the seed, so training (train/tiny_trained.py), the held-out accuracy benchmark
 (bench/accuracy.py) and the app's example clips draw from one family. Seeds below HELD_OUT_FROM train;
-seeds from it on are never trained on.
+seeds from it on are never trained on. One question is about two clips at once (clip_pair): which of them
+has a given colour, the first or the second, which only the order of the clips in the prompt tells apart.
 
 Why these choices: a plain background and a shape 35-45 % of the frame side are what a 2 M-parameter
 model learns from scratch in minutes on a CPU (a textured background with a small shape did not train).
@@ -125,6 +127,38 @@ def write_shape_clip(path, seed: int, size_px: int = SIZE_PX) -> Path:
         for packet in stream.encode():
             container.mux(packet)
     return path
+
+
+# The two-clip question: two clips of different colours, asked which one shows a colour; "pair" beside the
+# single-clip question types.
+PAIR = "pair"
+PAIR_QUESTION = "Which clip has the {colour} shape, first or second?"
+PAIR_ANSWERS = ("first", "second")
+
+
+@dataclass(frozen=True)
+class ClipPair:
+    """Two clips asked about together: seeds (first, second) in the order the prompt shows them, the colour
+    asked about (exactly one of the two has it) and the answer, "first" or "second"."""
+
+    seeds: tuple[int, int]
+    colour: str
+    answer: str
+
+    @property
+    def question(self) -> str:
+        return PAIR_QUESTION.format(colour=self.colour)
+
+
+def clip_pair(seed: int) -> ClipPair:
+    """The pair of `seed`: its clip first, then the next seed's whose colour differs; which of the two the
+    question asks about follows from the seed too (either, as often). Seeds of a held-out first clip give
+    held-out pairs."""
+    first = shape_clip(seed).colour
+    second = next(s for s in range(seed + 1, seed + 1000) if shape_clip(s).colour != first)
+    asked = int(np.random.default_rng([seed, 2]).integers(2))
+    colour = first if asked == 0 else shape_clip(second).colour
+    return ClipPair((seed, second), colour, PAIR_ANSWERS[asked])
 
 
 def held_out_seeds(first: int, count: int) -> list[int]:

@@ -137,7 +137,7 @@ def vit_batching(engine: Engine, clip: Path, work: dict, repeats: int = 3) -> di
     for _ in range(repeats):
         together.append(vit_forward_s(engine, [prompt] * USERS))
         separate.append(sum(vit_forward_s(engine, [prompt]) for _ in range(USERS)))
-    return {"videos": USERS, "patches_per_video": int(prompt.pixel_values.shape[0]),
+    return {"videos": USERS, "patches_per_video": len(prompt.media[0].pixel_values),
             "one_forward_s": statistics.median(together), "separate_forwards_s": statistics.median(separate),
             "ratio": statistics.median(together) / statistics.median(separate)}
 

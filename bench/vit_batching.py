@@ -19,7 +19,7 @@ from .workload import QUESTION
 def vit_batching(engine: Engine, clips: list[Path], sampling: FrameSampling, repeats: int) -> dict:
     """Medians over `repeats` rounds, each measuring the three ways back to back (drift hits all alike)."""
     prompts = prepared_prompts(engine, clips, sampling, QUESTION)
-    sizes = [prompt.pixel_values.shape[0] for prompt in prompts]
+    sizes = [sum(len(medium.pixel_values) for medium in prompt.media) for prompt in prompts]
     budget = vit_patch_budget(engine.config, engine.loaded.device.type)
     chunks = vision_chunks(sizes, budget)
     vit_forward_s(engine, prompts[:1])  # warm-up: kernel selection, allocator growth

@@ -1,6 +1,7 @@
 """Timing the vision tower outside the engine, on the prompts the engine would build (shared by
 `python -m bench` and bench/gpu_check.py)."""
 
+import dataclasses
 import time
 from pathlib import Path
 
@@ -30,13 +31,14 @@ def vit_forward_s(engine: Engine, prompts: list[UnprunedPrompt]) -> float:
     counts twice), waiting for the GPU to finish."""
     loaded = engine.loaded
     device = loaded.model.device
-    pixels = torch.cat([prompt.pixel_values for prompt in prompts]).to(device)
-    grids = torch.stack([prompt.grid_thw_patches for prompt in prompts]).to(device)
+    media = [dataclasses.replace(medium, pixel_values=medium.pixel_values.to(device),
+                                 grid_thw_patches=medium.grid_thw_patches.to(device))
+             for prompt in prompts for medium in prompt.media]
     with torch.inference_mode():
         if device.type == "cuda":
             torch.cuda.synchronize(device)  # the copies above are not part of the forward
         start = time.perf_counter()
-        engine.family.encode(loaded.model, pixels, grids)
+        engine.family.encode_media(loaded.model, media)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         return time.perf_counter() - start

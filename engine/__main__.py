@@ -1,5 +1,8 @@
 """Command line: `python -m engine --video clip.mp4 --question "..." --pruning-rate 0.7 [--model tiny-random]`.
 
+`--video` and `--image` may be given several times: every one is asked about in one question, in the order
+given (the kind is read from the file's content; the two flags differ only in what they say).
+
 Prints the answer as it streams (with --think, the model's thinking first, on stderr), then the stats as
 JSON. A model with an audio tower hears the video's soundtrack unless --no-soundtrack. A user error prints
 its sentence and exits 2.
@@ -37,7 +40,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="print what loading --model on --device would give, as JSON, and exit")
     parser.add_argument("--plan-gib", type=float, nargs="+", metavar="GIB",
                         help="print the GPU memory plan --model would get with GIB free after loading, and exit")
-    parser.add_argument("--video", help="path to a video file")
+    parser.add_argument("--video", action="append", dest="media", metavar="PATH",
+                        help="a video file (repeat for several; with --image, in the order given)")
+    parser.add_argument("--image", action="append", dest="media", metavar="PATH",
+                        help="a picture (repeat for several; with --video, in the order given)")
     parser.add_argument("--question")
     # Settings stay text here: the front door reads them, with the sentence every way in gives for a bad one.
     parser.add_argument("--pruning-rate",
@@ -53,8 +59,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-new-tokens", help=f"default {GenerationParams.max_new_tokens}")
     parser.add_argument("--temperature", help=f"0 answers greedily (default {GenerationParams.temperature:g})")
     args = parser.parse_args(argv)
-    if not (args.describe or args.plan_gib) and (args.video is None or args.question is None):
-        parser.error("--video and --question are required (or --describe, or --plan-gib)")
+    if not (args.describe or args.plan_gib) and (args.media is None or args.question is None):
+        parser.error("--video (or --image) and --question are required (or --describe, or --plan-gib)")
     if args.plan_gib and min(args.plan_gib) <= 0:
         parser.error("--plan-gib takes sizes above 0")
     return args
@@ -106,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         params = request_params(engine, pruning_rate=args.pruning_rate, max_new_tokens=args.max_new_tokens,
                                 temperature=args.temperature, enable_thinking=args.think,
                                 hear_soundtrack=False if args.no_soundtrack else None)
-        stream = engine.submit(video=args.video, question=args.question, params=params)
+        stream = engine.submit(media=args.media, question=args.question, params=params)
         for event in stream:
             if event.kind == "text":
                 print(event.text, end="", flush=True)

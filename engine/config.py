@@ -63,6 +63,13 @@ CPU_FRAME_SAMPLING_LIMITS = FrameSamplingLimits(max_fps=8.0, max_frames=128, max
 GPU_FRAME_SAMPLING_LIMITS = FrameSamplingLimits(max_fps=8.0, max_frames=256, max_pixels_per_frame=896 * 896)
 
 
+def max_media(config, device_type: str) -> int:
+    """Videos and images one request may carry: EngineConfig.max_media, else by device ("cuda" or another)."""
+    if config.max_media is not None:
+        return config.max_media
+    return GPU_MAX_MEDIA if device_type == "cuda" else CPU_MAX_MEDIA
+
+
 def default_frame_sampling(device_type: str) -> FrameSampling:
     """How frames are sampled when a request does not say: by the device the model runs on ("cuda",
     "cpu", ...; anything but "cuda" gets the CPU defaults)."""
@@ -101,6 +108,14 @@ MAX_FILE_BYTES = 200 << 20
 # The most of an upload's soundtrack a model that hears is given, from its start: 10 minutes are 7,501 audio
 # tokens on Nemotron-H Omni (12.5 a second) and 38 MB of samples at 16 kHz; past it the rest is not heard.
 MAX_SOUNDTRACK_SECONDS = 600.0
+# The largest picture (a still image, or an animated one's frames) as stored: 50 megapixels pass a 48-megapixel
+# phone photo (8064x6048), whose decoded pixels are 146 MB; a PNG that says 40,000 x 40,000 (1,600 megapixels,
+# a decompression bomb of a few KB) is refused from its header, before any pixel is decoded.
+MAX_PICTURE_PIXELS = 50_000_000
+# The most videos and images one request may carry (EngineConfig.max_media: None picks by device). Each is read,
+# encoded and planned in full, so the device's defaults allow what its memory plan and ViT budget hold easily:
+# four on a CPU, eight on a GPU.
+CPU_MAX_MEDIA, GPU_MAX_MEDIA = 4, 8
 
 
 @dataclass
@@ -112,6 +127,9 @@ class EngineConfig:
     frame_sampling: FrameSampling | None = None
     max_video_seconds: float = MAX_VIDEO_SECONDS
     max_video_source_pixels: int = MAX_VIDEO_SOURCE_PIXELS  # width*height of the frames as stored, before resizing
+    max_picture_pixels: int = MAX_PICTURE_PIXELS  # width*height of a picture as stored, before resizing
+    # Videos and images in one request; None: CPU_MAX_MEDIA on a CPU, GPU_MAX_MEDIA on a GPU (`max_media`).
+    max_media: int | None = None
     read_memory_bytes: int = READ_MEMORY_BYTES  # a reader process's memory cap per file (RLIMIT_DATA)
     max_file_bytes: int = MAX_FILE_BYTES
     read_timeout_s: float = 60.0  # reading one upload, once a reader has it (waiting for one is not counted)
@@ -177,6 +195,8 @@ class GenerationParams:
 LIMIT_ENV = {
     "max_video_seconds": "EVS_MAX_VIDEO_SECONDS",
     "max_video_source_pixels": "EVS_MAX_VIDEO_SOURCE_PIXELS",
+    "max_picture_pixels": "EVS_MAX_PICTURE_PIXELS",
+    "max_media": "EVS_MAX_MEDIA",
     "read_timeout_s": "EVS_READ_TIMEOUT_S",
     "read_memory_bytes": "EVS_READ_MEMORY_BYTES",
     "max_soundtrack_seconds": "EVS_MAX_SOUNDTRACK_SECONDS",
@@ -198,7 +218,9 @@ OLD_LIMIT_ENV = {
 def limits_from_env(environ=os.environ) -> dict:
     """EngineConfig fields for every LIMIT_ENV variable set in environ (or its OLD_LIMIT_ENV name);
     ValueError names a bad one."""
-    kinds = {name: type(getattr(EngineConfig, name)) for name in LIMIT_ENV}
+    # A limit whose default is None (picked by device) takes a whole number.
+    kinds = {name: int if getattr(EngineConfig, name) is None else type(getattr(EngineConfig, name))
+             for name in LIMIT_ENV}
     found = {}
     for name, variable in LIMIT_ENV.items():
         text = environ.get(variable, "").strip()

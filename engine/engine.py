@@ -4,6 +4,7 @@ import contextlib
 import itertools
 import logging
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -17,12 +18,13 @@ from .config import (
     GenerationParams,
     default_frame_sampling,
     frame_sampling_limits,
+    max_media,
     video_tokens,
     vit_patch_budget,
 )
 from .errors import QUEUE_FULL, RESTARTING, BusyError, InputError
 from .families.registry import family_for, video_geometry
-from .front.checks import check_markup, check_request, model_markup
+from .front.checks import check_markup, check_request, media_paths, model_markup
 from .front.metrics import Metrics
 from .loading.load import load_model
 from .memory.plan import Plan, engine_plan
@@ -124,6 +126,7 @@ class Engine:
             # Whether the model has an audio tower: GenerationParams.hear_soundtrack does something, and the
             # soundtrack is heard by default.
             "hears": self._hears,
+            "max_media": self.max_media,  # videos and pictures one request may carry
             "is_tiny": loaded.is_tiny,
             "random_weights": loaded.random_weights,
             "about": loaded.about,
@@ -138,6 +141,11 @@ class Engine:
     def frame_sampling_limits(self) -> FrameSamplingLimits:
         """The sampling ranges a UI should offer on this engine's device."""
         return self._frame_sampling_limits
+
+    @property
+    def max_media(self) -> int:
+        """Videos and pictures one request may carry (EngineConfig.max_media, else the device's default)."""
+        return max_media(self.config, self.loaded.device.type)
 
     @property
     def memory_plan(self) -> Plan:
@@ -183,27 +191,32 @@ class Engine:
 
     def submit(
         self,
-        video: str | Path | None,
-        question: str,
+        video: str | Path | None = None,
+        question: str | None = None,
         params: GenerationParams | None = None,
         history: list[tuple[str, str]] | tuple = (),
+        media: Sequence[str | Path] | None = None,
     ) -> Stream:
-        """Queue a question about a video; returns at once with the request's Stream. Without params, the
-        defaults at the checkpoint's own pruning rate (model_info["default_pruning_rate"]).
+        """Queue a question about uploads; returns at once with the request's Stream. video: one upload; media:
+        several (videos and still pictures, in the order the prompt shows them; a follow-up sends the same
+        ones, a new one appended); give one of the two. Without params, the defaults at the checkpoint's own
+        pruning rate (model_info["default_pruning_rate"]).
 
-        Raises InputError for a bad question or parameters and BusyError when the queue is full; problems
-        with the video itself (unreadable, too long, too large) arrive through the stream.
+        Raises InputError for a bad question, parameters or too many media, and BusyError when the queue is
+        full; problems with an upload itself (unreadable, too long, too large) arrive through the stream.
         """
         try:
             params = params or GenerationParams(pruning_rate=self._default_pruning_rate)
-            history = check_request(video, question, params, history, self.config, self._frame_sampling_limits)
+            paths = media_paths(video, media)
+            history = check_request(paths, question, params, history, self.config, self._frame_sampling_limits,
+                                    self.max_media)
             self._check_text_tokens(question, history)
             with self._submit_lock:
                 if self._closed:
                     raise BusyError(RESTARTING)
                 if not self._admission.acquire(blocking=False):
                     raise BusyError(QUEUE_FULL)
-                return self._accept(video, question, params, history)
+                return self._accept(paths, question, params, history)
         except (InputError, BusyError):
             self.metrics.refused()
             raise
@@ -225,11 +238,11 @@ class Engine:
             raise InputError(f"The conversation so far is {earlier:,} tokens long; the limit is "
                              f"{self.config.max_history_tokens:,}: please start a new conversation.")
 
-    def _accept(self, video, question: str, params: GenerationParams, history) -> Stream:
+    def _accept(self, paths: list, question: str, params: GenerationParams, history) -> Stream:
         stream = Stream(next(self._ids), on_end=self.metrics.ended)
         request = Request(
             stream=stream,
-            video_path=str(video),
+            media_paths=[str(path) for path in paths],
             question=question.strip(),
             history=history,
             params=params,

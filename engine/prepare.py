@@ -20,10 +20,12 @@ from .detokenize import SplitDetokenizer
 from .errors import InputError
 from .lru import ByteLRU
 from .memory.plan import Plan
-from .prompt.unpruned import UnprunedPrompt, unpruned_prompt
+from .prompt.unpruned import MediumPrompt, UnprunedPrompt, unpruned_prompt
+from .reading.media import Medium, is_video, read_medium
 from .reading.pool import ReaderPool
-from .reading.video import SampledVideo, file_sha256, read_video
+from .reading.video import file_sha256
 from .scheduling.request import Request
+from .stats import Stats
 from .stream import Event
 
 log = logging.getLogger(__name__)
@@ -32,19 +34,52 @@ NO_SOUNDTRACK = "the upload has no soundtrack"
 UNREADABLE_SOUNDTRACK = "the soundtrack could not be read; answering from the frames"
 
 
-def soundtrack_verdict(hears: bool, asked: bool | None, video: SampledVideo, prompt: UnprunedPrompt) -> str:
-    """The `soundtrack` stat: "unsupported" (the model has no audio tower), "off" (the request turned it off),
-    "unreadable" (its stream did not decode), "none" (no audio stream, or one too short to hear), "cut" (only
-    its first max_soundtrack_seconds were heard) or "heard"."""
+def soundtrack_verdict(hears: bool, asked: bool | None, medium: Medium, prompt: MediumPrompt) -> str:
+    """The `soundtrack` stat of one medium: "unsupported" (the model has no audio tower), "off" (the request
+    turned it off), "unreadable" (its stream did not decode), "none" (no audio stream, one too short to hear, or
+    a still picture), "cut" (only its first max_soundtrack_seconds were heard) or "heard"."""
     if not hears:
         return "unsupported"
     if asked is False:
         return "off"
-    if video.soundtrack_status == "unreadable":
+    if is_video(medium) and medium.soundtrack_status == "unreadable":
         return "unreadable"
     if prompt.audio is None:
         return "none"
-    return "cut" if video.soundtrack.cut else "heard"
+    return "cut" if medium.soundtrack.cut else "heard"
+
+
+def read_stats(stats: Stats, media: list[Medium], prompt: UnprunedPrompt, hears: bool,
+               asked: bool | None) -> list[str]:
+    """Fill what reading and the processor say into stats: `media`, one dict per medium (kept tokens come after
+    EVS), and the totals over the videos; returns the status lines to send (one medium's lines as before, each
+    named by its place among several)."""
+    stats.media, lines = [], []
+    for number, (medium, part) in enumerate(zip(media, prompt.media), start=1):
+        entry = {"kind": part.kind, "tokens_total": part.tokens, "tokens_kept": None, "grid_thw": list(part.grid_thw)}
+        if part.is_image:
+            entry["size"] = [int(medium.pixels.shape[1]), int(medium.pixels.shape[0])]
+            said = [f"read a picture of {entry['size'][0]}x{entry['size'][1]}"]
+        else:
+            verdict = soundtrack_verdict(hears, asked, medium, part)
+            seconds = medium.soundtrack.seconds if part.audio is not None else 0.0
+            entry.update(frames_sampled=len(medium.frames), sampled_fps=medium.sampled_fps,
+                         timestamps_s=list(part.timestamps_s), tokens_kept_per_frame=None, soundtrack=verdict,
+                         audio_tokens=part.audio_tokens, audio_seconds=seconds)
+            said = [f"read {len(medium.frames)} frames at {medium.sampled_fps:.3g} fps"]
+            if line := soundtrack_status_line(verdict, seconds):
+                said.append(line)
+        stats.media.append(entry)
+        lines += said if len(media) == 1 else [f"{line} ({part.kind} {number} of {len(media)})" for line in said]
+    videos = [entry for entry in stats.media if entry["kind"] == "video"]
+    first = videos[0] if videos else {}
+    stats.video_tokens_total = sum(entry["tokens_total"] for entry in videos)
+    stats.frames_sampled = sum(entry["frames_sampled"] for entry in videos)
+    stats.sampled_fps, stats.grid_thw = first.get("sampled_fps"), first.get("grid_thw")
+    stats.audio_tokens = sum(entry["audio_tokens"] for entry in videos)
+    stats.audio_seconds = sum(entry["audio_seconds"] for entry in videos)
+    stats.soundtrack = first.get("soundtrack") or ("unsupported" if not hears else "off" if asked is False else "none")
+    return lines
 
 
 def soundtrack_status_line(verdict: str, seconds: float) -> str | None:
@@ -115,42 +150,37 @@ class Preparer:
             stream.push(Event("done", stats=request.stats.as_dict()))
             return
         try:
-            stream.push(Event("status", "reading video"))
+            count = len(request.media_paths)
+            stream.push(Event("status", "reading video" if count == 1 else f"reading {count} files"))
             start = time.perf_counter()
             sampling = request.frame_sampling
             hear = self._hears and request.params.hear_soundtrack is not False
-            request.video, read_now = self._sampled_video(request.video_path, sampling, hear)
+            request.media, read_now = self._read_media(request.media_paths, sampling, hear)
             think_end = self._think_end if request.params.enable_thinking else None
             request.prompt = unpruned_prompt(
                 self.loaded,
                 self.family,
-                request.video,
+                request.media,
                 request.question,
                 request.history,
                 self._system_prompt,
                 sampling.max_pixels_per_frame,
                 thinking=think_end is not None,
-                soundtrack=request.video.soundtrack if hear else None,
+                hear=hear,
             )
-            T, h, w = request.prompt.grid_thw
             stats = request.stats
-            stats.soundtrack = soundtrack_verdict(self._hears, request.params.hear_soundtrack, request.video,
-                                                  request.prompt)
-            stats.audio_tokens = int(request.prompt.is_audio.sum())
-            stats.audio_seconds = request.video.soundtrack.seconds if request.prompt.audio is not None else 0.0
             stats.read_video_s = time.perf_counter() - start
-            stats.read_wait_s = request.video.read_wait_s if read_now else 0.0
-            stats.read_s = request.video.read_s if read_now else 0.0
-            stats.frames_sampled = len(request.video.frames)
-            stats.sampled_fps = request.video.sampled_fps
-            stats.grid_thw, stats.video_tokens_total = [T, h, w], T * h * w
-            self._check_context(request.prompt.input_ids.numel(), T * h * w, request.params.max_new_tokens)
+            stats.read_wait_s = sum(m.read_wait_s for m, now in zip(request.media, read_now) if now)
+            stats.read_s = sum(m.read_s for m, now in zip(request.media, read_now) if now)
+            lines = read_stats(stats, request.media, request.prompt, self._hears, request.params.hear_soundtrack)
+            prompt_tokens = request.prompt.input_ids.numel()
+            self._check_context(prompt_tokens, request.prompt.media_tokens, request.params.max_new_tokens, count)
             # Refused here, before the ViT, the KV cache or any device memory is touched.
-            self._memory_plan.check_fits(T * h * w, request.prompt.input_ids.numel(), request.params.max_new_tokens)
+            self._memory_plan.check_fits(request.prompt.media_tokens, prompt_tokens, request.params.max_new_tokens,
+                                         media=count)
             request.detokenizer = SplitDetokenizer(self.loaded.processor.tokenizer, think_end)
             request.generator = torch.Generator().manual_seed(request.params.seed)
-            stream.push(Event("status", f"read {stats.frames_sampled} frames at {stats.sampled_fps:.3g} fps"))
-            if line := soundtrack_status_line(stats.soundtrack, stats.audio_seconds):
+            for line in lines:
                 stream.push(Event("status", line))
             stream.push(Event("status", "waiting for the GPU"))
             self._enqueue(request)
@@ -160,46 +190,70 @@ class Preparer:
                 error = RuntimeError("Something went wrong while preparing the request; please try again.")
             request.abort(error)
 
-    def _check_context(self, prompt_tokens: int, video_tokens: int, max_new_tokens: int) -> None:
+    def _check_context(self, prompt_tokens: int, media_tokens: int, max_new_tokens: int, media: int) -> None:
         """The whole prompt (counted before EVS, whose positions keep the unpruned length) and the answer
         must fit the model's context."""
         context = self.loaded.model.config.text_config.max_position_embeddings
         if prompt_tokens + max_new_tokens > context:
+            what = "The video" if media == 1 else f"The {media} videos and pictures"
             raise InputError(
-                f"The video ({video_tokens:,} tokens), the conversation and up to {max_new_tokens:,} new tokens "
+                f"{what} ({media_tokens:,} tokens), the conversation and up to {max_new_tokens:,} new tokens "
                 f"need {prompt_tokens + max_new_tokens:,} tokens, more than the model's context of {context:,}: "
                 "sample fewer frames or fewer pixels per frame, or start a new conversation.")
 
-    def _sampled_video(self, path: str, sampling: FrameSampling, hear: bool) -> tuple[SampledVideo, bool]:
-        """(sampled frames of an upload, with its soundtrack when hear; whether they were read for this request),
-        shared: a recent read is reused, and two requests on the same bytes at once (compare mode, several
-        users) wait for one read instead of running two (both count it as theirs). A read with the soundtrack
-        also serves a request without it (the frames are the same); one without serves only its like, so a
-        request that does not hear has no soundtrack decoded for it (up to 600 s of one)."""
+    def _read_media(self, paths: list[str], sampling: FrameSampling, hear: bool) -> tuple[list[Medium], list[bool]]:
+        """(each upload read, whether it was read for this request), in order; the same bytes sent twice are
+        read once. An InputError says which upload, when there are several."""
+        media, read_now, seen = [], [], {}
+        for number, path in enumerate(paths, start=1):
+            try:
+                medium, now = self._medium(path, sampling, hear, seen)
+            except InputError as error:
+                if len(paths) == 1:
+                    raise
+                raise InputError(f"Upload {number} of {len(paths)}: {error}") from None
+            media.append(medium)
+            read_now.append(now)
+        return media, read_now
+
+    def _medium(self, path: str, sampling: FrameSampling, hear: bool, seen: dict) -> tuple[Medium, bool]:
+        """(an upload read: a video's sampled frames, with its soundtrack when hear, or a still picture; whether it
+        was read for this request), shared: an upload already in `seen` (this request's, by content) is not read
+        again, a recent read is reused, and two requests on the same bytes at once (compare mode, several users)
+        wait for one read instead of running two (both count it as theirs). A read with the soundtrack also
+        serves a request without it (the frames are the same); one without serves only its like, so a request
+        that does not hear has no soundtrack decoded for it (up to 600 s of one)."""
         file = Path(path)
         hashable = file.is_file() and file.stat().st_size <= self.config.max_file_bytes
-        if not hashable:  # read_video says what is wrong with it
-            return self._read_video(path, sampling, None, hear), True
+        if not hashable:  # read_medium says what is wrong with it
+            return self._read(path, sampling, None, hear), True
         key = (file_sha256(path), sampling, hear)
+        if key in seen:
+            return seen[key], False
+        seen[key] = (medium := self._shared(path, sampling, hear, key))[0]
+        return medium
+
+    def _shared(self, path: str, sampling: FrameSampling, hear: bool, key: tuple) -> tuple[Medium, bool]:
+        """_medium's read through the frame cache and the reads under way, by key."""
         serving = [key] if hear else [key, (key[0], sampling, True)]
         with self._frames_lock:
-            video = next((found for k in serving if (found := self._frames.get(k)) is not None), None)
+            medium = next((found for k in serving if (found := self._frames.get(k)) is not None), None)
             pending = next((self._reading[k] for k in serving if k in self._reading), None)
-            owner = video is None and pending is None
+            owner = medium is None and pending is None
             if owner:
                 pending = self._reading[key] = Future()
-        if video is not None:
-            return video, False
+        if medium is not None:
+            return medium, False
         if not owner:
             return pending.result(), True
         try:
-            video = self._read_video(path, sampling, key[0], hear)
+            medium = self._read(path, sampling, key[0], hear)
             with self._frames_lock:
-                self._frames.put(key, video, video.nbytes)
+                self._frames.put(key, medium, medium.nbytes)
                 if hear:  # it serves requests without the soundtrack too: the same frames need not stay twice
                     self._frames.pop((key[0], sampling, False))
-            pending.set_result(video)
-            return video, True
+            pending.set_result(medium)
+            return medium, True
         except BaseException as error:
             pending.set_exception(error)
             raise
@@ -207,9 +261,9 @@ class Preparer:
             with self._frames_lock:
                 del self._reading[key]
 
-    def _read_video(self, path: str, sampling: FrameSampling, digest: str | None, hear: bool) -> SampledVideo:
+    def _read(self, path: str, sampling: FrameSampling, digest: str | None, hear: bool) -> Medium:
         config = self.config
-        return read_video(
+        return read_medium(
             path,
             sampling,
             max_seconds=config.max_video_seconds,
@@ -222,4 +276,5 @@ class Preparer:
             readers=self._readers,
             soundtrack_rate_hz=self._soundtrack_rate_hz if hear else None,
             max_soundtrack_seconds=config.max_soundtrack_seconds,
+            max_picture_pixels=config.max_picture_pixels,
         )

@@ -11,16 +11,23 @@ from dataclasses import asdict, dataclass, fields
 @dataclass(slots=True)
 class Stats:
     pruning_rate: float | None = None  # q the request asked for
-    frames_sampled: int | None = None  # video frames taken from the file
+    # One dict per medium, in order: "kind" ("video" or "image"), "tokens_total", "tokens_kept", "grid_thw"; a
+    # video's also "frames_sampled", "sampled_fps", "timestamps_s" (each temporal group's centre time),
+    # "tokens_kept_per_frame", "soundtrack", "audio_tokens", "audio_seconds"; an image's "size" ([width, height]
+    # as given to the processor).
+    media: list[dict] | None = None
+    frames_sampled: int | None = None  # video frames taken from the files, every video's
+    # Of the first video (None without one; `media` has every one's):
     sampled_fps: float | None = None  # frames sampled per second of video (below the asked fps on long videos)
     grid_thw: list[int] | None = None  # [T, h, w] in LLM tokens
-    video_tokens_total: int | None = None  # T*h*w before EVS
-    video_tokens_kept: int | None = None  # after EVS
-    tokens_kept_per_frame: list[int] | None = None  # one count per temporal group
-    audio_tokens: int | None = None  # the soundtrack's tokens in the prompt, all kept by EVS (0 when not heard)
-    audio_seconds: float | None = None  # seconds of soundtrack heard (0.0 when not heard)
-    # "heard", "cut" (its first max_soundtrack_seconds heard), "off" (the request turned it off), "none" (no
-    # audio stream, or one too short to hear), "unreadable" (it did not decode) or "unsupported" (no audio tower)
+    video_tokens_total: int | None = None  # T*h*w before EVS, summed over the videos (images are not counted)
+    video_tokens_kept: int | None = None  # after EVS, summed over the videos
+    tokens_kept_per_frame: list[int] | None = None  # the first video's, one count per temporal group
+    audio_tokens: int | None = None  # the soundtracks' tokens in the prompt, all kept by EVS (0 when not heard)
+    audio_seconds: float | None = None  # seconds of soundtrack heard, every video's (0.0 when not heard)
+    # The first video's: "heard", "cut" (its first max_soundtrack_seconds heard), "off" (the request turned it
+    # off), "none" (no audio stream, one too short to hear, or no video), "unreadable" (it did not decode) or
+    # "unsupported" (no audio tower)
     soundtrack: str | None = None
     prompt_tokens: int | None = None  # tokens the language model saw for the prompt (after pruning)
     prefill_tokens: int | None = None  # of those, the ones prefilled now (the rest came from the prefix KV cache)

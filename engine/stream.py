@@ -15,13 +15,14 @@ import numpy as np
 
 @dataclass(frozen=True)
 class EvsPicture:
-    """What the model sees of the video, sent once per request before the first token.
+    """What the model sees of one video, sent once per video of a request before the first token.
 
     frames: (T, H, W, 3) uint8 RGB, the first sampled frame of each temporal group.
     timestamps_s: (T,) centre time of each group in seconds.
     grid_thw: (T, h, w) in LLM tokens (after the spatial merge).
     kept_mask: (T, h, w) bool, True where the token reaches the language model.
     dissimilarity: (T, h, w) float16, 1 - cos to the previous group; group 0 is +inf.
+    medium: the video's place among the request's media (0 for the first; images have no picture).
     """
 
     frames: np.ndarray
@@ -29,6 +30,7 @@ class EvsPicture:
     grid_thw: tuple[int, int, int]
     kept_mask: np.ndarray
     dissimilarity: np.ndarray
+    medium: int = 0
 
 
 @dataclass(frozen=True)
@@ -36,7 +38,8 @@ class Event:
     """One thing that happened to a request.
 
     kind "status":   `text` says what the engine is doing ("reading video", "prefill", ...).
-    kind "evs":      `evs` holds the pruning picture (once, before the first token).
+    kind "evs":      `evs` holds a video's pruning picture (once per video, before the first token; a request
+                     with one video gets one, as before several could be sent).
     kind "thinking": `text` is the next piece of the model's thinking, which comes before the answer (only
                      when the request set GenerationParams.enable_thinking and the model thinks).
     kind "text":     `text` is the next piece of the answer.

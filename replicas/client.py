@@ -22,6 +22,7 @@ import logging
 import os
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +31,7 @@ from ray import serve
 from ray.exceptions import RayActorError
 from ray.serve.exceptions import RequestCancelledError
 
-from engine.front.checks import check_request
+from engine.front.checks import check_request, media_paths
 from engine.config import EngineConfig, FrameSampling, FrameSamplingLimits, GenerationParams
 from engine.errors import QUEUE_FULL, RESTARTING, SERVER_FAULT, SHUTTING_DOWN, BusyError, InputError
 from engine.memory.plan import Plan
@@ -46,6 +47,8 @@ from .wire import ERROR, HELLO, error_from_wire, event_from_wire
 log = logging.getLogger(__name__)
 
 REPLICA_LOST = "The server restarted part of its capacity; please ask again."
+# Replicas route a call by its one upload's digest; several in one question are served by a single engine.
+SEVERAL_MEDIA = "This server answers about one video or picture at a time; please ask about them one by one."
 DEFAULT_APP_NAME = "evs"
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # How often a waiting call looks at its streams' cancel flags (seconds): Stream.cancel() only sets a
@@ -218,10 +221,11 @@ class ReplicatedEngine:
     # --- requests ---------------------------------------------------------------------------------
     def submit(
         self,
-        video: str | Path | None,
-        question: str,
+        video: str | Path | None = None,
+        question: str | None = None,
         params: GenerationParams | None = None,
         history: list[tuple[str, str]] | tuple = (),
+        media: Sequence[str | Path] | None = None,
     ) -> Stream:
         """Engine.submit's contract: returns at once; InputError / BusyError for what is wrong now,
         everything about the video itself through the stream.
@@ -232,7 +236,11 @@ class ReplicatedEngine:
         """
         try:
             params = params or GenerationParams()
-            history = check_request(video, question, params, history, self.config, self.frame_sampling_limits)
+            paths = media_paths(video, media)
+            history = check_request(paths, question, params, history, self.config, self.frame_sampling_limits,
+                                    self.model_info["max_media"])
+            if len(paths) > 1:
+                raise InputError(SEVERAL_MEDIA)
             with self._lock:
                 if self._closed:
                     raise BusyError(RESTARTING)
@@ -242,7 +250,7 @@ class ReplicatedEngine:
             self.metrics.refused()
             raise
         with self._lock:
-            job = _Job(Stream(next(self._ids), on_end=self.metrics.ended), str(video), question.strip(), params,
+            job = _Job(Stream(next(self._ids), on_end=self.metrics.ended), str(paths[0]), question.strip(), params,
                        history)
             if self._held is not None:
                 self._held.append(job)

@@ -34,6 +34,7 @@ def event_to_wire(index: int, event: Event, replica: str) -> dict:
             "grid_thw": tuple(picture.grid_thw),
             "kept_mask": picture.kept_mask,
             "dissimilarity": picture.dissimilarity,
+            "medium": picture.medium,
         }
     elif event.kind == "done":
         message["stats"] = {**(event.stats or {}), "replica": replica}
@@ -55,6 +56,7 @@ def event_from_wire(message: dict) -> Event:
             grid_thw=tuple(picture["grid_thw"]),
             kept_mask=picture["kept_mask"],
             dissimilarity=picture["dissimilarity"],
+            medium=picture.get("medium", 0),
         ))
     if kind == "done":
         return Event("done", stats=message["stats"], token_ids=tuple(message["token_ids"]), logits=message["logits"])

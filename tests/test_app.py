@@ -129,7 +129,7 @@ def bad_files(tmp_path_factory, clip):
     [
         ("no video", NO_VIDEO),
         ("empty question", "Please type a question about the video."),
-        ("unreadable", "The file could not be read as a video."),
+        ("unreadable", "The file could not be read as a video or a picture."),
         ("too long", r"The video is .+ long; the limit is .+\."),
         ("rate out of range", "The pruning rate must be a number at least 0 and below 1; got 1.0."),
         ("bad history", BAD_HISTORY),
@@ -169,7 +169,7 @@ def test_concurrent_users_with_bad_uploads_among_them_are_all_served(app, clip, 
            for _ in range(2)]
     results = [job.result(timeout=180) for job in good]
     for job in bad:
-        with pytest.raises(Exception, match="could not be read as a video"):
+        with pytest.raises(Exception, match="could not be read as a video or a picture"):
             job.result(timeout=180)
     assert all(stats["generated_tokens"] == 40 for _, stats, _, _ in results)
     assert max(stats["decode_batch_max"] for _, stats, _, _ in results) > 1

@@ -102,9 +102,9 @@ def batch(clip):
 
     def get(loaded, family):
         prompts = [unpruned_prompt(loaded, family, video, "What moves?", [], "", PIXELS) for video in sampled]
-        grids = torch.stack([p.grid_thw_patches for p in prompts])
+        grids = torch.stack([p.media[0].grid_thw_patches for p in prompts])
         assert len({tuple(g.tolist()) for g in grids}) == len(prompts)  # really different sizes
-        return torch.cat([p.pixel_values for p in prompts]), grids
+        return torch.cat([p.media[0].pixel_values for p in prompts]), grids
 
     return get
 

@@ -144,13 +144,13 @@ def test_two_requests_on_the_same_upload_at_once_decode_it_once(tiny_cache_dir, 
     import engine.prepare as engine_module
 
     decodes = []
-    real_load = engine_module.read_video
+    real_load = engine_module.read_medium
 
     def counting_load(*args, **kwargs):
         decodes.append(args[0])
         return real_load(*args, **kwargs)
 
-    monkeypatch.setattr(engine_module, "read_video", counting_load)
+    monkeypatch.setattr(engine_module, "read_medium", counting_load)
     with Engine(tiny_config(tiny_cache_dir)) as eng:
         with eng.paused():  # compare mode: q = 0 and the chosen q on the same file, submitted together
             pair = [eng.submit(clip("scene_cut"), "What?", GenerationParams(pruning_rate=q, max_new_tokens=3))

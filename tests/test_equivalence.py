@@ -55,17 +55,17 @@ def full_logits_with_mask(loaded, family, prompt, features, retention):
     """Unpruned prompt, every feature in place, pruned video tokens masked out of attention."""
     model = loaded.model
     length = prompt.input_ids.numel()
-    embeds = embed_prompt(model, prompt.input_ids, prompt.is_video, features)
+    embeds = embed_prompt(model, prompt.input_ids, prompt.is_visual, features)
     positions = torch.cat([torch.arange(length)[None], prompt.positions])[:, None]
     attention = torch.ones(1, length, dtype=torch.long)
-    attention[0, prompt.is_video] = retention.long()
-    batch = LMInput(embeds[None], positions, attention, prompt.is_video[None], features.deepstack)
+    attention[0, prompt.is_visual] = retention.long()
+    batch = LMInput(embeds[None], positions, attention, prompt.is_visual[None], features.deepstack)
     return lm_logits(model, family, batch, cache=None)[0]
 
 
 def pruned_logits(loaded, family, pruned):
-    embeds = embed_prompt(loaded.model, pruned.input_ids, pruned.video_mask, pruned.features)
-    batch = LMInput(embeds[None], pruned.positions[:, None], None, pruned.video_mask[None], pruned.features.deepstack)
+    embeds = embed_prompt(loaded.model, pruned.input_ids, pruned.visual_mask, pruned.features)
+    batch = LMInput(embeds[None], pruned.positions[:, None], None, pruned.visual_mask[None], pruned.features.deepstack)
     return lm_logits(loaded.model, family, batch, cache=None)[0]
 
 
@@ -76,12 +76,12 @@ def test_pruned_logits_equal_masked_full_sequence(name, tiny_models, clip):
         loaded, family, sampled(clip("moving_object", seconds=2.0, size=(224, 224))), QUESTION, [], SYSTEM, 224 * 224
     )
     with torch.inference_mode():
-        features = family.encode(loaded.model, prompt.pixel_values, prompt.grid_thw_patches[None])[0]
-        assert bool(features.deepstack) == (name == "tiny-random")  # Qwen3-VL carries DeepStack
+        features = family.encode_media(loaded.model, prompt.media)
+        assert bool(features[0].deepstack) == (name == "tiny-random")  # Qwen3-VL carries DeepStack
         pruned = prune_prompt(prompt, features, 0.5)
-        assert 0 < pruned.retention.sum() < pruned.retention.numel()
+        assert 0 < pruned.retention[0].sum() < pruned.retention[0].numel()
         got = pruned_logits(loaded, family, pruned)
-        want = full_logits_with_mask(loaded, family, prompt, features, pruned.retention)
+        want = full_logits_with_mask(loaded, family, prompt, features[0], pruned.retention[0])
         unpruned = pruned_logits(loaded, family, prune_prompt(prompt, features, 0.0))
     torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
     assert (got - unpruned).abs().max() > 1e-3
@@ -94,7 +94,7 @@ def test_deepstack_reaches_the_pruned_path(tiny_models, clip):
         loaded, family, sampled(clip("moving_object", seconds=2.0, size=(224, 224))), QUESTION, [], SYSTEM, 224 * 224
     )
     with torch.inference_mode():
-        features = family.encode(loaded.model, prompt.pixel_values, prompt.grid_thw_patches[None])[0]
+        features = family.encode_media(loaded.model, prompt.media)
         pruned = prune_prompt(prompt, features, 0.5)
         with_deepstack = pruned_logits(loaded, family, pruned)
         pruned.features.deepstack = [torch.zeros_like(level) for level in pruned.features.deepstack]

@@ -203,18 +203,18 @@ def test_pruned_equals_the_stock_model_on_the_compacted_sequence(name, tiny_mode
     with make_engine(name, tiny_cache_dir) as engine:
         answer = engine.submit(videos[0], "What moves?", params(0.5)).result(120)
     with torch.inference_mode():
-        features = family.encode(loaded.model, prompt.pixel_values, prompt.grid_thw_patches[None])[0]
-        retention = evs.compute_retention_mask(features.embeds, prompt.grid_thw, 0.5).cpu()  # the EVS choice alone
+        features = family.encode_media(loaded.model, prompt.media)[0]
+        retention = evs.compute_retention_mask(features.embeds, prompt.media[0].grid_thw, 0.5).cpu()  # the EVS choice alone
         assert 0 < int(retention.sum()) < retention.numel()
         # The compacted prompt, built here from the unpruned one: every text token, the kept video tokens,
         # each at its unpruned MRoPE position; then the answer, teacher-forced.
-        keep = torch.ones_like(prompt.is_video)
-        keep[prompt.is_video] = retention
+        keep = torch.ones_like(prompt.is_visual)
+        keep[prompt.is_visual] = retention
         kept_ids, length = prompt.input_ids[keep], int(keep.sum())
         fed = torch.tensor(answer.token_ids[:-1])
         ids = torch.cat([kept_ids, fed])
         embeds = loaded.model.model.get_input_embeddings()(ids)
-        embeds[: length][prompt.is_video[keep]] = features.embeds[retention]
+        embeds[: length][prompt.is_visual[keep]] = features.embeds[retention]
         steps = torch.arange(fed.numel())
         next_position = int(prompt.positions.max()) + 1
         positions = torch.cat([torch.cat([torch.arange(length)[None], prompt.positions[:, keep]]),

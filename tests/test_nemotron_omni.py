@@ -149,13 +149,13 @@ def test_a_tubelet_that_keeps_no_token_keeps_its_frame_text(tiny_models, videos)
     video = read_video(videos[0], FRAME_SAMPLING, max_seconds=60, max_bytes=10**8, timeout_s=60)
     prompt = unpruned_prompt(loaded, family, video, "What moves?", [], SYSTEM, FRAME_SAMPLING.max_pixels_per_frame)
     with torch.inference_mode():
-        features = family.encode(loaded.model, prompt.pixel_values, prompt.grid_thw_patches[None])[0]
+        features = family.encode_media(loaded.model, prompt.media)
     pruned = prune_prompt(prompt, features, 0.9)
-    empty = pruned.tokens_kept_per_group.count(0)
+    kept, (T, h, w) = pruned.tokens_kept_per_group(0), prompt.media[0].grid_thw
     text = loaded.processor.tokenizer.decode(pruned.input_ids)
-    assert empty > 0 and pruned.tokens_kept_per_group[0] == prompt.grid_thw[1] * prompt.grid_thw[2]
-    assert text.count("<img></img>") == empty
-    assert all(f"Frame {2 * group + 1} sampled at" in text for group in range(prompt.grid_thw[0]))
+    assert kept.count(0) > 0 and kept[0] == h * w
+    assert text.count("<img></img>") == kept.count(0)
+    assert all(f"Frame {2 * group + 1} sampled at" in text for group in range(T))
 
 
 @pytest.mark.parametrize("name, rotary", [(NAME, False), ("tiny-random-qwen3.5", True)])

@@ -7,6 +7,7 @@ import evs
 from engine.config import FrameSampling
 from engine.families.qwen import Qwen25VL, Qwen3VL
 from engine.prompt.unpruned import unpruned_prompt
+from engine.families.base import VideoInputs
 from engine.prompt.pruned import prune_prompt
 from engine.reading.video import read_video
 
@@ -24,7 +25,8 @@ def test_qwen3_full_positions_match_stock_rope_index(tiny_models, clip):
     loaded, family, video, prompt = prepared(tiny_models, "tiny-random", clip("moving_object"))
     ids = prompt.input_ids[None]
     mm_types = (ids == loaded.model.config.video_token_id).int() * 2
-    stock, _ = loaded.model.model.get_rope_index(ids, mm_types, video_grid_thw=prompt.grid_thw_patches[None].clone())
+    grids = prompt.media[0].grid_thw_patches[None].clone()
+    stock, _ = loaded.model.model.get_rope_index(ids, mm_types, video_grid_thw=grids)
     assert torch.equal(stock[:, 0], prompt.positions)
 
 
@@ -33,7 +35,7 @@ def test_qwen25_hand_worked_long_clip_positions():
     Original Qwen rule: text after the video starts at the video's max position + 1 = start + 10 + 1."""
     family = Qwen25VL(temporal_patch=2, tokens_per_second=2)
     is_video = torch.tensor([False] * 3 + [True] * 24 + [False] * 2)
-    pos = family.full_positions(is_video, (6, 2, 2), second_per_group=1.0)
+    pos = family.full_positions(is_video, [VideoInputs(torch.zeros(0), torch.zeros(3), (6, 2, 2), 1.0)])
     assert pos[:, :3].tolist() == [[0, 1, 2]] * 3
     t = [3 + 2 * g for g in range(6) for _ in range(4)]
     h = [3 + r for _ in range(6) for r in (0, 0, 1, 1)]
@@ -52,7 +54,7 @@ def test_qwen3_groups_each_restart_temporal_position():
     family = Qwen3VL(temporal_patch=2)
     # <t><vs> 2x2 pads <ve> for each of 2 groups, then 2 text tokens
     is_video = torch.tensor([False, False, *[True] * 4, False, False, False, *[True] * 4, False, False, False])
-    pos = family.full_positions(is_video, (2, 2, 2), 0.0)
+    pos = family.full_positions(is_video, [VideoInputs(torch.zeros(0), torch.zeros(3), (2, 2, 2), 0.0)])
     assert pos[:, 2:6].tolist() == [[2, 2, 2, 2], [2, 2, 3, 3], [2, 3, 2, 3]]
     assert pos[:, 6:9].tolist() == [[4, 5, 6]] * 3
     assert pos[:, 9:13].tolist() == [[7, 7, 7, 7], [7, 7, 8, 8], [7, 8, 7, 8]]
@@ -60,10 +62,10 @@ def test_qwen3_groups_each_restart_temporal_position():
 
 
 def check_pruned_positions(prompt, pruned):
-    keep = evs.prompt_keep_mask(prompt.is_video, pruned.retention)
+    keep = evs.prompt_keep_mask(prompt.is_visual, pruned.retention[0])
     assert torch.equal(pruned.positions[1:], prompt.positions[:, keep])
     assert pruned.positions[0].tolist() == list(range(int(keep.sum())))
-    after_video = int(torch.nonzero(prompt.is_video).max()) + 1
+    after_video = int(torch.nonzero(prompt.is_visual).max()) + 1
     video_max = int(prompt.positions[:, : after_video].max())
     kept_after = int(keep[:after_video].sum())
     assert pruned.positions[1:, kept_after].tolist() == [video_max + 1] * 3
@@ -73,21 +75,21 @@ def check_pruned_positions(prompt, pruned):
 def test_pruned_positions_are_the_unpruned_ones(tiny_models, clip):
     for name in ("tiny-random", "tiny-random-qwen2.5-vl"):
         loaded, family, video, prompt = prepared(tiny_models, name, clip("moving_object"))
-        features = family.encode(loaded.model, prompt.pixel_values, prompt.grid_thw_patches[None])[0]
+        features = family.encode_media(loaded.model, prompt.media)
         pruned = prune_prompt(prompt, features, 0.6)
-        assert pruned.retention.sum() < prompt.is_video.sum()
+        assert pruned.retention[0].sum() < prompt.is_visual.sum()
         check_pruned_positions(prompt, pruned)
 
 
 def test_qwen3_empty_group_keeps_its_timestamp(tiny_models, clip):
     loaded, family, video, prompt = prepared(tiny_models, "tiny-random", clip("static"))
-    features = family.encode(loaded.model, prompt.pixel_values, prompt.grid_thw_patches[None])[0]
-    T, h, w = prompt.grid_thw
+    features = family.encode_media(loaded.model, prompt.media)
+    T, h, w = prompt.media[0].grid_thw
     pruned = prune_prompt(prompt, features, 1 - 1 / T)  # keeps exactly one group's worth
-    counts = pruned.tokens_kept_per_group
+    counts = pruned.tokens_kept_per_group(0)
     assert counts[0] == h * w and 0 in counts[1:]
     text = loaded.processor.tokenizer.decode(pruned.input_ids)
-    for t_s in prompt.timestamps_s:
+    for t_s in prompt.media[0].timestamps_s:
         assert f"<{t_s:.1f} seconds><|vision_start|>" in text
     assert text.count("<|vision_start|>") == T and text.count("<|vision_end|>") == T
     assert text.count("<|video_pad|>") == sum(counts)

@@ -20,21 +20,23 @@ _ids = iter(range(1, 10_000))
 
 @dataclass(eq=False)
 class Plain:
-    """A request as the scheduler sees it: patches to encode, prompt tokens, rate, video key."""
+    """A request as the scheduler sees it: patches to encode, prompt tokens, rate, video key; `more`: further
+    media, (key, patches) each."""
 
     patches: int
     prompt_tokens: int
     video_tokens: int
     video: str
     q: float = 0.0
+    more: tuple = ()
     id: int = field(default_factory=lambda: next(_ids))
     stage: Stage = Stage.QUEUED
 
     def __post_init__(self):
-        self.prompt = SimpleNamespace(pixel_values=[0] * self.patches, input_ids=[0] * self.prompt_tokens)
+        self.prompt = SimpleNamespace(input_ids=[0] * self.prompt_tokens)
         self.stats = Stats(video_tokens_total=self.video_tokens)
         self.params = GenerationParams(pruning_rate=self.q)
-        self.feature_key = (self.video,)
+        self.media = [(self.video, self.patches), *self.more]
         self.stream = SimpleNamespace(cancelled=False)
         self.pruned = None
 
@@ -43,7 +45,8 @@ class Plain:
 
 
 def scheduler(cached=(), max_running=16, vit=100, prefill=1000, weights=WorkWeights()) -> Scheduler:
-    return Scheduler(max_running, vit, prefill, weights, has_features=lambda r: r.video in cached)
+    return Scheduler(max_running, vit, prefill, weights,
+                     missing=lambda r: {key: patches for key, patches in r.media if key not in cached})
 
 
 def run_encode(s: Scheduler, chunk: list[Plain]) -> None:
@@ -152,3 +155,20 @@ def test_a_later_request_on_a_video_in_the_chunk_joins_its_forward():
     s.admit()
     assert s.encoding == [first, other, same_video]
     assert s.encode_chunk() == [first, same_video]
+
+
+def test_a_request_with_several_media_brings_only_those_no_earlier_request_brings():
+    """A asked alone and A with B in one burst: the second request brings B only (A is in the first), so
+    both fit one forward of 100 patches; a third needing C, which passes the budget, waits, and so does
+    any later request whose media are not all in the chunk, even one on A."""
+    s = scheduler(vit=100)
+    alone, pair = Plain(40, 30, 20, "A"), Plain(40, 60, 40, "A", more=(("B", 50),))
+    third, also_c = Plain(40, 30, 20, "C"), Plain(40, 60, 40, "A", more=(("C", 40),))
+    for request in (alone, pair, third, also_c):
+        s.add(request)
+    s.admit()
+    s.encoding[:] = [alone, pair, third, also_c]
+    assert s.encode_chunk() == [alone, pair]
+    assert s.remaining_work(pair) == pytest.approx(90 + 60)
+    s2 = scheduler(cached={"A"}, vit=100)
+    assert s2.remaining_work(pair) == pytest.approx(50 + 60)  # A's features are cached: B alone to encode

@@ -189,16 +189,17 @@ def test_evs_keeps_every_audio_token(engine, clips):
     video = read_video(clips["speech"], FRAME_SAMPLING, max_seconds=60, max_bytes=10**8, timeout_s=60,
                        soundtrack_rate_hz=RATE_HZ)
     prompt = unpruned_prompt(loaded, family, video, "What is said?", [], engine.system_prompt,
-                            FRAME_SAMPLING.max_pixels_per_frame, soundtrack=video.soundtrack)
+                            FRAME_SAMPLING.max_pixels_per_frame, hear=True)
     with torch.inference_mode():
-        features = family.encode(loaded.model, prompt.pixel_values, prompt.grid_thw_patches[None])[0]
-        features.audio = family.encode_audio(loaded.model, prompt.audio)
+        features = family.encode_media(loaded.model, prompt.media)
+        features[0].audio = family.encode_audio(loaded.model, prompt.media[0].audio)
+        audio = features[0].audio
         pruned = prune_prompt(prompt, features, 0.9)
-        embeds = embed_prompt(loaded.model, pruned.input_ids, pruned.video_mask, pruned.features, pruned.audio_mask)
-    assert int(pruned.retention.sum()) < prompt.is_video.sum()
+        embeds = embed_prompt(loaded.model, pruned.input_ids, pruned.visual_mask, pruned.features, pruned.audio_mask)
+    assert int(pruned.retention[0].sum()) < prompt.is_visual.sum()
     assert int(pruned.audio_mask.sum()) == len(pruned.features.audio) == int(prompt.is_audio.sum()) == \
         audio_token_count(loaded.processor, len(video.soundtrack.samples))
-    torch.testing.assert_close(embeds[pruned.audio_mask], features.audio, atol=0, rtol=0)
+    torch.testing.assert_close(embeds[pruned.audio_mask], audio, atol=0, rtol=0)
 
 
 def test_per_request_pruning_with_the_soundtrack_equals_the_models_own_evs(engine, clips):

@@ -97,7 +97,7 @@ def tokenizer():
 def served(tokenizer, token_ids: list[int], thinking: bool):
     """Feed token_ids to a request as the worker does, end it, and return its Answer and events."""
     think_end = think_end_id(Qwen35(temporal_patch=2), tokenizer) if thinking else None
-    request = Request(stream=Stream(1), video_path="clip.mp4", question="What moves?", history=[],
+    request = Request(stream=Stream(1), media_paths=["clip.mp4"], question="What moves?", history=[],
                       params=GenerationParams(max_new_tokens=100, enable_thinking=thinking),
                       frame_sampling=FrameSampling())
     request.detokenizer = SplitDetokenizer(tokenizer, think_end)

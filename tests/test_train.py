@@ -29,7 +29,7 @@ def served(tmp_path_factory, request):
 
     def recording(runner, req):
         serve(runner, req)
-        seen.append((req.video, req.pruned, req))
+        seen.append((req.media[0], req.pruned, req))
 
     patch = pytest.MonkeyPatch()
     request.addfinalizer(patch.undo)
@@ -49,10 +49,11 @@ def loaded():
 
 def test_training_prunes_what_the_engine_serves(served, loaded):
     video, engine_pruned, _ = served
-    ours = tiny_trained.served_prompts(loaded, family_for(loaded.model), [video], [QUESTIONS["direction"]], [Q])[0]
-    assert engine_pruned.tokens_kept_per_group.count(0) > 0, "the clip should drop whole groups at this q"
-    for field in ("input_ids", "positions", "video_mask", "retention"):
+    ours = tiny_trained.served_prompts(loaded, family_for(loaded.model), [[video]], [QUESTIONS["direction"]], [Q])[0]
+    assert engine_pruned.tokens_kept_per_group(0).count(0) > 0, "the clip should drop whole groups at this q"
+    for field in ("input_ids", "positions", "visual_mask"):
         assert torch.equal(getattr(ours, field), getattr(engine_pruned, field)), field
+    assert torch.equal(ours.retention[0], engine_pruned.retention[0])
     assert (ours.next_position, ours.prefix_len) == (engine_pruned.next_position, engine_pruned.prefix_len)
     torch.testing.assert_close(ours.features.embeds, engine_pruned.features.embeds)
 
@@ -62,7 +63,7 @@ def test_teacher_forcing_predicts_what_the_engine_generated(served, loaded):
     position is the token the engine generated there, also when a longer row pads the batch."""
     video, engine_pruned, generated = served
     family = family_for(loaded.model)
-    other = tiny_trained.served_prompts(loaded, family, [tiny_trained.sampled_video(5)], [QUESTIONS["shape"]], [0.0])
+    other = tiny_trained.served_prompts(loaded, family, [[tiny_trained.sampled_video(5)]], [QUESTIONS["shape"]], [0.0])
     answer = torch.tensor(generated)
     with torch.no_grad():
         logits, targets = tiny_trained.teacher_forced_logits(loaded, family, [engine_pruned, *other],

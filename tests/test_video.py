@@ -163,7 +163,7 @@ def test_too_large_is_checked_before_decoding(tmp_path):
     path = tmp_path / "big.mp4"
     with open(path, "wb") as f:
         f.truncate(3 * 1024 * 1024)  # sparse: costs no disk
-    with pytest.raises(InputError, match=r"^The video is 3 MB; the limit is 2 MB\.$"):
+    with pytest.raises(InputError, match=r"^The file is 3 MB; the limit is 2 MB\.$"):
         _load(path, max_bytes=2 * 1024 * 1024)
 
 

@@ -162,7 +162,7 @@ def test_variable_frame_rate_timestamps_reach_the_prompt(tmp_path, tiny_models):
 
     loaded, family = tiny_models("tiny-random")
     prompt = unpruned_prompt(loaded, family, video, "What moves?", [], "", 64 * 64)
-    assert prompt.timestamps_s == pytest.approx(true_groups_s, abs=1e-9)
+    assert prompt.media[0].timestamps_s == pytest.approx(true_groups_s, abs=1e-9)
     text = loaded.processor.tokenizer.decode(prompt.input_ids)
     shown = [float(t) for t in re.findall(r"<([\d.]+) seconds>", text)]
     assert shown == [float(f"{t:.1f}") for t in true_groups_s]

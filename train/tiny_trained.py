@@ -35,7 +35,17 @@ from pathlib import Path
 import torch
 from transformers import GenerationConfig
 
-from assets.shapes import FPS, HELD_OUT_FROM, QUESTIONS, SECONDS, held_out_seeds, shape_clip, write_shape_clip
+from assets.shapes import (
+    FPS,
+    HELD_OUT_FROM,
+    PAIR,
+    QUESTIONS,
+    SECONDS,
+    clip_pair,
+    held_out_seeds,
+    shape_clip,
+    write_shape_clip,
+)
 from engine.config import FrameSampling
 from engine.families.base import Family
 from engine.families.registry import family_for
@@ -52,10 +62,16 @@ from engine.reading.video import SampledVideo, read_video
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BASE = REPO_ROOT / "assets" / "models" / "tiny-trained-base"
 PLAIN = REPO_ROOT / "assets" / "models" / "tiny-trained-plain"
-# Keyed by --evs. Why the EVS model starts from the plain one: trained from the base in one run with every
-# question at five rates, it answered direction at q = 0 only 0.56 of the time after 1,800 steps, where
-# the plain run had reached 1.00 (it sees a fifth as many unpruned examples).
-RECIPES = {False: {"init": str(BASE), "steps": 3000, "lr": 1e-3}, True: {"init": str(PLAIN), "steps": 3000, "lr": 5e-4}}
+TRAINED = REPO_ROOT / "assets" / "models" / "tiny-trained"
+# Keyed by stage (`stage`): "plain", "evs" (--evs), "pairs" (--pairs). Why the EVS model starts from the plain
+# one: trained from the base in one run with every question at five rates, it answered direction at q = 0 only
+# 0.56 of the time after 1,800 steps, where the plain run had reached 1.00 (it sees a fifth as many unpruned
+# examples). The pairs stage fine-tunes the EVS stage's model (tiny-trained as committed before it) on the
+# two-clip question beside the single-clip ones, so that they keep their answers.
+RECIPES = {"plain": {"init": str(BASE), "steps": 3000, "lr": 1e-3},
+           "evs": {"init": str(PLAIN), "steps": 3000, "lr": 5e-4},
+           "pairs": {"init": str(TRAINED), "steps": 1500, "lr": 3e-4}}
+PAIR_SHARE = 0.5  # of the pairs stage's examples, the two-clip question; the others single-clip, as before
 FRAME_SAMPLING = FrameSampling()  # the engine's CPU default: 2 fps, so 16 of the clip's 64 frames
 TRAIN_RATES = (0.0, 0.3, 0.5, 0.7, 0.9)  # each --evs example is pruned at one of these, drawn uniformly
 EVAL_RATES = (0.0, 0.7)  # q = 0.7 is the app's default
@@ -64,10 +80,12 @@ INIT_STD = 0.02
 # is served without one, and the app's banner says what it can answer.
 ABOUT = "a tiny model trained on synthetic clips of moving shapes: ask about colour, direction, shape or " \
         "when it starts moving"
-NOTES = {  # keyed by --evs
-    True: {"system_prompt": "", "about": ABOUT + "; trained with EVS in the loop, it answers all four at the default "
-                                                 "pruning rate"},
-    False: {"system_prompt": "", "about": ABOUT + "; trained without EVS, it loses direction and start as q grows"},
+NOTES = {  # keyed by stage
+    "pairs": {"system_prompt": "", "about": ABOUT + ", or of two clips which one has a colour; trained with EVS in "
+                                                    "the loop, it answers all five at the default pruning rate"},
+    "evs": {"system_prompt": "", "about": ABOUT + "; trained with EVS in the loop, it answers all four at the "
+                                                  "default pruning rate"},
+    "plain": {"system_prompt": "", "about": ABOUT + "; trained without EVS, it loses direction and start as q grows"},
 }
 
 
@@ -128,16 +146,15 @@ class UploadedClips:
             path.unlink()
 
 
-def served_prompts(loaded: LoadedModel, family: Family, videos: list[SampledVideo], questions: list[str],
+def served_prompts(loaded: LoadedModel, family: Family, videos: list[list[SampledVideo]], questions: list[str],
                    rates: list[float]) -> list[PrunedPrompt]:
-    """What the engine's language model receives for each (video, question, q): the prompt prepared as the
-    engine prepares it, the videos encoded in one vision forward (with gradients when training), pruned by
-    the engine's own prune_prompt."""
-    prompts = [unpruned_prompt(loaded, family, video, question, [], "", FRAME_SAMPLING.max_pixels_per_frame)
-               for video, question in zip(videos, questions)]
-    features = family.encode(loaded.model, torch.cat([p.pixel_values for p in prompts]),
-                             torch.stack([p.grid_thw_patches for p in prompts]))
-    return [prune_prompt(prompt, feats, q) for prompt, feats, q in zip(prompts, features, rates)]
+    """What the engine's language model receives for each (videos, question, q): the prompt about one clip or
+    several prepared as the engine prepares it, every clip encoded in one vision forward (with gradients when
+    training), each prompt pruned by the engine's own prune_prompt (every clip on its own)."""
+    prompts = [unpruned_prompt(loaded, family, clips, question, [], "", FRAME_SAMPLING.max_pixels_per_frame)
+               for clips, question in zip(videos, questions)]
+    features = iter(family.encode_media(loaded.model, [medium for prompt in prompts for medium in prompt.media]))
+    return [prune_prompt(prompt, [next(features) for _ in prompt.media], q) for prompt, q in zip(prompts, rates)]
 
 
 def answer_ids(loaded: LoadedModel, answer: str) -> torch.Tensor:
@@ -161,12 +178,12 @@ def teacher_forced_logits(loaded: LoadedModel, family: Family, pruned: list[Prun
     for prompt, answer in zip(pruned, answers):
         prompt_len, pad = prompt.input_ids.numel(), length - prompt.input_ids.numel() - answer.numel()
         steps = torch.arange(answer.numel() + pad)
-        video_mask = torch.cat([prompt.video_mask, torch.zeros(answer.numel() + pad, dtype=torch.bool)])
+        visual_mask = torch.cat([prompt.visual_mask, torch.zeros(answer.numel() + pad, dtype=torch.bool)])
         ids = torch.cat([prompt.input_ids, answer, answer.new_zeros(pad)])
-        embeds.append(embed_prompt(model, ids, video_mask, prompt.features))
+        embeds.append(embed_prompt(model, ids, visual_mask, prompt.features))
         decode = torch.stack([steps + prompt_len, *[steps + prompt.next_position] * 3])
         positions.append(torch.cat([prompt.positions, decode], dim=1))
-        visual.append(video_mask)
+        visual.append(visual_mask)
         # the token at position i is predicted by the logits at i - 1
         predicting.append(torch.arange(answer.numel()) + prompt_len - 1 + len(predicting) * length)
         targets.append(answer)
@@ -178,14 +195,22 @@ def teacher_forced_logits(loaded: LoadedModel, family: Family, pruned: list[Prun
     return model.lm_head(hidden), torch.cat(targets)
 
 
+def asked(seed: int, kind: str) -> tuple[list[int], str, str]:
+    """(the clips' seeds, question, answer) of a question type about `seed`: its clip, or for PAIR its pair."""
+    if kind == PAIR:
+        pair = clip_pair(seed)
+        return list(pair.seeds), pair.question, pair.answer
+    return [seed], QUESTIONS[kind], shape_clip(seed).answer(kind)
+
+
 def example_loss(loaded: LoadedModel, family: Family, examples: list[tuple[int, str, float]],
                  video: Callable[[int], SampledVideo]) -> torch.Tensor:
     """Mean cross-entropy over the answer tokens of (seed, question type, q) examples; `video` gives a
     seed's clip as the model sees it."""
-    videos = [video(seed) for seed, _, _ in examples]
-    pruned = served_prompts(loaded, family, videos, [QUESTIONS[kind] for _, kind, _ in examples],
-                            [q for _, _, q in examples])
-    answers = [answer_ids(loaded, shape_clip(seed).answer(kind)) for seed, kind, _ in examples]
+    questions = [asked(seed, kind) for seed, kind, _ in examples]
+    pruned = served_prompts(loaded, family, [[video(s) for s in seeds] for seeds, _, _ in questions],
+                            [question for _, question, _ in questions], [q for _, _, q in examples])
+    answers = [answer_ids(loaded, answer) for _, _, answer in questions]
     logits, targets = teacher_forced_logits(loaded, family, pruned, answers)
     return torch.nn.functional.cross_entropy(logits, targets)
 
@@ -198,16 +223,17 @@ def learning_rate(step: int, steps: int, peak: float, warmup: int) -> float:
 
 
 @torch.no_grad()
-def teacher_forced_accuracy(loaded: LoadedModel, family: Family, seeds: list[int],
+def teacher_forced_accuracy(loaded: LoadedModel, family: Family, seeds: list[int], kinds: list[str],
                             video: Callable[[int], SampledVideo]) -> dict[str, float]:
     """{"<type>@<q>": share of clips whose whole answer is the argmax at every answer token} over EVAL_RATES."""
     loaded.model.eval()
     scores = {}
     for q in EVAL_RATES:
-        for kind in QUESTIONS:
-            pruned = served_prompts(loaded, family, [video(s) for s in seeds], [QUESTIONS[kind]] * len(seeds),
-                                    [q] * len(seeds))
-            answers = [answer_ids(loaded, shape_clip(s).answer(kind)) for s in seeds]
+        for kind in kinds:
+            questions = [asked(s, kind) for s in seeds]
+            pruned = served_prompts(loaded, family, [[video(s) for s in clips] for clips, _, _ in questions],
+                                    [question for _, question, _ in questions], [q] * len(seeds))
+            answers = [answer_ids(loaded, answer) for _, _, answer in questions]
             logits, targets = teacher_forced_logits(loaded, family, pruned, answers)
             right = (logits.argmax(-1) == targets).split([a.numel() for a in answers])
             scores[f"{kind}@{q:g}"] = sum(bool(r.all()) for r in right) / len(seeds)
@@ -215,10 +241,16 @@ def teacher_forced_accuracy(loaded: LoadedModel, family: Family, seeds: list[int
     return scores
 
 
+def stage(args: argparse.Namespace) -> str:
+    """The recipe the flags pick: "pairs" (--pairs, which prunes as --evs does), "evs" or "plain"."""
+    return "pairs" if args.pairs else "evs" if args.evs else "plain"
+
+
 def train(args: argparse.Namespace) -> dict:
     torch.set_num_threads(args.threads)
     rng = random.Random(args.seed)
-    recipe = RECIPES[args.evs]
+    args.evs = args.evs or args.pairs
+    recipe = RECIPES[stage(args)]
     init = recipe["init"] if args.init is None else args.init
     steps, lr = args.steps or recipe["steps"], args.lr or recipe["lr"]
     loaded = start_model(init, args.seed)
@@ -233,7 +265,8 @@ def train(args: argparse.Namespace) -> dict:
         for step in range(steps):
             for group in optimizer.param_groups:
                 group["lr"] = learning_rate(step, steps, lr, args.warmup)
-            examples = [(rng.randrange(HELD_OUT_FROM), rng.choice(kinds), rng.choice(rates))
+            examples = [(rng.randrange(HELD_OUT_FROM - 1000),  # a pair's second clip is a later seed
+                         PAIR if args.pairs and rng.random() < PAIR_SHARE else rng.choice(kinds), rng.choice(rates))
                         for _ in range(args.batch)]
             loss = example_loss(loaded, family, examples, video)
             optimizer.zero_grad(set_to_none=True)
@@ -241,7 +274,7 @@ def train(args: argparse.Namespace) -> dict:
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
             if step % args.eval_every == 0 or step == steps - 1:
-                accuracy = teacher_forced_accuracy(loaded, family, eval_seeds, video)
+                accuracy = teacher_forced_accuracy(loaded, family, eval_seeds, kinds + [PAIR] * args.pairs, video)
                 elapsed = time.perf_counter() - start
                 log.append({"step": step, "loss": loss.item(), "elapsed_s": elapsed, **accuracy})
                 print(f"step {step:5d}  loss {loss.item():.4f}  {elapsed:7.1f} s  " +
@@ -250,8 +283,9 @@ def train(args: argparse.Namespace) -> dict:
     args.out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(args.out)
     loaded.processor.save_pretrained(args.out)
-    (args.out / MODEL_NOTES_FILE).write_text(json.dumps(NOTES[args.evs], indent=2))
-    summary = {"init": Path(init).name if init else None, "evs": args.evs, "read_from": "mp4" if args.evs else "frames",
+    (args.out / MODEL_NOTES_FILE).write_text(json.dumps(NOTES[stage(args)], indent=2))
+    summary = {"init": Path(init).name if init else None, "evs": args.evs, "pairs": args.pairs,
+               "pair_share": PAIR_SHARE if args.pairs else 0.0, "read_from": "mp4" if args.evs else "frames",
                "rates": list(rates), "steps": steps, "batch": args.batch, "lr": lr,
                "warmup": args.warmup, "seed": args.seed, "threads": args.threads,
                "train_s": time.perf_counter() - start,
@@ -263,6 +297,8 @@ def train(args: argparse.Namespace) -> dict:
 def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m train.tiny_trained", description=__doc__.splitlines()[0])
     parser.add_argument("--evs", action="store_true", help=f"prune each example at a q drawn from {TRAIN_RATES}")
+    parser.add_argument("--pairs", action="store_true",
+                        help=f"as --evs, and ask {PAIR_SHARE * 100:.0f}%% of the examples about two clips (clip_pair)")
     parser.add_argument("--init", help="model folder to start from ('' for random weights); default: the recipe's")
     parser.add_argument("--steps", type=int, help="default: the recipe's")
     parser.add_argument("--batch", type=int, default=16)

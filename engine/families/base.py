@@ -15,8 +15,8 @@ from torch import nn
 
 @dataclass
 class VideoFeatures:
-    """Vision-tower output for one video, rows in (t, h, w) raster order of LLM tokens, and the audio tower's
-    for its soundtrack when it was heard.
+    """Vision-tower output for one medium (a video, or a still image: one temporal group), rows in (t, h, w)
+    raster order of LLM tokens, and the audio tower's for a video's soundtrack when it was heard.
 
     embeds: (T*h*w, D) the final visual embeddings the LLM receives (merger output).
     deepstack: per DeepStack level, (T*h*w, D); empty for families without DeepStack.
@@ -37,20 +37,37 @@ class VideoFeatures:
         tokens only: every audio row is kept (the same tensor, not a copy)."""
         return VideoFeatures(self.embeds[keep], [level[keep] for level in self.deepstack], self.audio)
 
+    @staticmethod
+    def joined(parts: list["VideoFeatures"]) -> "VideoFeatures":
+        """The features of several media, in order: what the prompt's visual and audio tokens take, in order."""
+        audio = [part.audio for part in parts if part.audio is not None]
+        return VideoFeatures(torch.cat([part.embeds for part in parts]),
+                             [torch.cat(levels) for levels in zip(*(part.deepstack for part in parts))],
+                             torch.cat(audio) if audio else None)
+
 
 @dataclass
 class VideoInputs:
-    """The video part of the HF processor's output for one prompt, in the layout the engine keeps.
+    """The HF processor's output for one medium (a video, or a still image: is_image), in the layout the engine
+    keeps.
 
     pixel_values: (P, C) float patches, one row per vision patch, in (t, row, col) order. grid_thw_patches: (3,)
-    long patch grid (groups, rows, cols). grid_thw: (T, h, w) in LLM tokens (after the spatial merge).
-    second_per_group: seconds of video per temporal group (Qwen2.5-VL's temporal scale; 0.0 where unused).
+    long patch grid (groups, rows, cols; an image has one group). grid_thw: (T, h, w) in LLM tokens (after the
+    spatial merge). second_per_group: seconds of video per temporal group (Qwen2.5-VL's temporal scale; 0.0
+    where unused).
     """
 
     pixel_values: torch.Tensor
     grid_thw_patches: torch.Tensor
     grid_thw: tuple[int, int, int]
     second_per_group: float
+    is_image: bool = False
+
+    @property
+    def tokens(self) -> int:
+        """LLM tokens of the medium: T*h*w."""
+        T, h, w = self.grid_thw
+        return T * h * w
 
 
 @dataclass
@@ -81,6 +98,10 @@ class Family:
     def video_placeholder(self) -> str:
         """Text that the HF processor expands into the video's tokens."""
         raise NotImplementedError
+
+    def image_placeholder(self) -> str:
+        """Text that the HF processor expands into a still image's tokens (the chat template's image item)."""
+        return "<|vision_start|><|image_pad|><|vision_end|>"
 
     def hears(self, model) -> bool:
         """Whether the model has an audio tower, so that a soundtrack can be given to it beside the frames."""
@@ -134,40 +155,40 @@ class Family:
         """Where text after a run of video tokens starts."""
         raise NotImplementedError
 
-    def full_positions(
-        self, is_video: torch.Tensor, grid_thw: tuple[int, int, int], second_per_group: float
-    ) -> torch.Tensor:
-        """MRoPE positions (3, L) of an unpruned prompt holding one video.
+    def full_positions(self, is_visual: torch.Tensor, media: list["VideoInputs"]) -> torch.Tensor:
+        """MRoPE positions (3, L) of an unpruned prompt holding several media.
 
-        is_video: (L,) bool marks the T*h*w video tokens; grid_thw: (T, h, w) in LLM tokens;
-        second_per_group: seconds of video per temporal group (Qwen2.5's temporal scale).
+        is_visual: (L,) bool marks every medium's T*h*w tokens, the media in prompt order; media: each one's
+        grid_thw (T, h, w) in LLM tokens and second_per_group (Qwen2.5's temporal scale). A still image is one
+        temporal group. Text between media continues from the position after the medium before it.
         """
-        T, h, w = grid_thw
-        length = is_video.numel()
+        length = is_visual.numel()
         positions = torch.empty(3, length, dtype=torch.long)
-        video_idx = torch.nonzero(is_video).flatten().tolist()
-        runs = self.video_runs(grid_thw)
-        tokens_per_group = h * w
-        if len(video_idx) != T * tokens_per_group:
-            raise ValueError(f"prompt holds {len(video_idx)} video tokens, grid {grid_thw} needs {T * h * w}")
-        rows = torch.arange(h).repeat_interleave(w)
-        cols = torch.arange(w).repeat(h)
+        visual_idx = torch.nonzero(is_visual).flatten().tolist()
+        if len(visual_idx) != sum(medium.tokens for medium in media):
+            raise ValueError(f"prompt holds {len(visual_idx)} media tokens, the grids need "
+                             f"{sum(medium.tokens for medium in media)}")
         cursor, text_pos, consumed = 0, 0, 0
-        for first_group, num_groups in runs:
-            run_len = num_groups * tokens_per_group
-            run_begin = video_idx[consumed]
-            if video_idx[consumed + run_len - 1] != run_begin + run_len - 1:
-                raise ValueError("video tokens of one run are not contiguous in the prompt")
-            positions[:, cursor:run_begin] = torch.arange(run_begin - cursor) + text_pos
-            start = text_pos + run_begin - cursor
-            t_off = self.temporal_offsets(num_groups, second_per_group)
-            run = positions[:, run_begin : run_begin + run_len]
-            run[0] = (t_off.repeat_interleave(tokens_per_group)) + start
-            run[1] = rows.repeat(num_groups) + start
-            run[2] = cols.repeat(num_groups) + start
-            text_pos = self.next_text_position(start, int(run.max()), grid_thw)
-            cursor = run_begin + run_len
-            consumed += run_len
+        for medium in media:
+            T, h, w = medium.grid_thw
+            tokens_per_group = h * w
+            rows = torch.arange(h).repeat_interleave(w)
+            cols = torch.arange(w).repeat(h)
+            for first_group, num_groups in self.video_runs(medium.grid_thw):
+                run_len = num_groups * tokens_per_group
+                run_begin = visual_idx[consumed]
+                if visual_idx[consumed + run_len - 1] != run_begin + run_len - 1:
+                    raise ValueError("media tokens of one run are not contiguous in the prompt")
+                positions[:, cursor:run_begin] = torch.arange(run_begin - cursor) + text_pos
+                start = text_pos + run_begin - cursor
+                t_off = self.temporal_offsets(num_groups, medium.second_per_group)
+                run = positions[:, run_begin : run_begin + run_len]
+                run[0] = (t_off.repeat_interleave(tokens_per_group)) + start
+                run[1] = rows.repeat(num_groups) + start
+                run[2] = cols.repeat(num_groups) + start
+                text_pos = self.next_text_position(start, int(run.max()), medium.grid_thw)
+                cursor = run_begin + run_len
+                consumed += run_len
         positions[:, cursor:] = torch.arange(length - cursor) + text_pos
         return positions
 
@@ -178,6 +199,12 @@ class Family:
         Returns one VideoFeatures per video, in order.
         """
         raise NotImplementedError
+
+    def encode_media(self, model, media: list[VideoInputs]) -> list[VideoFeatures]:
+        """One vision forward over several media, videos and still images alike (the Qwen towers take an image
+        as a one-group video, whose patches have the same layout); one VideoFeatures per medium, in order."""
+        return self.encode(model, torch.cat([m.pixel_values for m in media]).to(model.device),
+                           torch.stack([m.grid_thw_patches for m in media]).to(model.device))
 
     def language_kwargs(self, visual_mask: torch.Tensor | None, deepstack: list[torch.Tensor] | None) -> dict:
         """Extra arguments for the language model's forward (DeepStack injection)."""
@@ -205,6 +232,10 @@ class Family:
         """The token id that stands for one video token in the prompt."""
         return config.video_token_id
 
+    def visual_token_ids(self, config) -> list[int]:
+        """The token ids that stand for one token of a medium: a video's, and a still image's."""
+        return [config.video_token_id, config.image_token_id]
+
     def video_end_token_id(self, config, tokenizer) -> int:
         """The marker the processor writes right after the video's last token."""
         return config.vision_end_token_id
@@ -216,6 +247,22 @@ class Family:
         second_per_group = float(inputs["second_per_grid_ts"][0]) if "second_per_grid_ts" in inputs else 0.0
         grid_thw = (int(grid_patches[0]), int(grid_patches[1]) // merge, int(grid_patches[2]) // merge)
         return VideoInputs(inputs["pixel_values_videos"], grid_patches, grid_thw, second_per_group)
+
+    def image_inputs(self, inputs, config) -> VideoInputs:
+        """The processor output's still image pixels and grid (one image), as a one-group medium."""
+        grid_patches = inputs["image_grid_thw"][0]
+        merge = config.vision_config.spatial_merge_size
+        grid_thw = (int(grid_patches[0]), int(grid_patches[1]) // merge, int(grid_patches[2]) // merge)
+        return VideoInputs(inputs["pixel_values"], grid_patches, grid_thw, 0.0, is_image=True)
+
+    def image_processor_kwargs(self, processor, max_pixels: int) -> dict:
+        """Call kwargs that size a still image as one sampled frame: at most max_pixels (height*width), never
+        upscaled below one token. ValueError below one token."""
+        image_processor = processor.image_processor
+        factor = image_processor.patch_size * image_processor.merge_size
+        if max_pixels < factor * factor:
+            raise ValueError(f"max_pixels_per_frame={max_pixels} is below one token ({factor}x{factor})")
+        return {"size": {"shortest_edge": factor * factor, "longest_edge": max_pixels}}
 
     def language_positions(self, positions: torch.Tensor) -> torch.Tensor:
         """What the language model takes as position_ids, from the engine's (4, B, L) rows (row 0 the 1-D

@@ -67,10 +67,14 @@ class NemotronOmni(Family):
         # The generation prompt after `<|im_start|>assistant\n`: open the think block, or write it empty.
         return "<think>\n" if thinking else "<think></think>"
 
-    def full_positions(self, is_video, grid_thw, second_per_group):
+    def image_placeholder(self):
+        # The processor expands it into `<img>` + one `<image>` per token + `</img>`, as it writes a tubelet.
+        return "<image>\n"
+
+    def full_positions(self, is_visual, media):
         # Each token's index in the unpruned prompt, on all three rows (see the class docstring: only row 0 of
         # the pruned layout reaches the model).
-        return torch.arange(is_video.numel()).expand(3, -1).clone()
+        return torch.arange(is_visual.numel()).expand(3, -1).clone()
 
     def sized_processor(self, processor, num_frames, max_pixels_per_frame):
         # The video processor resizes every frame (up or down) to one aspect-kept tile of about
@@ -92,6 +96,9 @@ class NemotronOmni(Family):
         # Tubelets are written with the image token; config.video_token_id names the `<video>` placeholder.
         return config.image_token_id
 
+    def visual_token_ids(self, config):
+        return [config.image_token_id]  # images and tubelets alike
+
     def video_end_token_id(self, config, tokenizer):
         return tokenizer.convert_tokens_to_ids(self._VIDEO_END)
 
@@ -106,6 +113,24 @@ class NemotronOmni(Family):
         grid_patches = torch.tensor([T, rows, cols])
         grid_thw = (T, rows // self.merge_size, cols // self.merge_size)
         return VideoInputs(patches.reshape(T * rows * cols, channels * p * p), grid_patches, grid_thw, 0.0)
+
+    def image_inputs(self, inputs, config):
+        # pixel_values: (rows * cols, C * p * p) patch rows of one image, in row-major order; image_grid_hw its
+        # (rows, cols) in patches, any size the budget allows (image_processor_kwargs).
+        rows, cols = (int(side) for side in inputs["image_grid_hw"][0])
+        grid_thw = (1, rows // self.merge_size, cols // self.merge_size)
+        return VideoInputs(inputs["pixel_values"], torch.tensor([1, rows, cols]), grid_thw, 0.0, is_image=True)
+
+    def image_processor_kwargs(self, processor, max_pixels):
+        # The image processor resizes each image (up or down) into [min_num_patches, max_num_patches] patches
+        # (the checkpoints: 1,024 to 13,312); the cap lowers both ends, never raises them.
+        factor = self.patch_size * self.merge_size
+        if max_pixels < factor * factor:
+            raise ValueError(f"max_pixels_per_frame={max_pixels} is below one token ({factor}x{factor})")
+        image_processor = processor.image_processor
+        budget = max_pixels // self.patch_size**2
+        return {"min_num_patches": min(image_processor.min_num_patches, budget),
+                "max_num_patches": min(image_processor.max_num_patches or budget, budget)}
 
     def _tubelets(self, patches: torch.Tensor, grid: list[int]) -> torch.Tensor:
         """(T*rows*cols, temporal_patch*C*p*p) patch rows -> (T, temporal_patch*C, rows*p, cols*p) pixels."""
@@ -128,6 +153,23 @@ class NemotronOmni(Family):
             for i, rows_of_video in zip(members, out.split(tokens)):
                 embeds[i] = rows_of_video
         return [VideoFeatures(video, []) for video in embeds]
+
+    def encode_media(self, model, media):
+        # An image's patch rows hold one frame (C*p*p), a tubelet's two: images go through the tower apart from
+        # the videos, all of them in one call (RADIO takes images of any size in one packed sequence).
+        videos = [i for i, medium in enumerate(media) if not medium.is_image]
+        images = [i for i, medium in enumerate(media) if medium.is_image]
+        out: list[VideoFeatures | None] = [None] * len(media)
+        if videos:
+            encoded = super().encode_media(model, [media[i] for i in videos])
+            for i, features in zip(videos, encoded):
+                out[i] = features
+        if images:
+            pixels = torch.cat([media[i].pixel_values for i in images]).to(model.device)
+            grids = torch.stack([media[i].grid_thw_patches[1:] for i in images]).to(model.device)
+            for i, embeds in zip(images, model.get_image_features(pixels, grids, return_dict=True).pooler_output):
+                out[i] = VideoFeatures(embeds, [])
+        return out
 
     def language_positions(self, positions):
         return positions[0]  # (B, L): the token index; nothing rotary to feed

@@ -67,12 +67,33 @@ def check_params(question: str, params: GenerationParams, config: EngineConfig,
                 raise InputError(f"{asked:,} {what} were asked for; this server samples at most {most:,}.")
 
 
-def check_request(video, question: str, params: GenerationParams, history, config: EngineConfig,
-                  limits: FrameSamplingLimits) -> list[tuple[str, str]]:
-    """Every check of this module on one request; returns the history as (question, answer) string pairs."""
+def media_paths(video, media) -> list[str]:
+    """The uploads of a request, in order, from Engine.submit's `video` (one upload) or `media` (several):
+    InputError when both are given, or an entry is not a path."""
+    if video is not None and media is not None:
+        raise InputError("Send one upload as the video, or several as the media, not both.")
+    if media is None:
+        return [] if video is None else [video]
+    if isinstance(media, (str, bytes)) or not hasattr(media, "__iter__"):
+        raise InputError("The media must be a list of uploaded files.")
+    return list(media)
+
+
+def too_many_media(sent: int, max_media: int) -> str:
+    """The sentence for more uploads in one question than max_media (a way in that fetches or decodes them says
+    it before it does)."""
+    return f"{sent} videos and pictures were sent; this server takes at most {max_media} in one question."
+
+
+def check_request(media: list, question: str, params: GenerationParams, history, config: EngineConfig,
+                  limits: FrameSamplingLimits, max_media: int) -> list[tuple[str, str]]:
+    """Every check of this module on one request (media: its uploads, media_paths'; max_media: the most one
+    request may carry); returns the history as (question, answer) string pairs."""
     check_params(question, params, config, limits)
-    if video is None or not str(video).strip():
+    if not media or any(path is None or not str(path).strip() for path in media):
         raise InputError(NO_VIDEO)
+    if len(media) > max_media:
+        raise InputError(too_many_media(len(media), max_media))
     try:
         history = [(str(asked), str(answered)) for asked, answered in history]
     except (TypeError, ValueError):

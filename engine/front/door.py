@@ -6,7 +6,8 @@ way a request arrives:
 
 - `request_params` turns loose values (a form's floats, JSON, command-line text) into GenerationParams;
   a setting left out (None) takes the engine's default (`defaults`);
-- `follow` submits one request per GenerationParams about one upload and yields their events merged;
+- `follow` submits one request per GenerationParams about one upload (or several: videos and pictures) and
+  yields their events merged;
   `merged` is that merge alone, which a replica streams back to its client.
 """
 
@@ -79,30 +80,40 @@ def history_pairs(history) -> list[tuple[str, str]]:
     return [(asked, answered) for asked, answered in history]
 
 
-async def follow(engine: Serving, video: str | None, question: str, params_list: Sequence[GenerationParams],
-                 history: Sequence[tuple[str, str]] = (), *, burst: bool = False) -> AsyncIterator[tuple[int, Event]]:
-    """Submit one request per params about one upload and yield (request index, event) as events arrive.
+def media_list(media: str | Sequence[str] | None) -> list[str]:
+    """The uploads of a request from a loose value: one path, or a list of them (videos and pictures, in
+    order); InputError when there is none or one was swept away."""
+    paths = [media] if isinstance(media, (str, Path)) else list(media or [])
+    if not paths or not all(paths):
+        raise InputError(NO_VIDEO)
+    if not all(Path(path).is_file() for path in paths):
+        raise InputError(EXPIRED_VIDEO)
+    return [str(path) for path in paths]
+
+
+async def follow(engine: Serving, media: str | Sequence[str] | None, question: str,
+                 params_list: Sequence[GenerationParams], history: Sequence[tuple[str, str]] = (), *,
+                 burst: bool = False) -> AsyncIterator[tuple[int, Event]]:
+    """Submit one request per params about the same uploads (media: one path, or several in order) and
+    yield (request index, event) as events arrive.
 
     burst: submit them inside `engine.paused()`, in a thread, so that the worker takes them in one
-    iteration: the video is read once and encoded by one ViT forward, and the prompts decode together.
-    Raises InputError for the user's mistake (no video, an upload swept away, the engine's checks), and
+    iteration: each upload is read once and encoded by one ViT forward, and the prompts decode together.
+    Raises InputError for the user's mistake (no upload, an upload swept away, the engine's checks), and
     whatever else a request failed with. However the iteration ends (finished, failed, cancelled, closed),
     unfinished requests are cancelled on the way out.
     """
-    if not video:
-        raise InputError(NO_VIDEO)
-    if not Path(video).is_file():
-        raise InputError(EXPIRED_VIDEO)
+    paths = media_list(media)
     streams: dict[int, Stream] = {}
     submitting: asyncio.Future | None = None
     try:
         if burst:
             submitting = asyncio.ensure_future(
-                asyncio.to_thread(_submit_burst, engine, streams, video, question, params_list, history))
+                asyncio.to_thread(_submit_burst, engine, streams, paths, question, params_list, history))
             # shield: a cancelled caller must not abandon the thread's later submissions (see finally)
             await asyncio.shield(submitting)
         else:
-            _submit_all(engine, streams, video, question, params_list, history)
+            _submit_all(engine, streams, paths, question, params_list, history)
         async with contextlib.aclosing(merged(streams)) as events:
             async for index, event, error in events:
                 if error is not None:
@@ -114,19 +125,19 @@ async def follow(engine: Serving, video: str | None, question: str, params_list:
             submitting.add_done_callback(lambda _: cancel_unfinished(streams))
 
 
-def _submit_burst(engine: Serving, streams: dict[int, Stream], video: str, question: str,
+def _submit_burst(engine: Serving, streams: dict[int, Stream], paths: list[str], question: str,
                   params_list: Sequence[GenerationParams], history: Sequence[tuple[str, str]]) -> None:
     """_submit_all while admission is held; returns once all are prepared. Blocks: run it in a thread."""
     with engine.paused():
-        _submit_all(engine, streams, video, question, params_list, history)
+        _submit_all(engine, streams, paths, question, params_list, history)
 
 
-def _submit_all(engine: Serving, streams: dict[int, Stream], video: str, question: str,
+def _submit_all(engine: Serving, streams: dict[int, Stream], paths: list[str], question: str,
                 params_list: Sequence[GenerationParams], history: Sequence[tuple[str, str]]) -> None:
     """One request per params, each stream filled in as it is submitted (a refusal halfway still leaves
     the caller what to cancel)."""
     for index, params in enumerate(params_list):
-        streams[index] = engine.submit(video=video, question=question, params=params, history=history)
+        streams[index] = engine.submit(media=paths, question=question, params=params, history=history)
 
 
 def cancel_unfinished(streams: Mapping[int, Stream]) -> None:

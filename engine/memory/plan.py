@@ -149,16 +149,20 @@ class Plan:
     def _running(self) -> str:
         return f"{self.max_running} request{'s' if self.max_running != 1 else ''}"
 
-    def check_fits(self, video_tokens: int, prompt_tokens: int, max_new_tokens: int) -> None:
+    def check_fits(self, video_tokens: int, prompt_tokens: int, max_new_tokens: int, media: int = 1) -> None:
         """Raise InputError, one sentence saying what to lower, for a request the plan has no room for.
 
-        video_tokens: T*h*w of its video; prompt_tokens: its whole unpruned prompt (video included)."""
+        video_tokens: T*h*w of every medium of the request together (its videos and pictures: the plan's video
+        tokens per request count them all); prompt_tokens: its whole unpruned prompt (media included); media:
+        how many there are."""
         if not self.bounded:
             return
         if video_tokens > self.max_video_tokens:
+            what = "This video comes" if media == 1 else f"These {media} videos and pictures come"
+            fewer = "" if media == 1 else "send fewer of them, or "
             raise InputError(
-                f"This video comes to {video_tokens:,} video tokens, more than the {self.max_video_tokens:,} this "
-                "server's GPU memory allows per request: choose fewer frames or fewer pixels per frame.")
+                f"{what} to {video_tokens:,} video tokens, more than the {self.max_video_tokens:,} this "
+                f"server's GPU memory allows per request: {fewer}choose fewer frames or fewer pixels per frame.")
         needed = prompt_tokens + max_new_tokens
         if needed > self.max_request_tokens:
             raise InputError(

@@ -1,5 +1,6 @@
 """Apply EVS to one prepared prompt: the retention mask, the pruned token layout and its positions. EVS prunes
-video tokens only: text and audio tokens are all kept."""
+each video on its own, as if it were asked about alone (its first temporal group kept whole, its K from its own
+token count); a still image's tokens, the text and the audio tokens are all kept."""
 
 from dataclasses import dataclass
 
@@ -8,7 +9,7 @@ import torch
 import evs
 from engine.families.base import VideoFeatures
 
-from .unpruned import UnprunedPrompt
+from .unpruned import MediumPrompt, UnprunedPrompt
 
 
 @dataclass
@@ -16,47 +17,58 @@ class PrunedPrompt:
     """What the language model receives for one request.
 
     input_ids: (L',) long. positions: (4, L') long; row 0 = arange(L'), rows 1-3 the unpruned MRoPE
-    positions of the kept tokens. video_mask: (L',) bool where kept video features go. audio_mask: (L',) bool
-    where the audio features go, one token per row of features.audio (none when the soundtrack was not heard).
-    features: the kept rows of every feature level, and every audio row. prefix_len: kept tokens of
-    [system + video (+ soundtrack)]. reply_start:
-    kept tokens before the answer's opening (UnprunedPrompt.reply_start; all of it is text, so all kept).
+    positions of the kept tokens. visual_mask: (L',) bool where the kept media features go. audio_mask: (L',)
+    bool where the audio features go, one token per row of features.audio (none when no soundtrack was heard).
+    features: the kept rows of every medium (every feature level) in order, and every audio row. prefix_len:
+    kept tokens of [system + media (+ soundtracks)]. reply_start: kept tokens before the answer's opening
+    (UnprunedPrompt.reply_start; all of it is text, so all kept).
     next_position: MRoPE position of the first generated token (unpruned maximum + 1).
-    retention: (T*h*w,) bool EVS mask. dissimilarity: (T, h, w) float32.
+    retention: per medium, (T*h*w,) bool EVS mask (all True for an image). dissimilarity: per medium,
+    (T, h, w) float32 (None for an image).
     """
 
     input_ids: torch.Tensor
     positions: torch.Tensor
-    video_mask: torch.Tensor
+    visual_mask: torch.Tensor
     audio_mask: torch.Tensor
     features: VideoFeatures
     prefix_len: int
     reply_start: int
     next_position: int
-    retention: torch.Tensor
-    dissimilarity: torch.Tensor
+    retention: list[torch.Tensor]
+    dissimilarity: list[torch.Tensor | None]
 
-    @property
-    def tokens_kept_per_group(self) -> list[int]:
-        T = self.dissimilarity.shape[0]
-        return evs.tokens_kept_per_group(self.retention, (T, *self.dissimilarity.shape[1:])).tolist()
+    def tokens_kept_per_group(self, medium: int) -> list[int]:
+        """Kept tokens in each temporal group of the medium at that index (an image: one group, all kept)."""
+        dissimilarity = self.dissimilarity[medium]
+        if dissimilarity is None:
+            return [int(self.retention[medium].sum())]
+        return evs.tokens_kept_per_group(self.retention[medium], tuple(dissimilarity.shape)).tolist()
 
 
-def prune_prompt(prompt: UnprunedPrompt, features: VideoFeatures, q: float) -> PrunedPrompt:
-    """Keep the EVS-selected video tokens of prompt at rate q; every text and audio token stays."""
-    dissimilarity = evs.frame_dissimilarity(features.embeds, prompt.grid_thw)
-    retention = evs.retention_mask_from_dissimilarity(dissimilarity, q).cpu()
-    keep = evs.prompt_keep_mask(prompt.is_video, retention)
+def retention(medium: MediumPrompt, features: VideoFeatures, q: float) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(retention mask, dissimilarity) of one medium alone: a video's EVS at rate q, an image kept whole."""
+    if medium.is_image:
+        return torch.ones(medium.tokens, dtype=torch.bool), None
+    dissimilarity = evs.frame_dissimilarity(features.embeds, medium.grid_thw)
+    return evs.retention_mask_from_dissimilarity(dissimilarity, q).cpu(), dissimilarity.cpu()
+
+
+def prune_prompt(prompt: UnprunedPrompt, features: list[VideoFeatures], q: float) -> PrunedPrompt:
+    """Keep the EVS-selected tokens of each video of prompt at rate q (features: one per medium, in order); every
+    image, text and audio token stays."""
+    masks, dissimilarities = zip(*(retention(medium, feats, q) for medium, feats in zip(prompt.media, features)))
+    keep = evs.prompt_keep_mask(prompt.is_visual, torch.cat(masks))
     full_rows = torch.cat([torch.arange(prompt.input_ids.numel())[None], prompt.positions])
     return PrunedPrompt(
         input_ids=prompt.input_ids[keep],
         positions=evs.select_positions(full_rows, keep),
-        video_mask=prompt.is_video[keep],
+        visual_mask=prompt.is_visual[keep],
         audio_mask=prompt.is_audio[keep],
-        features=features.select(retention.to(features.embeds.device)),
+        features=VideoFeatures.joined([f.select(m.to(f.embeds.device)) for f, m in zip(features, masks)]),
         prefix_len=int(keep[: prompt.prefix_len].sum()),
         reply_start=int(keep[: prompt.reply_start].sum()),
         next_position=int(prompt.positions.max()) + 1,
-        retention=retention,
-        dissimilarity=dissimilarity.cpu(),
+        retention=list(masks),
+        dissimilarity=list(dissimilarities),
     )

@@ -6,10 +6,13 @@ loads here: PyAV and numpy are its whole start-up cost, paid once, before its fi
 Every message, both ways, is one JSON line, then `payload_bytes` raw bytes (none when absent). The reader
 answers each request on its stdout pipe; anything the native decoder prints goes to stderr.
 - At start, once PyAV and numpy are imported: {"status": "ready", "pid"}.
-- {"op": "read", path, frame_sampling, max_seconds, patch, max_source_pixels, memory_bytes, parts,
-  split_min_pixels, threads, soundtrack}: the file's checks and timeline, then its frames, decoded by `threads`
-  decoder threads (0: one per core): {"status": "ok", total_frames, duration_s, wanted, entries, shape, work}
-  and the (K, H, W, 3) uint8 frames (engine/video_segments.assemble puts them in sampled order).
+- {"op": "read", path, frame_sampling, max_seconds, patch, max_source_pixels, max_picture_pixels, memory_bytes,
+  parts, split_min_pixels, threads, soundtrack}: a file Pillow reads is a picture (engine/reading/pillow_picture.py):
+  a still one answers {"status": "ok", "kind": "image", size, entries, shape, work} and its (1, H, W, 3) pixels,
+  an animated one is read as a video with "kind": "video" in its answer. Any other file: its checks and timeline,
+  then its frames, decoded by `threads` decoder threads (0: one per core): {"status": "ok", total_frames,
+  duration_s, wanted, entries, shape, work} and the (K, H, W, 3) uint8 frames (engine/reading/segments.assemble
+  puts them in sampled order).
   When parts > 1 and the read is worth splitting, {"status": "split", ..., units, plan} instead, with
   the timeline's bytes: the pool hands the units out as segments to `parts` readers at most.
 - {"op": "segment", path, memory_bytes, plan, targets, threads, soundtrack} with the timeline's bytes:
@@ -35,6 +38,7 @@ import numpy as np
 
 from engine.config import FrameSampling
 
+from .pillow_picture import open_picture, read_picture
 from .pyav_soundtrack import read_soundtrack
 from .pyav_video import Plan, plan_file, read_targets, timeline_from_message, timeline_message
 from .segments import units, worth_splitting
@@ -79,8 +83,10 @@ def _answer(request: dict, payload: bytes) -> tuple[dict, np.ndarray | bytes | l
     resource.setrlimit(resource.RLIMIT_DATA, (cap, hard))
     try:
         header, body = _segment(request, payload) if request["op"] == "segment" else _read(request)
-        if header["status"] == "ok" and request.get("soundtrack"):
+        if header["status"] == "ok" and request.get("soundtrack") and "kind" not in header:
             return _with_soundtrack(request, header, body)
+        if header["status"] == "ok" and request.get("soundtrack"):  # a picture has no soundtrack
+            header["soundtrack"] = {"status": "none"}
         return header, body
     except _OUT_OF_MEMORY:
         return {"status": "out_of_memory"}, None
@@ -91,6 +97,10 @@ def _answer(request: dict, payload: bytes) -> tuple[dict, np.ndarray | bytes | l
 
 
 def _read(request: dict) -> tuple[dict, np.ndarray | bytes | None]:
+    picture = open_picture(request["path"])
+    if picture is not None:  # a picture Pillow reads: a still image, or an animated one read as a video
+        with picture:
+            return read_picture(picture, request)
     header, plan = plan_file(request["path"], FrameSampling(**request["frame_sampling"]), request["max_seconds"],
                              request["patch"], request["max_source_pixels"])
     if plan is None:

@@ -20,14 +20,21 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.config import MAX_SOUNDTRACK_SECONDS, MAX_VIDEO_SOURCE_PIXELS, READ_MEMORY_BYTES, FrameSampling
+from engine.config import (
+    MAX_PICTURE_PIXELS,
+    MAX_SOUNDTRACK_SECONDS,
+    MAX_VIDEO_SOURCE_PIXELS,
+    READ_MEMORY_BYTES,
+    FrameSampling,
+)
 from engine.errors import NO_VIDEO, InputError
 
-from .pool import ReaderPool
+from .pool import Read, ReaderPool
 from .segments import assemble
 from .soundtrack import Soundtrack
 
-UNREADABLE = "The file could not be read as a video."
+UNREADABLE = "The file could not be read as a video or a picture."
+EMPTY = "The file is empty."
 TOO_SLOW = "Reading the video took too long; try a shorter or smaller file."
 OUT_OF_MEMORY = "Reading the video needed more memory than the server allows; try a smaller file."
 
@@ -78,7 +85,19 @@ def file_sha256(path) -> str:
     return digest.hexdigest()
 
 
-def read_video(
+def read_video(path, sampling: FrameSampling, *, content_hash: str | None = None, **options) -> SampledVideo:
+    """Check the upload, read the sampled frames in a reader process, and return them.
+
+    content_hash: the file's sha256 when the caller already computed it (it is read again otherwise);
+    options: read_upload's. InputError(UNREADABLE) for a still picture, which is no video.
+    """
+    read = read_upload(path, sampling, **options)
+    if read.header.get("kind") == "image":
+        raise InputError(UNREADABLE)
+    return sampled_video(read, content_hash or file_sha256(path))
+
+
+def read_upload(
     path,
     sampling: FrameSampling,
     *,
@@ -86,35 +105,39 @@ def read_video(
     max_bytes: int,
     timeout_s: float,
     temporal_patch: int = 2,
-    content_hash: str | None = None,
     max_source_pixels: int = MAX_VIDEO_SOURCE_PIXELS,
+    max_picture_pixels: int = MAX_PICTURE_PIXELS,
     memory_bytes: int = READ_MEMORY_BYTES,
     readers: ReaderPool | None = None,
     soundtrack_rate_hz: int | None = None,
     max_soundtrack_seconds: float = MAX_SOUNDTRACK_SECONDS,
-) -> SampledVideo:
-    """Check the upload, read the sampled frames in a reader process, and return them.
+) -> Read:
+    """One upload read by a reader: its "ok" answer, a video's frames or a still picture's pixels
+    (header["kind"] == "image"; engine/reading/pillow_picture.py).
 
-    content_hash: the file's sha256 when the caller already computed it (it is read again otherwise).
-    max_source_pixels: most width*height of the file's frames as stored, before any resizing.
+    max_source_pixels: most width*height of a video's frames as stored, before any resizing
+    (max_picture_pixels: the same for a picture, still or animated, read by Pillow).
     memory_bytes: the reader process's cap on heap and private writable memory (RLIMIT_DATA).
     readers: the engine's warm pool, where timeout_s bounds the reading, not the wait for a free reader;
     None starts one reader for this file alone and stops it after, and timeout_s bounds both.
     soundtrack_rate_hz: also read the file's first audio stream, mono at this rate, its first
     max_soundtrack_seconds (a soundtrack that does not decode leaves the frames answered, and says so in
     soundtrack_status); None reads none.
-    Raises InputError (one sentence for the user) when the file is missing, larger than max_bytes,
-    not a readable video, longer than max_seconds, larger per frame than max_source_pixels, needs more
+    Raises InputError (one sentence for the user) when the file is missing, empty, larger than max_bytes,
+    neither a video nor a picture, longer than max_seconds, larger per frame than its pixel limit, needs more
     than memory_bytes, or takes longer than timeout_s to read.
     """
     if not path or not Path(path).is_file():
         raise InputError(NO_VIDEO)
     size_bytes = Path(path).stat().st_size
+    if size_bytes == 0:
+        raise InputError(EMPTY)
     if size_bytes > max_bytes:
         size_text, limit_text = size_pair(size_bytes, max_bytes)
-        raise InputError(f"The video is {size_text}; the limit is {limit_text}.")
+        raise InputError(f"The file is {size_text}; the limit is {limit_text}.")
     request = {"path": str(path), "frame_sampling": asdict(sampling), "max_seconds": max_seconds,
-               "patch": temporal_patch, "max_source_pixels": max_source_pixels, "memory_bytes": memory_bytes,
+               "patch": temporal_patch, "max_source_pixels": max_source_pixels,
+               "max_picture_pixels": max_picture_pixels, "memory_bytes": memory_bytes,
                "soundtrack": None if soundtrack_rate_hz is None else {"rate_hz": soundtrack_rate_hz,
                                                                       "max_seconds": max_soundtrack_seconds}}
     if readers is None:  # the reader's start counts against the timeout, as a fresh process per file did
@@ -132,11 +155,22 @@ def read_video(
     if status == "too_many_pixels":
         width, height = header["size"]
         megapixels = _number(width * height / 1e6, round_up=True)
-        raise InputError(f"The video's frames are {width}x{height} ({megapixels} megapixels); "
-                         f"the limit is {_number(max_source_pixels / 1e6)} megapixels.")
+        limit = max_picture_pixels if header.get("kind") else max_source_pixels  # a Pillow picture says its kind
+        what = "picture is" if header.get("kind") else "video's frames are"
+        raise InputError(f"The {what} {width}x{height} ({megapixels} megapixels); "
+                         f"the limit is {_number(limit / 1e6)} megapixels.")
     if status == "out_of_memory":
         raise InputError(OUT_OF_MEMORY)
-    assembled = _frames_in_order(header, read.parts) if status == "ok" else None
+    if status != "ok" or not read.parts or read.parts[0][1] is None:
+        raise InputError(UNREADABLE)
+    return read
+
+
+def sampled_video(read: Read, content_hash: str) -> SampledVideo:
+    """A video's "ok" answer (read_upload's) as its sampled frames in order; InputError(UNREADABLE) when the
+    answer does not hold up."""
+    header = read.header
+    assembled = _frames_in_order(header, read.parts)
     if assembled is None:
         raise InputError(UNREADABLE)
     frames, frame_indices, timestamps_s = assembled
@@ -149,7 +183,7 @@ def read_video(
         total_frames=header["total_frames"],
         duration_s=duration_s,
         sampled_fps=len(frames) / duration_s,
-        content_hash=content_hash or file_sha256(path),
+        content_hash=content_hash,
         read_wait_s=read.wait_s,
         read_s=read.read_s,
         readers=read.readers,

@@ -22,14 +22,17 @@ if TYPE_CHECKING:  # what the worker puts here is tensors; bookkeeping only hold
     from engine.families.base import VideoFeatures
     from engine.prompt.pruned import PrunedPrompt
     from engine.prompt.unpruned import UnprunedPrompt
-    from engine.reading.video import SampledVideo
+    from engine.reading.media import Medium
     from engine.state.lm_state import Snapshot
 
 
 @dataclass(eq=False)
 class Request:
+    """One request. media_paths: its uploads in order (media: what was read from them, a video's sampled frames
+    or a still image). feature_keys: the feature cache key of each medium; features: each one's vision output."""
+
     stream: Stream
-    video_path: str
+    media_paths: list[str]
     question: str
     history: list[tuple[str, str]]
     params: GenerationParams
@@ -37,11 +40,11 @@ class Request:
     stage: Stage = Stage.QUEUED
     submitted_at: float = field(default_factory=time.perf_counter)
     stats: Stats = field(default_factory=Stats)
-    video: SampledVideo | None = None
+    media: list[Medium] | None = None
     prompt: UnprunedPrompt | None = None
-    feature_key: tuple | None = None
+    feature_keys: list[tuple] | None = None
     prefix_key: tuple | None = None
-    features: VideoFeatures | None = None
+    features: list[VideoFeatures] | None = None
     pruned: PrunedPrompt | None = None
     detokenizer: SplitDetokenizer | None = None  # every generated token; thinking and answer text apart
     generator: torch.Generator | None = None
@@ -77,6 +80,6 @@ class Request:
     def release(self) -> None:
         """The request has ended: give back its queue slot and drop its tensors to free their memory."""
         self.leave_queue()
-        self.video = self.prompt = self.features = self.pruned = self.kv = None
+        self.media = self.prompt = self.features = self.pruned = self.kv = None
         self.snapshots = {}
         self.stage = Stage.FINISHED

@@ -52,16 +52,17 @@ class Scheduler:
     max_running: requests past the queue at once (encoding, prefilling or decoding).
     vit_patch_budget: most patches (rows of pixel_values) in one vision forward; one video may exceed it alone.
     prefill_token_budget: prompt tokens per iteration between two decode steps (at least one prompt).
-    has_features(request): True when the request's video features are cached (no vision work left).
+    missing(request): the request's media whose features are not cached, key -> vision patches ({}: no vision
+    work left).
     """
 
     def __init__(self, max_running: int, vit_patch_budget: int, prefill_token_budget: int,
-                 weights: WorkWeights, has_features: Callable[["Request"], bool]):
+                 weights: WorkWeights, missing: Callable[["Request"], dict[tuple, int]]):
         self.max_running = max_running
         self.vit_patch_budget = vit_patch_budget
         self.prefill_token_budget = prefill_token_budget
         self.weights = weights
-        self.has_features = has_features
+        self.missing = missing
         self.waiting: deque[Request] = deque()
         self.encoding: list[Request] = []  # in the order they will be encoded
         self.prefilling: deque[Request] = deque()
@@ -79,26 +80,32 @@ class Scheduler:
         return new
 
     def remaining_work(self, request: "Request") -> float:
-        patches = 0 if self.has_features(request) else len(request.prompt.pixel_values)
+        patches = sum(self.missing(request).values())
         video = request.stats.video_tokens_total
         prompt_tokens = len(request.prompt.input_ids) - video * request.params.pruning_rate
         return patches * self.weights.per_patch + prompt_tokens * self.weights.per_token
 
     def encode_chunk(self) -> list["Request"]:
         """The requests of the next vision forward, in order, within the patch budget; [] while an
-        earlier chunk still waits for prefill. Every request on a video the chunk encodes rides along,
-        and so does any whose features are cached (they cost the forward nothing)."""
+        earlier chunk still waits for prefill. Each request brings the media no earlier request brings, and
+        the chunk ends before the first request that needs a medium it does not encode. Every later request
+        whose media the chunk encodes rides along, and so does any whose features are cached (they cost the
+        forward nothing)."""
         if self.prefilling or not self.encoding:
             return []
-        videos: dict[tuple, int] = {}  # the videos still to encode, in order: feature key -> patches
-        for request in self.encoding:
-            if request.feature_key not in videos and not self.has_features(request):
-                videos[request.feature_key] = len(request.prompt.pixel_values)
-        keys, chunks = list(videos), vision_chunks(list(videos.values()), self.vit_patch_budget)
-        taken = {keys[index] for index in chunks[0]} if chunks else set()
-        chunk = list(takewhile(lambda r: r.feature_key in taken or r.feature_key not in videos, self.encoding))
-        riders = [r for r in self.encoding[len(chunk):] if r.feature_key in taken]
-        return chunk + riders
+        needs = [self.missing(request) for request in self.encoding]
+        brought: list[dict[tuple, int]] = []  # per request, the media it is the first to need: key -> patches
+        seen: set[tuple] = set()
+        for need in needs:
+            brought.append({key: patches for key, patches in need.items() if key not in seen})
+            seen.update(need)
+        bringing = [index for index, media in enumerate(brought) if media]
+        chunks = vision_chunks([sum(brought[index].values()) for index in bringing], self.vit_patch_budget)
+        taken = {key for index in (chunks[0] if chunks else []) for key in brought[bringing[index]]}
+        covered = [need.keys() <= taken for need in needs]
+        chunk = list(takewhile(lambda pair: pair[1], zip(self.encoding, covered)))
+        riders = [request for request, ok in zip(self.encoding[len(chunk):], covered[len(chunk):]) if ok]
+        return [request for request, _ in chunk] + riders
 
     def prefill_batch(self) -> list["Request"]:
         """Prompts to prefill now, in order, until the token budget is spent (at least one)."""

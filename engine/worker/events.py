@@ -10,28 +10,41 @@ from engine.scheduling.request import Request
 from engine.stream import Event, EvsPicture
 
 
-def vision_started(served: list[Request], temporal_patch: int) -> None:
-    """Tell each request in a vision forward how many frames it encodes (and whether its soundtrack) and with
-    how many others."""
-    for request in served:
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}{'s' if number != 1 else ''}"
+
+
+def vision_started(served: dict[Request, list[int]], temporal_patch: int) -> None:
+    """Tell each request in a vision forward (served: the indices of its media the forward encodes; the others'
+    features are cached) how many frames and pictures it encodes (and whether soundtracks) and with how many
+    others."""
+    for request, indices in served.items():
         others = len(served) - 1
-        frames = request.prompt.grid_thw[0] * temporal_patch
-        sound = " and the soundtrack" if request.prompt.audio is not None else ""
-        tail = f" (batched with {others} other request{'s' if others != 1 else ''})" if others else ""
-        request.stream.push(Event("status", f"encoding {frames} frames{sound}{tail}"))
+        media = [request.prompt.media[index] for index in indices]
+        frames = sum(medium.grid_thw[0] for medium in media if not medium.is_image) * temporal_patch
+        images = sum(medium.is_image for medium in media)
+        what = " and ".join([_count(frames, "frame")] * bool(frames) + [_count(images, "picture")] * bool(images))
+        sound = " and the soundtrack" if any(medium.audio is not None for medium in media) else ""
+        tail = f" (batched with {_count(others, 'other request')})" if others else ""
+        request.stream.push(Event("status", f"encoding {what}{sound}{tail}"))
 
 
 def pruned(request: Request, temporal_patch: int) -> None:
-    """The EVS picture (what the model sees of the video), sent once before the first token."""
-    T, h, w = request.prompt.grid_thw
-    picture = EvsPicture(
-        frames=request.video.frames[::temporal_patch][:T],
-        timestamps_s=request.prompt.timestamps_s,
-        grid_thw=(T, h, w),
-        kept_mask=request.pruned.retention.reshape(T, h, w).numpy(),
-        dissimilarity=request.pruned.dissimilarity.numpy().astype(np.float16),
-    )
-    request.stream.push(Event("evs", evs=picture))
+    """The EVS picture of each video (what the model sees of it), sent once before the first token: one "evs"
+    event per video, in order, its `medium` the video's place among the request's media."""
+    for index, (medium, part) in enumerate(zip(request.media, request.prompt.media)):
+        if part.is_image:
+            continue
+        T, h, w = part.grid_thw
+        picture = EvsPicture(
+            frames=medium.frames[::temporal_patch][:T],
+            timestamps_s=part.timestamps_s,
+            grid_thw=(T, h, w),
+            kept_mask=request.pruned.retention[index].reshape(T, h, w).numpy(),
+            dissimilarity=request.pruned.dissimilarity[index].numpy().astype(np.float16),
+            medium=index,
+        )
+        request.stream.push(Event("evs", evs=picture))
     request.stream.push(Event("status", "prefill"))
 
 
@@ -67,8 +80,13 @@ def done(request: Request) -> None:
     stats.total_s = now - request.submitted_at
     stats.decode_s = now - request.first_token_at if request.first_token_at else 0.0
     if request.pruned is not None:
-        stats.video_tokens_kept = int(request.pruned.retention.sum())
-        stats.tokens_kept_per_frame = request.pruned.tokens_kept_per_group
+        for index, entry in enumerate(stats.media):
+            entry["tokens_kept"] = int(request.pruned.retention[index].sum())
+            if entry["kind"] == "video":
+                entry["tokens_kept_per_frame"] = request.pruned.tokens_kept_per_group(index)
+        videos = [entry for entry in stats.media if entry["kind"] == "video"]
+        stats.video_tokens_kept = sum(entry["tokens_kept"] for entry in videos)
+        stats.tokens_kept_per_frame = videos[0]["tokens_kept_per_frame"] if videos else None
         stats.prompt_tokens = int(request.pruned.input_ids.numel())
     token_ids = tuple(request.detokenizer.token_ids) if request.detokenizer else ()
     logits = torch.stack(request.logits).numpy() if request.logits else None

@@ -14,7 +14,7 @@ class LMInput:
 
     embeds: (B, L, D). positions: (4, B, L) long; row 0 is each row's contiguous 1-D position, rows 1-3
     MRoPE t/h/w. attention_mask: (B, past + L) long, 0 on left padding; None for a single unpadded row.
-    visual_mask: (B, L) bool where video features sit (DeepStack adds there), or None.
+    visual_mask: (B, L) bool where media features sit (DeepStack adds there), or None.
     deepstack: per level, (visual_mask.sum(), D), or None.
     """
 
@@ -25,12 +25,13 @@ class LMInput:
     deepstack: list[torch.Tensor] | None = None
 
 
-def embed_prompt(model, input_ids: torch.Tensor, video_mask: torch.Tensor, features: VideoFeatures,
+def embed_prompt(model, input_ids: torch.Tensor, visual_mask: torch.Tensor, features: VideoFeatures,
                  audio_mask: torch.Tensor | None = None) -> torch.Tensor:
-    """(L,) ids -> (L, D) embeddings with the kept video features in place of the video pads, and the audio
-    features (when heard) in place of the audio tokens (audio_mask: (L,) bool, one token per row)."""
+    """(L,) ids -> (L, D) embeddings with the kept media features in place of the media tokens (visual_mask:
+    (L,) bool, one token per row, the media in order), and the audio features (when heard) in place of the audio
+    tokens (audio_mask: (L,) bool, one token per row)."""
     embeds = model.get_input_embeddings()(input_ids.to(model.device))
-    embeds[video_mask.to(embeds.device)] = features.embeds.to(embeds.device, embeds.dtype)
+    embeds[visual_mask.to(embeds.device)] = features.embeds.to(embeds.device, embeds.dtype)
     if features.audio is not None:
         embeds[audio_mask.to(embeds.device)] = features.audio.to(embeds.device, embeds.dtype)
     return embeds

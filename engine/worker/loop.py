@@ -49,7 +49,7 @@ class Worker(threading.Thread):
             vit_patch_budget=vit_patch_budget(config, loaded.device.type),
             prefill_token_budget=config.prefill_token_budget,
             weights=self.runner.weights,
-            has_features=self.runner.has_features,
+            missing=self.runner.missing,
         )
         self.inbox: queue.Queue[Request | None] = queue.Queue()
         self._stopping = threading.Event()
@@ -98,7 +98,7 @@ class Worker(threading.Thread):
         arrived.extend(self._drain_inbox())
         for request in arrived:
             if request is not None:
-                request.feature_key = self.runner.vision.feature_key(request)
+                request.feature_keys = self.runner.vision.feature_keys(request)
                 self.scheduler.add(request)
 
     def _drain_inbox(self) -> list[Request | None]:

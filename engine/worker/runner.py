@@ -46,8 +46,8 @@ class ModelRunner:
         self.eos_ids = eos_token_ids(loaded)
         self.weights = work_weights(self.model, family)
 
-    def has_features(self, request: Request) -> bool:
-        return self.vision.lookup(request.feature_key, request.prompt.grid_thw) is not None
+    def missing(self, request: Request) -> dict[tuple, int]:
+        return self.vision.missing(request)
 
     def encode(self, requests: list[Request], on_forward) -> None:
         """Features for every request of a chunk the scheduler chose, in one vision forward."""
@@ -63,13 +63,13 @@ class ModelRunner:
         into a cache of its own (request.kv); returns the last position's logits, (V,) float32.
 
         A hybrid model's prompt runs in segments that end where a later request may continue it: the end of
-        [system + video] (another question on the video) and the start of the answer's opening (a follow-up
+        [system + media] (another question on the same media) and the start of the answer's opening (a follow-up
         quoting this answer). The recurrent state at each such end is kept as a snapshot (engine/state/lm_state.py)."""
         start = time.perf_counter()
         pruned = request.pruned
         length = pruned.input_ids.numel()
         request.prefix_key = prefix_key(
-            request.feature_key, request.params.pruning_rate, pruned.input_ids[: pruned.prefix_len]
+            tuple(request.feature_keys), request.params.pruning_rate, pruned.input_ids[: pruned.prefix_len]
         )
         cache, begin, request.snapshots = self.prefix.lookup(request.prefix_key, pruned.input_ids, pruned.prefix_len)
         hit = cache is not None
@@ -95,15 +95,15 @@ class ModelRunner:
 
     def _forward(self, cache, pruned, begin: int, end: int) -> torch.Tensor:
         """The pruned prompt's tokens begin..end appended to cache; (1, V) logits of the last. A segment from
-        the start carries the whole video and soundtrack (a split never falls inside them); any later one is
+        the start carries every medium and soundtrack (a split never falls inside them); any later one is
         text."""
         positions = pruned.positions[:, None, begin:end].to(self.model.device)
         if begin > 0:
             text = embed_tokens(self.model, pruned.input_ids[begin:end])
             return lm_logits(self.model, self.family, LMInput(text[None], positions), cache)
-        embeds = embed_prompt(self.model, pruned.input_ids[:end], pruned.video_mask[:end], pruned.features,
+        embeds = embed_prompt(self.model, pruned.input_ids[:end], pruned.visual_mask[:end], pruned.features,
                               pruned.audio_mask[:end])
-        visual_mask = pruned.video_mask[None, :end].to(self.model.device)
+        visual_mask = pruned.visual_mask[None, :end].to(self.model.device)
         batch = LMInput(embeds[None], positions, None, visual_mask, pruned.features.deepstack)
         return lm_logits(self.model, self.family, batch, cache)
 

@@ -1,9 +1,10 @@
-"""Cross-request vision batching: one ViT forward for every request whose features are not cached.
+"""Cross-request vision batching: one ViT forward for every medium whose features are not cached.
 
-Identical videos (same content hash, frame sampling and model) are encoded once, also when they
-arrive together; a byte-bounded LRU keeps features for later questions on the same video. A soundtrack that
-is heard goes through the audio tower in the same step, right after the vision forward (one forward per
-soundtrack), and its features are kept with the video's (the key says whether it was heard).
+Each medium of a request (a video, or a still image) is keyed on its own: identical media (same content hash,
+frame sampling and model) are encoded once, also when they arrive together or twice in one request, and a
+byte-bounded LRU keeps each one's features for later questions (asking about A, then about A and B, encodes A
+once). A soundtrack that is heard goes through the audio tower in the same step, right after the vision forward
+(one forward per soundtrack), and its features are kept with its video's (the key says whether it was heard).
 """
 
 import time
@@ -33,9 +34,10 @@ class VisionEncoder:
         self.cache = ByteLRU(cache_bytes)
         self.forwards = 0  # vision forwards run so far (tests count them)
 
-    def feature_key(self, request: Request) -> tuple:
-        heard = request.prompt.audio is not None
-        return (request.video.content_hash, request.frame_sampling, self.model_name, heard)
+    def feature_keys(self, request: Request) -> list[tuple]:
+        """One key per medium of the request, in order."""
+        return [(medium.content_hash, request.frame_sampling, self.model_name, prompt.audio is not None)
+                for medium, prompt in zip(request.media, request.prompt.media)]
 
     def lookup(self, key: tuple, grid_thw: tuple[int, int, int]) -> VideoFeatures | None:
         cached = self.cache.get(key)
@@ -44,39 +46,47 @@ class VisionEncoder:
             return None
         return cached.features
 
+    def missing(self, request: Request) -> dict[tuple, int]:
+        """The media of the request whose features are not cached: key -> vision patches (its pixel rows)."""
+        return {key: len(medium.pixel_values) for key, medium in zip(request.feature_keys, request.prompt.media)
+                if self.lookup(key, medium.grid_thw) is None}
+
     def encode(self, requests: list[Request], on_batch=None) -> None:
-        """Set features and vision stats on every request, each video not cached encoded once, all of them
-        in one forward; on_batch(requests_in_forward) is called before it so callers can report progress."""
-        misses: dict[tuple, list[Request]] = {}
+        """Set features and vision stats on every request, each medium not cached encoded once, all of them
+        in one forward; on_batch({request: indices of its media the forward encodes}) is called before it so
+        callers can report progress."""
+        misses: dict[tuple, list[tuple[Request, int]]] = {}
         for request in requests:
-            request.feature_key = self.feature_key(request)
-            features = self.lookup(request.feature_key, request.prompt.grid_thw)
-            if features is not None:
-                request.features = features
+            request.features = [self.lookup(key, medium.grid_thw)
+                                for key, medium in zip(request.feature_keys, request.prompt.media)]
+            for index, features in enumerate(request.features):
+                if features is None:
+                    misses.setdefault(request.feature_keys[index], []).append((request, index))
+            if all(features is not None for features in request.features):
                 stats = request.stats
                 stats.vit_cache_hit, stats.vit_s, stats.vit_batch_requests = True, 0.0, 0
-            else:
-                misses.setdefault(request.feature_key, []).append(request)
         if misses:
             self._forward(misses, on_batch)
 
-    def _forward(self, misses: dict[tuple, list[Request]], on_batch) -> None:
+    def _forward(self, misses: dict[tuple, list[tuple[Request, int]]], on_batch) -> None:
         keys = list(misses)
-        owners = [misses[key][0] for key in keys]
-        served = [request for key in keys for request in misses[key]]
+        owners = [misses[key][0][0].prompt.media[misses[key][0][1]] for key in keys]
+        encoding: dict[Request, list[int]] = {}
+        for key in keys:
+            for request, index in misses[key]:
+                encoding.setdefault(request, []).append(index)
+        served = list(encoding)
         if on_batch is not None:
-            on_batch(served)
-        device = self.model.device
-        pixels = torch.cat([r.prompt.pixel_values for r in owners]).to(device)
-        grids = torch.stack([r.prompt.grid_thw_patches for r in owners]).to(device)
+            on_batch(encoding)
         start = time.perf_counter()
-        outputs = self.family.encode(self.model, pixels, grids)
+        outputs = self.family.encode_media(self.model, owners)
         # One soundtrack per audio forward, never a batch of them: the memory plan counts the audio tower's
         # activations for one soundtrack of the longest length a request may have (its attention is quadratic
         # in the length), and soundtracks cut at that length would otherwise share a forward, several at once.
         for owner, output in zip(owners, outputs):
-            if owner.prompt.audio is not None:
-                output.audio = self.family.encode_audio(self.model, owner.prompt.audio)
+            if owner.audio is not None:
+                output.audio = self.family.encode_audio(self.model, owner.audio)
+        device = self.model.device
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         vit_s = time.perf_counter() - start
@@ -85,8 +95,9 @@ class VisionEncoder:
             # own copies: a split view would keep the whole batch's output alive in the cache
             features = VideoFeatures(split.embeds.clone(), [level.clone() for level in split.deepstack],
                                      None if split.audio is None else split.audio.clone())
-            self.cache.put(key, CachedFeatures(features, owner.prompt.grid_thw), features.nbytes)
-            for request in misses[key]:
-                request.features = features
-                stats = request.stats
-                stats.vit_cache_hit, stats.vit_s, stats.vit_batch_requests = False, vit_s, len(served)
+            self.cache.put(key, CachedFeatures(features, owner.grid_thw), features.nbytes)
+            for request, index in misses[key]:
+                request.features[index] = features
+        for request in served:
+            stats = request.stats
+            stats.vit_cache_hit, stats.vit_s, stats.vit_batch_requests = False, vit_s, len(served)
