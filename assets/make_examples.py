@@ -1,9 +1,8 @@
 """Write the example clips the app offers: `python -m assets.make_examples` (run from the repo root).
 
 One held-out clip of the shapes family (assets/shapes.py) per question type, asked at the app's default
-rate. Nobody picked them: they are the first held-out seeds bench/accuracy.py draws, in question order
-(the first clip for the first type, and so on), so they show what the benchmark measures, not a lucky
-case. tests/test_tiny_trained.py checks that the offline model answers each one right.
+rate. Nobody picked them: they are the first held-out seeds bench/accuracy.py draws, in question order (the
+first clip for the first type, and so on), so they show what the benchmark measures, not a lucky case. tests/test_tiny_trained.py checks that the offline model answers each one right.
 """
 
 from pathlib import Path
@@ -14,19 +13,27 @@ from engine.config import DEFAULT_PRUNING_RATE
 EXAMPLES_DIR = Path(__file__).resolve().parent / "examples"
 FILE_NAMES = {"colour": "shape_colour.mp4", "direction": "shape_moving.mp4", "shape": "shape_kind.mp4",
               "start": "shape_start.mp4"}
-# (file, held-out seed, question type, pruning rate); bench/accuracy.py's clips start at held-out seed 0
-EXAMPLES = tuple((FILE_NAMES[kind], seed, kind, DEFAULT_PRUNING_RATE)
+# (files, held-out seeds, question type, pruning rate); bench/accuracy.py's clips start at held-out seed 0
+EXAMPLES = tuple(((FILE_NAMES[kind],), (seed,), kind, DEFAULT_PRUNING_RATE)
                  for kind, seed in zip(QUESTIONS, held_out_seeds(0, len(QUESTIONS))))
 
 
-def example_questions() -> list[tuple[str, str, float]]:
-    """(file name, question, pruning rate) of each example, as the app offers them."""
-    return [(name, QUESTIONS[kind], rate) for name, _, kind, rate in EXAMPLES]
+def question(kind: str) -> str:
+    """An example's question."""
+    return QUESTIONS[kind]
+
+
+def example_questions() -> list[tuple[tuple[str, ...], str, float]]:
+    """(file names, question, pruning rate) of each example, as the app offers them."""
+    return [(names, question(kind), rate) for names, _, kind, rate in EXAMPLES]
 
 
 def main() -> None:
     EXAMPLES_DIR.mkdir(exist_ok=True)
-    for name, seed, _, _ in EXAMPLES:
+    written = {}
+    for names, seeds, _, _ in EXAMPLES:
+        written.update(zip(names, seeds))
+    for name, seed in written.items():
         path = write_shape_clip(EXAMPLES_DIR / name, seed)
         print(f"{path} {path.stat().st_size // 1024} KB")
 

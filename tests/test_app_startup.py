@@ -121,6 +121,17 @@ def test_unreachable_model_falls_back_to_tiny_trained_with_a_banner(fallback_app
     assert "couldn" not in config and "offline-mode" not in config
 
 
+def test_metrics_right_after_the_start_count_no_request_the_warm_up_is_nobodys(fallback_app):
+    """The start answers one warm-up request before it serves anyone; /metrics scraped right after shows no
+    request and no time to first token. (The tests before this one on the shared app only load pages.)"""
+    from app_harness import outcomes, scrape_metrics
+
+    samples = scrape_metrics(fallback_app.url)
+    assert outcomes(samples) == {"answered": 0, "refused": 0, "cancelled": 0, "failed": 0}
+    assert samples[("evs_ttft_seconds_count", ())] == 0 and samples[("evs_answer_seconds_count", ())] == 0
+    assert "warm-up done" in fallback_app.log.read_text()
+
+
 def test_strict_model_exits_with_one_clear_message(tmp_path):
     result = subprocess.run(
         [sys.executable, "app.py", "--model", MODEL, "--device", "cpu", "--port", str(free_port())],

@@ -2,7 +2,9 @@
 
 from pathlib import Path
 
+import numpy as np
 import pytest
+from PIL import Image
 from playwright.sync_api import sync_playwright
 
 from app_harness import wait_until
@@ -55,9 +57,11 @@ def set_slider(page, elem_id: str, value: float) -> None:
     assert wait_until(moved, timeout_s=10), number.input_value()
 
 
-def upload(page, video: Path) -> None:
-    page.set_input_files("#evs-video input[type=file]", str(video))
-    page.wait_for_selector("#evs-video video")
+def upload(page, *files: Path) -> None:
+    """Upload files at once into the strip, as a drop of several files does, and wait until it shows them."""
+    page.set_input_files("#evs-media input[type=file]", [str(file) for file in files])
+    page.wait_for_function("n => document.querySelectorAll('#evs-media video, #evs-media img').length === n",
+                           arg=len(files), timeout=TIMEOUT_MS)
 
 
 def ask(page, question: str) -> None:
@@ -155,7 +159,7 @@ def test_a_phone_gets_one_column_and_never_scrolls_sideways(browser, app, clip):
             left, right = horizontal_extent(phone, selector)
             assert 0 <= left and right <= width, (selector, left, right)
         # the columns stack: the conversation is below the inputs, not beside them
-        assert horizontal_extent(phone, "#evs-chat")[0] == horizontal_extent(phone, "#evs-video")[0]
+        assert horizontal_extent(phone, "#evs-chat")[0] == horizontal_extent(phone, "#evs-media")[0]
         assert phone.locator("#evs-chat").bounding_box()["y"] > phone.locator("#evs-ask").bounding_box()["y"]
 
         phone.locator("#evs-gallery").scroll_into_view_if_needed()  # its frames load lazily
@@ -194,7 +198,7 @@ def test_clicking_an_example_fills_the_inputs(page):
         pytest.skip("the example clips in assets/examples are not there")
     examples.locator('[data-testid="dataset-cell-1-1"]').click()  # the second example's question
     _, question, rate = example_questions()[1]
-    page.wait_for_selector("#evs-video video")
+    page.wait_for_selector("#evs-media video")
     assert page.locator("#evs-question textarea").input_value() == question
     assert float(page.locator("#evs-pruning-rate input[type=number]").input_value()) == pytest.approx(rate)
 
@@ -240,3 +244,44 @@ def test_stop_and_closing_the_tab_cancel_the_engine_request(browser, app, clip):
 
     assert cancelled_by(lambda tab: tab.click("#evs-stop"))
     assert cancelled_by(lambda tab: tab.close())
+
+
+@pytest.mark.parametrize("viewport", ["desktop", "phone"])
+def test_two_videos_and_a_picture_are_answered_with_a_pruning_picture_per_video(browser, app, clip, tmp_path,
+                                                                                 viewport):
+    """Three files dropped at once show as a strip; the answer's pruning picture is the first video's, the choice
+    above it switches to the other video's (its own frames and kept counts), and the stats say each upload's
+    tokens. On a phone all of it fits the screen's width."""
+    context = browser.new_context(**(PHONE if viewport == "phone" else {"viewport": {"width": 1400, "height": 900}}))
+    tab = context.new_page()
+    tab.set_default_timeout(TIMEOUT_MS)
+    picture = tmp_path / "picture.png"
+    Image.fromarray(np.random.default_rng(2).integers(0, 255, (96, 128, 3), np.uint8)).save(picture)
+    try:
+        tab.goto(app.url)
+        tab.wait_for_selector("#evs-ask")
+        upload(tab, clip("moving_object", seconds=3.0), picture, clip("pan", seconds=2.0))
+        tab.click("#evs-advanced button")
+        set_slider(tab, "evs-max-new-tokens", 4)
+        ask(tab, "What differs between the two clips?")
+        tab.wait_for_function("document.querySelector('#evs-status').innerText.includes('done')", timeout=TIMEOUT_MS)
+        choice = tab.locator("#evs-video-choice")
+        tab.wait_for_function("document.querySelectorAll('#evs-video-choice label').length === 2")
+        assert choice.locator("label").all_inner_texts() == ["Video 1", "Video 3"]
+        assert "2 videos, 1 picture" in tab.locator("#evs-stats").inner_text()
+        tab.wait_for_function("document.querySelectorAll('#evs-gallery img').length === 3")  # 3 s: 3 groups
+        first = tab.locator("#evs-gallery").inner_text()
+        choice.locator("label", has_text="Video 3").click()
+        tab.wait_for_function("document.querySelectorAll('#evs-gallery img').length === 2")  # 2 s: 2 groups
+        assert tab.locator("#evs-gallery").inner_text() != first
+        tab.wait_for_selector("#evs-bars .js-plotly-plot .bars")
+        if viewport == "phone":
+            width = PHONE["viewport"]["width"]
+            assert tab.evaluate("document.documentElement.scrollWidth") <= width
+            for selector in ("#evs-media", "#evs-video-choice", "#evs-stats", "#evs-gallery"):
+                left, right = horizontal_extent(tab, selector)
+                assert 0 <= left and right <= width, (selector, left, right)
+        ARTIFACTS.mkdir(exist_ok=True)
+        tab.screenshot(path=str(ARTIFACTS / f"screenshot-media-{viewport}.png"), full_page=True)
+    finally:
+        context.close()

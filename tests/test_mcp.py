@@ -41,7 +41,8 @@ def test_the_server_lists_exactly_one_documented_tool(app):
     assert "Efficient Video Sampling" in tool.description and "JSON" in tool.description
     properties = tool.inputSchema["properties"]
     assert list(properties) == ["video", "question", "pruning_rate", "max_new_tokens", "enable_thinking",
-                                "hear_soundtrack"]
+                                "hear_soundtrack", "media"]
+    assert properties["media"]["type"] == "array" and properties["media"]["items"] == {"type": "string"}
     assert all(properties[name].get("description") for name in properties)
     assert "upload" in properties["video"]["description"]
     assert properties["pruning_rate"]["default"] == app.spy.model_info["default_pruning_rate"]  # the model's own

@@ -147,8 +147,8 @@ ERROR_CASES = {
     "empty question": (400, openai.BadRequestError, re.escape("Please type a question about the video.")),
     "rate out of range": (400, openai.BadRequestError,
                           re.escape("The pruning rate must be a number at least 0 and below 1; got 1.0.")),
-    "unreadable": (400, openai.BadRequestError, re.escape("The file could not be read as a video.")),
-    "unreadable, streamed": (400, openai.BadRequestError, re.escape("The file could not be read as a video.")),
+    "unreadable": (400, openai.BadRequestError, re.escape("The file could not be read as a video or a picture.")),
+    "unreadable, streamed": (400, openai.BadRequestError, re.escape("The file could not be read as a video or a picture.")),
     "too long": (400, openai.BadRequestError, r"The video is .+ long; the limit is .+\."),
     "too large": (400, openai.BadRequestError, r"The video is larger than the limit of 0\.954 MB\."),
     "body too large": (413, openai.APIStatusError, r"The request is larger than the limit of 2\.27 MB\."),
@@ -157,9 +157,9 @@ ERROR_CASES = {
     "a file URL": (400, openai.BadRequestError, re.escape(video_inputs.NOT_UPLOADED)),
     "a web URL": (400, openai.BadRequestError, re.escape(video_inputs.NO_FETCHING)),
     "an expired upload": (400, openai.BadRequestError, re.escape(EXPIRED_VIDEO)),
-    "two videos": (400, openai.BadRequestError,
-                   re.escape("A conversation is about one video; these messages carry 2.")),
-    "an image part": (400, openai.BadRequestError, r"Content parts of type 'image_url' are not supported; .+\."),
+    "too many media": (400, openai.BadRequestError,
+                       re.escape("5 videos and pictures were sent; this server takes at most 4 in one question.")),
+    "an audio part": (400, openai.BadRequestError, r"Content parts of type 'input_audio' are not supported; .+\."),
     "two user turns": (400, openai.BadRequestError, re.escape(openai_api.BAD_ORDER)),
     "another model": (404, openai.NotFoundError,
                       re.escape("The model 'gpt-4o' does not exist; this server serves 'tiny-random'.")),
@@ -199,10 +199,11 @@ def test_user_errors_are_4xx_with_one_sentence(client, clip, bad_videos, case):
     elif case == "an expired upload":  # a link to the upload folder is read from disk, whatever the host
         gone = Path(gr.utils.get_upload_folder()) / ("0" * 64) / "deleted.mp4"
         messages = [video_message(f"https://example.com/gradio_api/file={gone}")]
-    elif case == "two videos":
-        messages = [video_message(video), {"role": "assistant", "content": "A ball."}, video_message(video)]
-    elif case == "an image part":
-        messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": video}},
+    elif case == "too many media":  # refused before any is decoded: nothing lands in api-videos/
+        messages = [video_message(video), {"role": "assistant", "content": "A ball."},
+                    {"role": "user", "content": [{"type": "video_url", "video_url": {"url": video}}] * 4}]
+    elif case == "an audio part":
+        messages = [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "AAAA"}},
                                                  {"type": "text", "text": QUESTION}]}]
     elif case == "two user turns":
         messages = [video_message(video), {"role": "user", "content": "And?"}]

@@ -53,7 +53,8 @@ def test_uploads_and_frame_images_are_deleted_after_their_age(short_lived_app, c
     images = {path for path in made if path.suffix == ".webp"}
     assert len(uploads) == 1, "the upload is kept under GRADIO_TEMP_DIR"
     assert len(images) == len(frames) == stats["grid_thw"][0], "one picture per temporal group"
-    examples = {path for path in files_under(temp_dir) if path.name in {name for name, _, _ in example_questions()}}
+    named = {name for names, _, _ in example_questions() for name in names}
+    examples = {path for path in files_under(temp_dir) if path.name in named}
 
     deadline = time.monotonic() + MAX_AGE_S + 4 * CLEAN_S + 10
     while files_under(temp_dir) & (uploads | images) and time.monotonic() < deadline:
@@ -80,7 +81,7 @@ def test_a_follow_up_on_a_deleted_upload_asks_for_it_again(short_lived_app, clip
     # (gradio_client would try to upload it again, so the call goes over Gradio's plain HTTP API).
     stale = {"path": str(uploaded), "meta": {"_type": "gradio.FileData"}, "orig_name": uploaded.name}
     data = [stale, "Where does it go next?", 0.7, 2.0, 32, 224 * 224, 4, 0.0, False, [["What moves?", answer]], False,
-            False]
+            False, None]
     base = client.src.rstrip("/")
     event_id = httpx.post(f"{base}/gradio_api/call/ask", json={"data": data}, timeout=30).json()["event_id"]
     events = httpx.get(f"{base}/gradio_api/call/ask/{event_id}", timeout=60).text

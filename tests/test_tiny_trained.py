@@ -99,7 +99,7 @@ def test_every_example_clip_is_answered_at_the_default_rate(trained_engine):
     """The app's example clips (the benchmark's first held-out seeds, one per question type, not picked),
     asked their question at the default rate, as a click would, are answered right."""
     assert sorted(kind for _, _, kind, _ in EXAMPLES) == sorted(QUESTIONS)
-    for name, seed, kind, rate in EXAMPLES:
+    for (name,), (seed,), kind, rate in EXAMPLES:
         assert rate == Q
         answer = trained_engine.submit(EXAMPLES_DIR / name, QUESTIONS[kind],
                                        GenerationParams(pruning_rate=rate, max_new_tokens=8)).result().text.strip()

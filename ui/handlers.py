@@ -1,8 +1,9 @@
 """Async generator handlers that bridge Gradio events to the one engine, through its front door
 (engine/front/door.py: settings, sentences, the merged stream).
 
-Each question becomes one engine request (two in compare mode: q=0 and the chosen q, submitted together
-so they share the ViT forward and decode steps). With "Think first" on, the model's thinking streams into a
+Each question becomes one engine request about the uploads shown (videos and pictures, in order; two
+requests in compare mode: q=0 and the chosen q, submitted together so they share the ViT forward and decode
+steps). With "Think first" on, the model's thinking streams into a
 collapsed block of its own above the answer; with "Hear the soundtrack" on, a model that hears is given the
 video's sound beside its frames. Engine events are read with `Stream.aevents()`, so a
 waiting request holds no thread. When Gradio stops iterating a handler (Stop button, closed tab, API
@@ -19,15 +20,25 @@ from engine.errors import NO_VIDEO, InputError
 from engine.front.door import follow, history_pairs, request_params
 from engine.front.serving import Serving
 from engine.stream import Event, EvsPicture
-from ui import figures, frame_files, overlays, stats_panel
+from ui import frame_files, media_view, stats_panel
 from ui.gradio_errors import raises_gradio_errors
 
 THINKING_TITLE = "Thinking"  # the title of the block that holds the model's thinking in the chat
 # Output order of the chat (browser) handler; layout.py wires components by these names.
 CHAT_OUTPUTS = (
     "chat", "question", "status", "stats_html", "stats_json", "bars", "heatmap", "gallery",
-    "compare_full", "compare_pruned", "compare_summary", "turns",
+    "compare_full", "compare_pruned", "compare_summary", "turns", "video_choice", "pictures", "asked_media",
 )
+
+
+def upload_paths(uploads) -> list[str]:
+    """The paths of a request's uploads, in order, from what a component gives: one path (gr.Video, gr.File),
+    a list of paths (gr.File with several), or the strip's (path, caption) pairs (gr.Gallery)."""
+    if not uploads:
+        return []
+    if isinstance(uploads, str):
+        return [uploads]
+    return [item[0] if isinstance(item, (list, tuple)) else item for item in uploads if item]
 
 
 @dataclasses.dataclass
@@ -38,14 +49,14 @@ class RunView:
     status: str = "queued"
     thinking: str = ""
     answer: str = ""
-    picture: EvsPicture | None = None
+    pictures: dict[int, EvsPicture] = dataclasses.field(default_factory=dict)  # by the video's place in media
     stats: dict | None = None
 
     def apply(self, event: Event) -> None:
         if event.kind == "status":
             self.status = event.text
         elif event.kind == "evs":
-            self.picture = event.evs
+            self.pictures[event.evs.medium] = event.evs
         elif event.kind == "thinking":
             self.thinking += event.text
             self.status = "thinking"
@@ -98,12 +109,13 @@ class Handlers:
         history: list | None = None,
         enable_thinking: bool = False,
         hear_soundtrack: bool | None = None,
+        media: list | None = None,
     ) -> AsyncIterator[tuple]:
         """The `/ask` API endpoint: streams (answer, stats, figures, frames); see ui/__init__.py.
 
         A setting left out (None) takes the engine's default (door.defaults), as the sliders do. With
         enable_thinking, the thinking so far rides in the stats output. hear_soundtrack: None hears it on a
-        model that can.
+        model that can. media: more uploads (videos and pictures) asked about after `video`, in order.
         """
         params = request_params(self.engine, pruning_rate=pruning_rate, fps=fps, max_frames=max_frames,
                                 max_pixels_per_frame=max_pixels_per_frame, max_new_tokens=max_new_tokens,
@@ -114,7 +126,8 @@ class Handlers:
         chosen = runs[-1]
         figures_json, frames = gr.skip(), gr.skip()
         yield "", {"status": chosen.status}, figures_json, frames
-        async for index, event in follow(self.engine, video, question, params_list, history_pairs(history)):
+        uploads = upload_paths(video) + upload_paths(media)
+        async for index, event in follow(self.engine, uploads, question, params_list, history_pairs(history)):
             runs[index].apply(event)
             if index != len(runs) - 1:
                 continue
@@ -123,8 +136,8 @@ class Handlers:
             elif event.kind == "thinking":
                 yield chosen.answer, {"status": chosen.status, "thinking": chosen.thinking}, gr.skip(), gr.skip()
             elif event.kind == "evs":
-                figures_json = figures.figures_payload(event.evs)
-                frames = frame_files.saved(overlays.frame_gallery(event.evs))
+                figures_json = media_view.media_figures_payload(chosen.pictures)
+                frames = frame_files.saved(media_view.media_frame_gallery(chosen.pictures, len(uploads)))
                 yield chosen.answer, gr.skip(), figures_json, frames
             elif event.kind == "text":
                 yield chosen.answer, gr.skip(), gr.skip(), gr.skip()
@@ -139,7 +152,7 @@ class Handlers:
     @raises_gradio_errors
     async def chat(
         self,
-        video: str | None,
+        uploads: list | None,
         question: str,
         pruning_rate: float,
         fps: float,
@@ -154,13 +167,15 @@ class Handlers:
     ) -> AsyncIterator[tuple]:
         """The browser's Ask: streams updates of CHAT_OUTPUTS (chat view, status, numbers, pictures).
 
-        turns: the earlier [question, answer, thinking] of this video's conversation.
+        uploads: the strip's videos and pictures. turns: the earlier [question, answer, thinking] of this
+        conversation. The pruning picture shows the first video; the video choice switches to another.
         """
         params = request_params(self.engine, pruning_rate=pruning_rate, fps=fps, max_frames=max_frames,
                                 max_pixels_per_frame=max_pixels_per_frame, max_new_tokens=max_new_tokens,
                                 temperature=temperature, enable_thinking=enable_thinking,
                                 hear_soundtrack=hear_soundtrack)
-        if not video:  # before the question shows up in the chat
+        paths = upload_paths(uploads)
+        if not paths:  # before the question shows up in the chat
             raise InputError(NO_VIDEO)
         turns = list(turns or [])
         params_list = _params_for(bool(compare), params)
@@ -183,13 +198,14 @@ class Handlers:
         yield update(chat=chat_view(), question="", status=_status_line(runs), **compare_panels(),
                      compare_summary="")
         history = [(q, a) for q, a, _ in turns]
-        async for index, event in follow(self.engine, video, question, params_list, history):
+        async for index, event in follow(self.engine, paths, question, params_list, history):
             runs[index].apply(event)
             is_chosen = index == len(runs) - 1
             if event.kind == "evs" and is_chosen:
-                yield update(status=_status_line(runs), bars=figures.tokens_per_group_figure(event.evs),
-                             heatmap=figures.dissimilarity_figure(event.evs),
-                             gallery=frame_files.saved(overlays.frame_gallery(event.evs)))
+                shown = media_view.first_picture(chosen.pictures)
+                yield update(status=_status_line(runs), **media_view.picture_outputs(shown),
+                             video_choice=media_view.video_choice(chosen.pictures, len(paths), shown.medium),
+                             pictures=dict(chosen.pictures))
             elif event.kind in ("thinking", "text"):
                 shown_answer = dict(chat=chat_view()) if is_chosen else {}
                 yield update(**shown_answer, status=_status_line(runs), **compare_panels())
@@ -198,15 +214,20 @@ class Handlers:
         summary = stats_panel.compare_summary(runs[0].stats, chosen.stats) if compare else ""
         yield update(chat=chat_view(), status=_status_line(runs), stats_html=stats_panel.stats_html(chosen.stats),
                      stats_json=chosen.stats, compare_summary=summary,
-                     turns=[*turns, [question, chosen.answer, chosen.thinking]],
+                     turns=[*turns, [question, chosen.answer, chosen.thinking]], asked_media=paths,
                      **compare_panels())
 
     @staticmethod
-    def new_video() -> tuple:
-        """A different video starts a new conversation: clear everything shown about the old one."""
+    def new_media(uploads: list | None, asked: list | None) -> tuple:
+        """Other uploads start a new conversation: clear everything shown about the old one. Uploads added
+        after the ones already asked about (a second video for a follow-up) keep the conversation going."""
+        paths, asked = upload_paths(uploads), list(asked or [])
+        if asked and paths[:len(asked)] == asked:
+            return tuple(gr.skip() for _ in CHAT_OUTPUTS)
         cleared = dict(chat=[], status="", stats_html=stats_panel.stats_html(None), stats_json=None,
                        bars=None, heatmap=None, gallery=None, compare_full="", compare_pruned="",
-                       compare_summary="", turns=[])
+                       compare_summary="", turns=[], video_choice=media_view.video_choice({}, 0, None),
+                       pictures={}, asked_media=[])
         return tuple(cleared.get(name, gr.skip()) for name in CHAT_OUTPUTS)
 
 

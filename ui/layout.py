@@ -1,6 +1,6 @@
-"""The Gradio Blocks page and its wiring: inputs on the left, conversation and numbers on the right,
-the pruning picture and the q sweep underneath; the `/ask` and `/sweep` API endpoints and the MCP tool on
-hidden components."""
+"""The Gradio Blocks page and its wiring: inputs on the left (the uploads as a strip of videos and pictures),
+conversation and numbers on the right, the pruning picture (one video at a time) and the q sweep underneath;
+the `/ask` and `/sweep` API endpoints and the MCP tool on hidden components."""
 
 import math
 from dataclasses import dataclass
@@ -13,9 +13,9 @@ from assets.make_examples import example_questions
 from engine.config import MAX_FILE_BYTES, FrameSamplingLimits, GenerationParams
 from engine.front.door import defaults
 from engine.front.serving import Serving
-from ui import stats_panel
+from ui import media_view, stats_panel
 from ui.handlers import CHAT_OUTPUTS, Handlers
-from ui.mcp_tool import TOOL_MAX_NEW_TOKENS, VideoQuestionTool
+from ui.mcp_tool import TOOL_MAX_NEW_TOKENS, VideoQuestionTool, string_list_input
 from ui.sweep import (
     DEFAULT_RATES_TEXT,
     PLACEHOLDER_HTML as SWEEP_PLACEHOLDER_HTML,
@@ -38,9 +38,10 @@ EXAMPLES = example_questions()  # (clip file, question, pruning rate)
 HEADER_HTML = """
 <div class="evs-header">
   <h1>EVS Video Chat</h1>
-  <p>Upload a video and ask about it. <b>Efficient Video Sampling</b> drops the video tokens that barely
-  changed since the previous frame before the language model reads them; the slider sets how many.
-  Below the answer: token counts, time to first token, and which patches of each frame were kept.</p>
+  <p>Upload a video (or several, and pictures) and ask about it. <b>Efficient Video Sampling</b> drops the
+  video tokens that barely changed since the previous frame before the language model reads them; the slider
+  sets how many. Below the answer: token counts, time to first token, and which patches of each frame were
+  kept.</p>
 </div>
 """
 
@@ -75,9 +76,9 @@ def pixels_info(pixels: int) -> str:
 
 @dataclass
 class Controls:
-    """The left column: the upload, the question, the settings and the buttons."""
+    """The left column: the uploads, the question, the settings and the buttons."""
 
-    video: gr.Video
+    media: gr.Gallery
     question: gr.Textbox
     pruning_rate: gr.Slider
     compare: gr.Checkbox
@@ -124,8 +125,9 @@ def build_demo(engine: Serving, *, banner: str | None = None, delete_cache: tupl
             answer, compare_row = _answer_column()
         pictures = _what_the_model_sees()
         sweep_view = _sweep_section()
-        turns = gr.State([])  # the earlier [question, answer, thinking] turns about the current video
-        shown = {**answer, **pictures, "question": controls.question, "turns": turns}
+        turns = gr.State([])  # the earlier [question, answer, thinking] turns about the current uploads
+        asked_media = gr.State([])  # the uploads those turns were about
+        shown = {**answer, **pictures, "question": controls.question, "turns": turns, "asked_media": asked_media}
         q_sweep = Sweep(engine)
         # The API endpoints first: the page's Sweep runs the same function, and Gradio would give its
         # private event the name "sweep" and this endpoint "sweep_1".
@@ -147,7 +149,10 @@ def _header(banner: str | None) -> None:
 def _controls(engine: Serving, settings: GenerationParams) -> Controls:
     """The left column; its settings start at the engine's defaults."""
     with gr.Column(scale=4, min_width=320):
-        video = gr.Video(label="Video", sources=["upload"], height=240, elem_id="evs-video")
+        # A strip of the uploads, in the order they are asked about: videos and pictures, several at once.
+        media = gr.Gallery(label="Videos and pictures", file_types=["video", "image"], type="filepath",
+                           interactive=True, columns=4, rows=1, height=200, object_fit="contain",
+                           allow_preview=False, elem_id="evs-media")
         question = gr.Textbox(label="Question", placeholder="What happens in this video?", lines=2,
                               max_lines=6, elem_id="evs-question")
         pruning_rate = gr.Slider(0.0, 0.95, value=settings.pruning_rate, step=0.05, label="Pruning rate q",
@@ -169,11 +174,11 @@ def _controls(engine: Serving, settings: GenerationParams) -> Controls:
             sweep = gr.Button("Sweep", variant="secondary", elem_id="evs-sweep-button", min_width=80)
             stop = gr.Button("Stop", variant="stop", elem_id="evs-stop", min_width=80)
         advanced = _advanced(settings, engine.frame_sampling_limits)
-        examples = [[str(EXAMPLES_DIR / name), text, q] for name, text, q in EXAMPLES
-                    if (EXAMPLES_DIR / name).is_file()]
+        examples = [[[str(EXAMPLES_DIR / name) for name in names], text, q] for names, text, q in EXAMPLES
+                    if all((EXAMPLES_DIR / name).is_file() for name in names)]
         if examples:
-            gr.Examples(examples, inputs=[video, question, pruning_rate], label="Examples", elem_id="evs-examples")
-    return Controls(video=video, question=question, pruning_rate=pruning_rate, compare=compare, think=think,
+            gr.Examples(examples, inputs=[media, question, pruning_rate], label="Examples", elem_id="evs-examples")
+    return Controls(media=media, question=question, pruning_rate=pruning_rate, compare=compare, think=think,
                     hear=hear, ask=ask, sweep=sweep, stop=stop, **advanced)
 
 
@@ -219,8 +224,11 @@ def _answer_column() -> tuple[dict, gr.Row]:
 
 
 def _what_the_model_sees() -> dict:
-    """The pruning picture: kept tokens per group, change between groups, the dimmed frames, the raw stats."""
+    """The pruning picture of one video at a time (the choice of video, shown when a question has several): kept
+    tokens per group, change between groups, the dimmed frames; the raw stats."""
     gr.Markdown("### What the model sees", elem_classes="evs-section")
+    video_choice = gr.Radio([], label="Which video", visible=False, elem_id="evs-video-choice")
+    pictures = gr.State({})  # the latest answer's pruning pictures, by the video's place among the uploads
     with gr.Row(equal_height=True):
         # the figures carry their own titles
         bars = gr.Plot(label="Kept vs pruned tokens per temporal group", show_label=False, elem_id="evs-bars")
@@ -229,7 +237,8 @@ def _what_the_model_sees() -> dict:
                          columns=6, fit_columns=False, object_fit="contain", elem_id="evs-gallery")
     with gr.Accordion("Raw stats (JSON)", open=False):
         stats_json = gr.JSON(elem_id="evs-stats-json")
-    return dict(bars=bars, heatmap=heatmap, gallery=gallery, stats_json=stats_json)
+    return dict(bars=bars, heatmap=heatmap, gallery=gallery, stats_json=stats_json, video_choice=video_choice,
+                pictures=pictures)
 
 
 def _sweep_section() -> SweepView:
@@ -246,11 +255,12 @@ def _sweep_section() -> SweepView:
 
 def _wire_page(handlers: Handlers, q_sweep: Sweep, controls: Controls, shown: dict, compare_row: gr.Row,
                sweep_view: SweepView) -> None:
-    """The browser's events: Ask (button or Enter), Sweep, Stop, a new video, the compare switch."""
+    """The browser's events: Ask (button or Enter), Sweep, Stop, other uploads, the choice of video, the compare
+    switch."""
     c = controls
     chat_outputs = [shown[name] for name in CHAT_OUTPUTS]
     asked = [
-        trigger(handlers.chat, inputs=[c.video, c.question, c.pruning_rate, c.fps, c.max_frames, c.max_pixels,
+        trigger(handlers.chat, inputs=[c.media, c.question, c.pruning_rate, c.fps, c.max_frames, c.max_pixels,
                                        c.max_new_tokens, c.temperature, c.compare, c.think, c.hear, shown["turns"]],
                 outputs=chat_outputs, api_visibility="private", concurrency_limit=None, show_progress="hidden")
         for trigger in (c.ask.click, c.question.submit)
@@ -258,13 +268,17 @@ def _wire_page(handlers: Handlers, q_sweep: Sweep, controls: Controls, shown: di
     swept = c.sweep.click(
         question_to_sweep, inputs=[c.question, shown["turns"]], outputs=c.question, api_visibility="private",
         queue=False,
-    ).then(q_sweep.sweep, inputs=[c.video, c.question, c.sweep_rates, c.fps, c.max_frames, c.max_pixels,
+    ).then(q_sweep.sweep, inputs=[c.media, c.question, c.sweep_rates, c.fps, c.max_frames, c.max_pixels,
                                   c.max_new_tokens, c.temperature, c.think, c.hear],
            outputs=sweep_view.outputs(), api_visibility="private", concurrency_limit=None, show_progress="hidden")
     c.stop.click(None, cancels=[*asked, swept])
-    c.video.change(handlers.new_video, outputs=chat_outputs, api_visibility="private", queue=False)
-    c.video.change(lambda: (None, None, SWEEP_PLACEHOLDER_HTML), outputs=sweep_view.outputs(),
+    c.media.change(handlers.new_media, inputs=[c.media, shown["asked_media"]], outputs=chat_outputs,
                    api_visibility="private", queue=False)
+    c.media.change(lambda: (None, None, SWEEP_PLACEHOLDER_HTML), outputs=sweep_view.outputs(),
+                   api_visibility="private", queue=False)
+    shown["video_choice"].change(media_view.show, inputs=[shown["video_choice"], shown["pictures"]],
+                                 outputs=[shown["bars"], shown["heatmap"], shown["gallery"]],
+                                 api_visibility="private", queue=False)
     c.compare.change(lambda on: gr.Row(visible=on), inputs=c.compare, outputs=compare_row,
                      api_visibility="private", queue=False)
 
@@ -281,29 +295,34 @@ def _api_numbers(settings: GenerationParams, *names: str) -> list[gr.Number]:
 
 def _ask_endpoint(handlers: Handlers, controls: Controls, settings: GenerationParams) -> None:
     """`/ask`, a public API endpoint but not an MCP tool (handlers.not_an_mcp_tool), on hidden components:
-    API clients get plain values while the page stays a chat. It takes the page's video, question and
-    switches, and numbers of its own."""
+    API clients get plain values while the page stays a chat. It takes one video (and `media`, a list of more
+    uploads asked about after it), the page's question and switches, and numbers of its own."""
     numbers = _api_numbers(settings, "pruning_rate", "fps", "max_frames", "max_pixels_per_frame", "max_new_tokens",
                            "temperature")
     history = gr.JSON([], visible=False)
     outputs = [gr.Textbox(label="answer", visible=False), gr.JSON(label="stats", visible=False),
                gr.JSON(label="figures", visible=False), gr.Gallery(label="frames", visible=False)]
     gr.Button(visible=False).click(
-        handlers.ask, inputs=[controls.video, controls.question, *numbers, controls.compare, history, controls.think,
-                              controls.hear],
+        handlers.ask, inputs=[gr.Video(label="video", visible=False), controls.question, *numbers, controls.compare,
+                              history, controls.think, controls.hear, _media_files()],
         outputs=outputs, api_name="ask", concurrency_limit=None, show_progress="hidden")
 
 
 def _sweep_endpoint(q_sweep: Sweep, controls: Controls, settings: GenerationParams) -> None:
-    """`/sweep`, public but not an MCP tool either, on hidden outputs like `/ask`: the page's video, question,
-    rates, Think first and Hear the soundtrack, and numbers of its own."""
+    """`/sweep`, public but not an MCP tool either, on hidden outputs like `/ask`: one video (and `media`, more
+    uploads after it), the page's question, rates, Think first and Hear the soundtrack, and numbers of its own."""
     numbers = _api_numbers(settings, "fps", "max_frames", "max_pixels_per_frame", "max_new_tokens", "temperature")
     view = SweepView(gr.Dataframe(headers=TABLE_HEADERS, label="table", visible=False),
                      gr.Plot(label="figure", visible=False), gr.HTML(label="answers_html", visible=False))
     gr.Button(visible=False).click(
-        q_sweep.sweep, inputs=[controls.video, controls.question, controls.sweep_rates, *numbers, controls.think,
-                               controls.hear],
+        q_sweep.sweep, inputs=[gr.Video(label="video", visible=False), controls.question, controls.sweep_rates,
+                               *numbers, controls.think, controls.hear, _media_files()],
         outputs=view.outputs(), api_name="sweep", concurrency_limit=None, show_progress="hidden")
+
+
+def _media_files() -> gr.File:
+    """An API endpoint's `media`: more uploads (videos and pictures) asked about after its video, in order."""
+    return gr.File(file_count="multiple", label="media", visible=False)
 
 
 def _tool_endpoint(tool: VideoQuestionTool, settings: GenerationParams, hears: bool) -> None:
@@ -313,7 +332,7 @@ def _tool_endpoint(tool: VideoQuestionTool, settings: GenerationParams, hears: b
               gr.Number(settings.pruning_rate, label="pruning_rate", visible=False),
               gr.Number(TOOL_MAX_NEW_TOKENS, label="max_new_tokens", precision=0, visible=False),
               gr.Checkbox(settings.enable_thinking, label="enable_thinking", visible=False),
-              gr.Checkbox(hears, label="hear_soundtrack", visible=False)]
+              gr.Checkbox(hears, label="hear_soundtrack", visible=False), string_list_input("media")]
     gr.Button(visible=False).click(tool.answer_video_question, inputs=inputs,
                                    outputs=gr.Textbox(label="answer", visible=False),
                                    api_name="answer_video_question", concurrency_limit=None, show_progress="hidden")

@@ -1,8 +1,9 @@
 """OpenAI-compatible routes on the app's own server: `POST /v1/chat/completions` and `GET /v1/models`.
 
-The same engine as the page answers: a conversation about one video (a `video_url` content part in the
-first user message, text parts, earlier user/assistant turns as the engine's history, so a follow-up hits
-the feature and KV caches), streamed as server-sent `chat.completion.chunk` events or answered whole.
+The same engine as the page answers: a conversation about videos and pictures (`video_url` and `image_url`
+content parts, any number in the order the messages hold them, a later message's appended after the earlier
+ones'; text parts; earlier user/assistant turns as the engine's history, so a follow-up hits the feature and KV
+caches), streamed as server-sent `chat.completion.chunk` events or answered whole.
 Extra body fields choose EVS per request: `pruning_rate`, `fps`, `max_frames`, `max_pixels_per_frame`;
 `chat_template_kwargs: {"enable_thinking": true}` makes a model that can think do so first (as vLLM and
 SGLang take it), its thinking returned as `reasoning_content` beside `content`; `hear_soundtrack: false` keeps
@@ -10,9 +11,10 @@ the video's soundtrack from a model that hears (it does by default). `usage` hol
 counts (the thinking's in `completion_tokens_details.reasoning_tokens`) and `evs`, the engine's stats dict.
 
 Errors use OpenAI's error body, {"error": {"message", "type", "param", "code"}}, with one sentence:
-400 for what the caller got wrong (the engine's InputError: no video, a bad rate, an unreadable, too long
-or too large file), 404 for another model, 413 for a body over the size limit, 422 for a body that is not a
-chat request, 429 when the engine's queue is full, 500 only for the server's own faults.
+400 for what the caller got wrong (the engine's InputError: no video or picture, a bad rate, an unreadable,
+too long or too large file, a body nested deeper than MAX_BODY_DEPTH), 404 for another model, 413 for a body
+over the size limit, 422 for a body that is not a chat request, 429 when the engine's queue is full, 500 only
+for the server's own faults.
 """
 
 import asyncio
@@ -22,7 +24,7 @@ import logging
 import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import Request
@@ -32,10 +34,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from engine.config import MAX_FILE_BYTES
 from engine.errors import NO_VIDEO, SERVER_FAULT, BusyError, InputError
+from engine.front.checks import too_many_media
 from engine.front.door import request_params
 from engine.front.serving import Serving
 from engine.stream import Event, Stream
-from ui.video_inputs import LocalVideo, VideoPolicy, local_video, video_policy
+from ui.video_inputs import LocalVideo, VideoPolicy, local_files, video_policy
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +55,10 @@ MESSAGE_FIELDS = {"thinking": "reasoning_content", "text": "content"}
 BODY_OVERHEAD_BYTES = 1 << 20
 
 BAD_ORDER = "The messages must alternate user and assistant turns, starting and ending with a user message."
+# A chat request nests a few levels (messages, a part, its url); a body nested far deeper is refused before
+# anything walks it (Python's JSON parser and validators recurse, and a recursion error is no user's sentence).
+MAX_BODY_DEPTH = 32
+TOO_DEEP = f"The request body nests JSON deeper than {MAX_BODY_DEPTH} levels."
 BAD_THINKING = "chat_template_kwargs.enable_thinking must be true or false."
 
 
@@ -126,9 +133,15 @@ def unsupported(chat: ChatRequest) -> str | None:
 
 @dataclasses.dataclass
 class Conversation:
-    video_url: str
+    """The media URLs (videos and pictures, in order), the last question and the earlier turns."""
+
+    media_urls: list[str]
     question: str
     history: list[tuple[str, str]]
+
+
+# The content parts that name a medium, and the key that holds its URL.
+MEDIA_PARTS = {"video_url": "A video_url", "image_url": "An image_url"}
 
 
 def _parts(message: dict) -> list[dict]:
@@ -142,28 +155,30 @@ def _parts(message: dict) -> list[dict]:
     return content
 
 
-def _text_and_videos(message: dict) -> tuple[str, list[str]]:
-    texts, videos = [], []
+def _text_and_media(message: dict) -> tuple[str, list[str]]:
+    texts, media = [], []
     for part in _parts(message):
         kind = part.get("type")
         if kind == "text":
             if not isinstance(part.get("text"), str):
                 raise ApiError(400, 'A text part must hold {"text": "..."}.')
             texts.append(part["text"])
-        elif kind == "video_url":
-            video = part.get("video_url")
-            url = video.get("url") if isinstance(video, dict) else video
+        elif kind in MEDIA_PARTS:
+            medium = part.get(kind)
+            url = medium.get("url") if isinstance(medium, dict) else medium
             if not isinstance(url, str):
-                raise ApiError(400, 'A video_url part must hold {"url": "..."}.')
-            videos.append(url)
+                raise ApiError(400, f'{MEDIA_PARTS[kind]} part must hold {{"url": "..."}}.')
+            media.append(url)
         else:
-            raise ApiError(400, f"Content parts of type {kind!r} are not supported; send the video as a "
-                                "video_url part and the question as text.")
-    return "\n".join(texts), videos
+            raise ApiError(400, f"Content parts of type {kind!r} are not supported; send videos as video_url "
+                                "parts, pictures as image_url parts and the question as text.")
+    return "\n".join(texts), media
 
 
 def conversation(messages: list[dict]) -> Conversation:
-    """The video, the last question and the earlier (question, answer) turns of a chat.
+    """The media, the last question and the earlier (question, answer) turns of a chat. Every user message's
+    video_url and image_url parts, in order: the engine writes them all at the start of the first turn, so a
+    later message's medium (a second video for a follow-up) is appended to the earlier ones.
 
     System and developer messages are skipped: the engine answers with its own system prompt (a model's
     prefix cache is keyed on it).
@@ -175,17 +190,24 @@ def conversation(messages: list[dict]) -> Conversation:
     roles = [m["role"] for m in turns]
     if not roles or len(roles) % 2 == 0 or any(role != ("user", "assistant")[i % 2] for i, role in enumerate(roles)):
         raise ApiError(400, BAD_ORDER)
-    texts, videos_by_turn = zip(*(_text_and_videos(m) for m in turns))
-    videos = [url for urls in videos_by_turn for url in urls]
-    if not videos:
+    texts, media_by_turn = zip(*(_text_and_media(m) for m in turns))
+    media = [url for urls in media_by_turn for url in urls]
+    if not media:
         raise ApiError(400, NO_VIDEO)
-    if len(videos) > 1:
-        raise ApiError(400, f"A conversation is about one video; these messages carry {len(videos)}.")
-    if not videos_by_turn[0]:
-        # The engine's prompt opens the first user turn with the video; elsewhere it would not match.
-        raise ApiError(400, "The video_url part must be in the first user message.")
     history = [(texts[i], texts[i + 1]) for i in range(0, len(texts) - 1, 2)]
-    return Conversation(videos[0], texts[-1], history)
+    return Conversation(media, texts[-1], history)
+
+
+def nesting_depth(value) -> int:
+    """How deep JSON containers nest in `value` (0 for a scalar), counted without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            deepest = max(deepest, depth)
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return deepest
 
 
 def _jsonable(value):
@@ -229,17 +251,24 @@ class ChatCompletions:
                 "data": [{"id": self.model, "object": "model", "created": 0, "owned_by": "evs-video-chat"}]}
 
     async def completions(self, request: Request):
-        video: LocalVideo | None = None
+        files: list[LocalVideo] = []
+
+        def release() -> None:
+            for file in files:
+                file.release()
+
         try:
             chat = await self._chat_request(request)
             chosen = conversation(chat.messages)
             params = self._params(chat)
-            video = await local_video(chosen.video_url, self.policy)
-            stream = self.engine.submit(video=str(video.path), question=chosen.question, params=params,
-                                        history=chosen.history)
+            most = self.engine.model_info["max_media"]
+            if len(chosen.media_urls) > most:  # before any is decoded or fetched
+                raise InputError(too_many_media(len(chosen.media_urls), most))
+            files = await local_files(chosen.media_urls, self.policy)
+            stream = self.engine.submit(media=[str(file.path) for file in files], question=chosen.question,
+                                        params=params, history=chosen.history)
         except Exception as error:
-            if video:
-                video.release()
+            release()
             return (error if isinstance(error, ApiError) else engine_error(error)).response()
         reply = Reply(self.model, stream, params.max_new_tokens)
         if not chat.stream:
@@ -248,15 +277,15 @@ class ChatCompletions:
             except Exception as error:
                 return engine_error(error).response()
             finally:
-                video.release()
+                release()
         include_usage = bool((chat.stream_options or {}).get("include_usage"))
         try:
-            # Wait for the first sign that the video was read: a bad one still gets its 4xx status.
+            # Wait for the first sign that the media were read: a bad one still gets its 4xx status.
             opening = await reply.opening()
         except Exception as error:
-            video.release()
+            release()
             return engine_error(error).response()
-        return StreamingResponse(reply.chunks(opening, include_usage, video), media_type="text/event-stream",
+        return StreamingResponse(reply.chunks(opening, include_usage, release), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
     async def _chat_request(self, request: Request) -> ChatRequest:
@@ -273,6 +302,10 @@ class ChatCompletions:
             payload = json.loads(body)
         except (ValueError, UnicodeDecodeError):
             raise ApiError(400, "The request body must be JSON.") from None
+        except RecursionError:  # deeper than the parser's stack: far past MAX_BODY_DEPTH
+            raise ApiError(400, TOO_DEEP) from None
+        if nesting_depth(payload) > MAX_BODY_DEPTH:
+            raise ApiError(400, TOO_DEEP)
         if not isinstance(payload, dict):
             raise ApiError(400, "The request body must be a JSON object.")
         try:
@@ -355,8 +388,10 @@ class Reply:
                  "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}]}
         return f"data: {json.dumps(chunk)}\n\n"
 
-    async def chunks(self, opening: list[Event], include_usage: bool, video: LocalVideo) -> AsyncIterator[str]:
-        """Server-sent events; the request is cancelled when the client goes away (the generator is closed)."""
+    async def chunks(self, opening: list[Event], include_usage: bool,
+                     release: Callable[[], None]) -> AsyncIterator[str]:
+        """Server-sent events; the request is cancelled when the client goes away (the generator is closed), and
+        `release` gives back the request's temporary files at the end."""
         stats: dict = {}
 
         async def all_events() -> AsyncIterator[Event]:
@@ -383,7 +418,7 @@ class Reply:
         finally:
             if not self.stream.finished:
                 self.stream.cancel()
-            video.release()
+            release()
 
 
 async def _cancel_on_disconnect(request: Request, stream: Stream) -> None:

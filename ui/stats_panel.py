@@ -40,9 +40,29 @@ def _reading(stats: dict) -> str:
 
 
 def _frames(stats: dict) -> str:
-    """"32 frames at 0.05 fps": the rate says how sparsely a long video was sampled."""
+    """"32 frames at 0.05 fps · grid 16 × 7 × 7": the rate says how sparsely a long video was sampled (the first
+    video's, with several); "1 picture" for a question about pictures alone."""
+    if stats.get("grid_thw") is None:
+        pictures = sum(medium["kind"] == "image" for medium in stats.get("media") or [])
+        return f"{pictures} picture{'s' if pictures != 1 else ''}"
     rate = stats.get("sampled_fps")
-    return f"{stats['frames_sampled']} frames" + ("" if rate is None else f" at {rate:.3g} fps")
+    return (f"{stats['frames_sampled']} frames" + ("" if rate is None else f" at {rate:.3g} fps")
+            + f" · grid {' × '.join(str(n) for n in stats['grid_thw'])}")
+
+
+def _media(stats: dict) -> tuple[str, str, str] | None:
+    """The card of a question about several uploads: each one's tokens, in order (a picture's all kept); None
+    for one upload, whose numbers the other cards show."""
+    media = stats.get("media") or []
+    if len(media) < 2:
+        return None
+    named = [f"{medium['kind'].replace('image', 'picture')} {number} {medium['tokens_total']:,}"
+             + ("" if medium["kind"] == "image" else f" → {medium['tokens_kept']:,}")
+             for number, medium in enumerate(media, start=1)]
+    videos = sum(medium["kind"] == "video" for medium in media)
+    return ("Uploads", f"{videos} video{'s' if videos != 1 else ''}, {len(media) - videos} "
+                       f"picture{'s' if len(media) - videos != 1 else ''}",
+            " · ".join(named) + " tokens; EVS prunes each video on its own, never a picture")
 
 
 def stats_html(stats: dict | None) -> str:
@@ -54,8 +74,7 @@ def stats_html(stats: dict | None) -> str:
     cards = [
         ("Video tokens", f"{stats['video_tokens_total']:,} → {stats['video_tokens_kept']:,}",
          f"{pruned_percent(stats):.0f}% pruned at q={stats['pruning_rate']:.2f}"),
-        ("Prompt tokens", f"{stats['prompt_tokens']:,}",
-         f"{_frames(stats)} · grid {' × '.join(str(n) for n in stats['grid_thw'])}"),
+        ("Prompt tokens", f"{stats['prompt_tokens']:,}", _frames(stats)),
         ("Generated", f"{stats['generated_tokens']:,} tokens",
          " · ".join([*_thinking_and_answer(stats), "—" if speed is None else f"{speed:.1f} tokens/s decode"])),
         ("Time to first token", format_seconds(stats["ttft_s"]), f"total {format_seconds(stats['total_s'])}"),
@@ -70,6 +89,8 @@ def stats_html(stats: dict | None) -> str:
     ]
     if soundtrack := _soundtrack(stats):
         cards.insert(1, soundtrack)
+    if media := _media(stats):
+        cards.insert(1, media)
     return '<div class="evs-stats">' + "".join(_card(*card) for card in cards) + "</div>"
 
 

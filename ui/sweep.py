@@ -1,6 +1,7 @@
-"""The q sweep: one question about one video answered at several pruning rates at once.
+"""The q sweep: one question about one video (or several uploads: videos and pictures) answered at several
+pruning rates at once.
 
-The requests go to the engine as one burst (`engine.paused()`, through door.follow): the video is
+The requests go to the engine as one burst (`engine.paused()`, through door.follow): each upload is
 read once, its features come from one ViT forward (identical uploads are encoded once), and the
 prompts prefill and decode together. What comes back is the picture the EVS papers print, for the
 user's own video: the answers side by side, kept tokens, TTFT and prefill time against q, and a table of
@@ -20,7 +21,7 @@ from engine.front.door import follow, request_params
 from engine.front.serving import Serving
 from ui import figures, stats_panel
 from ui.gradio_errors import raises_gradio_errors
-from ui.handlers import RunView, not_an_mcp_tool
+from ui.handlers import RunView, not_an_mcp_tool, upload_paths
 
 DEFAULT_RATES = (0.0, 0.3, 0.5, 0.7, 0.9)
 DEFAULT_RATES_TEXT = ", ".join(f"{q:g}" for q in DEFAULT_RATES)
@@ -95,7 +96,7 @@ class Sweep:
     @raises_gradio_errors
     async def sweep(
         self,
-        video: str | None,
+        video: str | list | None,
         question: str,
         rates: str = DEFAULT_RATES_TEXT,
         fps: float | None = None,
@@ -105,9 +106,12 @@ class Sweep:
         temperature: float | None = None,
         enable_thinking: bool = False,
         hear_soundtrack: bool | None = None,
+        media: list | None = None,
     ) -> AsyncIterator[tuple]:
         """The `/sweep` endpoint: streams (table, figure, answers_html); see ui/__init__.py.
 
+        video: one upload (the page gives its strip of uploads here); media: more uploads (videos and pictures)
+        asked about after it, in order.
         rates: pruning rates as "0, 0.3, 0.5" (or a list of numbers). A setting left out (None) takes the
         engine's default (door.defaults). enable_thinking: every rate thinks first (the page's
         "Think first"); the cards show the answers, the stats count the thinking. hear_soundtrack: every rate
@@ -121,7 +125,8 @@ class Sweep:
         yield gr.skip(), gr.skip(), answer_cards(runs)
         last_update = time.monotonic()
         params_list = [dataclasses.replace(params, pruning_rate=q) for q in rates]
-        async for index, event in follow(self.engine, video, question, params_list, [], burst=True):
+        uploads = upload_paths(video) + upload_paths(media)
+        async for index, event in follow(self.engine, uploads, question, params_list, [], burst=True):
             runs[index].apply(event)
             now = time.monotonic()
             if event.kind == "done" or now - last_update >= UPDATE_EVERY_S:

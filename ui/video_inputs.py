@@ -1,7 +1,8 @@
-"""Videos named by API requests (the OpenAI endpoint's `video_url` parts), turned into files the engine reads.
+"""Videos and pictures named by API requests (the OpenAI endpoint's `video_url` and `image_url` parts, the MCP
+tool's video and media), turned into files the engine reads; the engine tells which is which by content.
 
-- `data:video/...;base64,...`: decoded into the app's temp folder, bounded by the upload size limit, and
-  deleted when the request ends;
+- `data:video/...;base64,...` or `data:image/...;base64,...`: decoded into the app's temp folder, bounded by
+  the upload size limit, and deleted when the request ends;
 - a path (or `file://` URL, or a `/gradio_api/file=` URL of a file this server holds): only a file under
   Gradio's upload folder, i.e. one uploaded through this server; any other path is refused, so a caller
   cannot make the model read the server's own files;
@@ -36,7 +37,8 @@ MAX_REDIRECTS = 3
 
 NOT_A_VIDEO_URL = ("The video_url must be a data:video/...;base64, URL, the path of a file uploaded to this "
                    "server (POST /gradio_api/upload), or an http(s) URL.")
-BAD_DATA_URL = "The video's data: URL must be base64 video, e.g. data:video/mp4;base64,AAAA...."
+BAD_DATA_URL = ("A data: URL must be a base64 video or picture, e.g. data:video/mp4;base64,AAAA... or "
+                "data:image/png;base64,AAAA....")
 BAD_BASE64 = "The video's data: URL is not valid base64."
 NOT_UPLOADED = ("Only files uploaded to this server (POST /gradio_api/upload) can be named by path; "
                 "send other videos as a data: URL.")
@@ -88,8 +90,22 @@ class LocalVideo:
             self.path.unlink(missing_ok=True)
 
 
-def too_large(limit_bytes: int) -> InputError:
-    return InputError(f"The video is larger than the limit of {limit_bytes / (1 << 20):.3g} MB.")
+def too_large(limit_bytes: int, what: str = "video") -> InputError:
+    return InputError(f"The {what} is larger than the limit of {limit_bytes / (1 << 20):.3g} MB.")
+
+
+async def local_files(urls: list[str], policy: VideoPolicy) -> list["LocalVideo"]:
+    """The files behind several URLs, in order (local_video's rules for each); those made before one that fails
+    are released."""
+    made: list[LocalVideo] = []
+    try:
+        for url in urls:
+            made.append(await local_video(url, policy))
+    except BaseException:
+        for file in made:
+            file.release()
+        raise
+    return made
 
 
 async def local_video(url: str, policy: VideoPolicy) -> LocalVideo:
@@ -146,19 +162,21 @@ def _decode_data_url(url: str, policy: VideoPolicy) -> LocalVideo:
     header, comma, payload = url[len("data:"):].partition(",")
     media_type, *options = header.split(";")
     media_type = media_type.strip().lower()
+    picture = media_type.startswith("image/")
     if not comma or "base64" not in (o.strip().lower() for o in options) or not (
-        media_type.startswith("video/") or media_type in ("", "application/octet-stream")
+        media_type.startswith("video/") or picture or media_type in ("", "application/octet-stream")
     ):
         raise InputError(BAD_DATA_URL)
     payload = "".join(payload.split())  # line breaks are allowed in base64
     # Refused before decoding: the decoded bytes are 3/4 of the text.
     if (len(payload) * 3) // 4 - payload.count("=") > policy.max_bytes:
-        raise too_large(policy.max_bytes)
+        raise too_large(policy.max_bytes, "picture" if picture else "video")
     try:
         data = base64.b64decode(payload, validate=True)
     except (binascii.Error, ValueError):
         raise InputError(BAD_BASE64) from None
-    suffix = mimetypes.guess_extension(media_type) if media_type.startswith("video/") else None
+    # A suffix for the people reading the folder; the engine reads the kind from the bytes.
+    suffix = mimetypes.guess_extension(media_type) if media_type.startswith(("video/", "image/")) else None
     path = _new_temp_path(policy, suffix or ".mp4")
     path.write_bytes(data)
     return LocalVideo(path, temporary=True)

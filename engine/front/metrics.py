@@ -7,6 +7,7 @@ the single engine and for the replicated client, which therefore counts every re
 without asking its replicas.
 """
 
+import contextlib
 from typing import Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -48,13 +49,27 @@ class Metrics:
         self.prefix_cache = Counter("evs_prefix_cache_lookups", "Prefix KV cache lookups", ["result"], registry=r)
         self.vit_batch = Histogram("evs_vit_batch_requests", "Requests sharing one vision forward",
                                    buckets=BATCH_BUCKETS, registry=r)
+        self._counting = True
+
+    @contextlib.contextmanager
+    def uncounted(self):
+        """Requests refused or ending inside the block are not counted: the start's warm-up request, before the
+        server takes any user's (so no user's request can end inside it), is nobody's."""
+        self._counting = False
+        try:
+            yield
+        finally:
+            self._counting = True
 
     def refused(self) -> None:
         """submit raised InputError or BusyError: no stream was made."""
-        self.requests.labels("refused").inc()
+        if self._counting:
+            self.requests.labels("refused").inc()
 
     def ended(self, stream: Stream) -> None:
         """The stream is ending (done or error): count it by outcome, and what it measured."""
+        if not self._counting:
+            return
         error = stream.error
         if error is not None:
             # As at submit: what the user is asked to fix (a bad video) or to retry (a replica's full queue,
