@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from transformers.video_utils import VideoMetadata
 
 import evs
 from engine import Engine, EngineConfig, GenerationParams
@@ -20,7 +21,7 @@ from engine.prompt.audio import audio_token_count, processor_audio
 from engine.config import FrameSampling
 from engine.prepare import NO_SOUNDTRACK
 from engine.worker.lm import embed_prompt
-from engine.prompt.unpruned import chat_text, unpruned_prompt, processor_inputs
+from engine.prompt.unpruned import chat_text, processor_frame_positions, processor_inputs, unpruned_prompt
 from engine.prompt.pruned import prune_prompt
 from engine.reading.video import read_video
 
@@ -227,4 +228,38 @@ def test_per_request_pruning_with_the_soundtrack_equals_the_models_own_evs(engin
     assert answer.stats["audio_tokens"] == int((inputs["input_ids"] == loaded.model.config.audio_token_id).sum()) > 0
     assert answer.stats["prompt_tokens"] == kept < inputs["input_ids"].shape[1]
     assert 0 < answer.stats["video_tokens_kept"] < answer.stats["video_tokens_total"]
+    torch.testing.assert_close(torch.from_numpy(answer.logits), out.logits[0, kept - 1:].float(), atol=ATOL, rtol=0)
+
+
+def test_two_videos_each_heard_equal_the_models_own_forward_with_both(engine, clips, tmp_path):
+    """Two videos, each with its soundtrack, in one question at rate q: transformers' forward prunes each video
+    with its own EVS (one retention mask per video) and scatters each soundtrack's audio rows onto its tokens.
+    Fed the same frames, sounds, prompt and the engine's answer, its logits at every answer position are the
+    engine's, which reads, encodes and prunes each video on its own and hears both."""
+    other = write_clip_with_sound(tmp_path / "tone.mp4", tone(660, 1.5, RATE_HZ)[None], RATE_HZ)
+    question = "Which clip is louder?"
+    answer = engine.submit(media=[clips["speech"], other], question=question, params=params(q=Q)).result(60)
+    assert [medium["soundtrack"] for medium in answer.stats["media"]] == ["heard", "heard"]
+    loaded, family = engine.loaded, engine.family
+    videos = [read_video(path, FRAME_SAMPLING, max_seconds=60, max_bytes=10**8, timeout_s=60, soundtrack_rate_hz=RATE_HZ,
+                         max_soundtrack_seconds=MAX_SOUNDTRACK_S) for path in (clips["speech"], other)]
+    placeholder = family.video_placeholder() + family.audio_placeholder()
+    text = chat_text(family, engine.system_prompt, question, [], media=placeholder * 2)
+    processor, sizing = family.sized_processor(loaded.processor, len(videos[0].frames),
+                                               FRAME_SAMPLING.max_pixels_per_frame)
+    metadata = [VideoMetadata(total_num_frames=v.total_frames, fps=v.native_fps, duration=v.duration_s,
+                              height=v.frames.shape[1], width=v.frames.shape[2],
+                              frames_indices=processor_frame_positions(v)) for v in videos]
+    inputs = processor(text=[text], videos=[v.frames for v in videos], video_metadata=metadata, do_sample_frames=False,
+                       audio=[v.soundtrack.samples for v in videos], sampling_rate=RATE_HZ, return_tensors="pt",
+                       **sizing)
+    fed = torch.tensor([answer.token_ids[:-1]])
+    ids = torch.cat([inputs["input_ids"], fed], dim=1)
+    with torch.inference_mode(), builtin_evs(loaded.model, Q):
+        out = loaded.model(input_ids=ids, attention_mask=torch.ones_like(ids),
+                           pixel_values_videos=inputs["pixel_values_videos"], input_features=inputs["input_features"],
+                           input_features_mask=inputs["input_features_mask"])
+    kept = out.logits.shape[1] - fed.shape[1]
+    assert answer.stats["audio_tokens"] == int((inputs["input_ids"] == loaded.model.config.audio_token_id).sum())
+    assert answer.stats["prompt_tokens"] == kept
     torch.testing.assert_close(torch.from_numpy(answer.logits), out.logits[0, kept - 1:].float(), atol=ATOL, rtol=0)
