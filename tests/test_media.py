@@ -250,3 +250,23 @@ def test_the_command_line_takes_several_videos_and_pictures_in_order(files, tiny
     assert main(["--image", str(files["P"]), "--image", str(files["P"]), "--question", " ", "--model", "tiny-random",
                  "--device", "cpu"]) == 2
     assert "Please type a question" in capsys.readouterr().err
+
+
+def test_a_follow_up_on_the_same_media_reuses_the_conversation_and_a_new_medium_is_appended(qwen3, files):
+    """The same uploads in the same order: the follow-up prefills only what follows the cached conversation.
+    A picture added for the follow-up goes after them (a new conversation for the caches), and the answer is
+    what the same conversation asked cold gives."""
+    first = qwen3.submit(media=[files["A"], files["B"]], question=QUESTION, params=params(0.5, 4)).result(120)
+    history = [(QUESTION, first.text)]
+    again = qwen3.submit(media=[files["A"], files["B"]], question="And then?", params=params(0.5, 4),
+                         history=history).result(120)
+    assert again.stats["prefix_cache_hit"] and again.stats["prefill_tokens"] < again.stats["prompt_tokens"] / 4
+    added = qwen3.submit(media=[files["A"], files["B"], files["P"]], question="And the picture?",
+                         params=params(0.5, 4), history=history).result(120)
+    assert [m["kind"] for m in added.stats["media"]] == ["video", "video", "image"]
+    assert not added.stats["prefix_cache_hit"] and added.stats["vit_batch_requests"] == 1  # only P encoded
+    with make_engine("tiny-random", qwen3.config.cache_dir, prefix_cache_bytes=0) as cold:
+        want = cold.submit(media=[files["A"], files["B"], files["P"]], question="And the picture?",
+                           params=params(0.5, 4), history=history).result(120)
+    assert added.token_ids == want.token_ids
+    torch.testing.assert_close(torch.from_numpy(added.logits), torch.from_numpy(want.logits), atol=2e-5, rtol=0)
