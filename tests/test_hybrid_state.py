@@ -204,7 +204,8 @@ def test_pruned_equals_the_stock_model_on_the_compacted_sequence(name, tiny_mode
         answer = engine.submit(videos[0], "What moves?", params(0.5)).result(120)
     with torch.inference_mode():
         features = family.encode_media(loaded.model, prompt.media)[0]
-        retention = evs.compute_retention_mask(features.embeds, prompt.media[0].grid_thw, 0.5).cpu()  # the EVS choice alone
+        # the EVS choice alone
+        retention = evs.compute_retention_mask(features.embeds, prompt.media[0].grid_thw, 0.5).cpu()
         assert 0 < int(retention.sum()) < retention.numel()
         # The compacted prompt, built here from the unpruned one: every text token, the kept video tokens,
         # each at its unpruned MRoPE position; then the answer, teacher-forced.

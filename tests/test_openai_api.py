@@ -18,6 +18,7 @@ import evs
 from app_harness import MAX_FILE_BYTES, MAX_VIDEO_S, launched_app, wait_until
 from engine import STATS_KEYS
 from engine.errors import EXPIRED_VIDEO, NO_VIDEO, InputError
+from engine.reading.video import UNREADABLE
 from ui import openai_api, video_inputs
 
 MAX_QUEUE = 2  # small, so that the test can fill the engine's queue
@@ -147,8 +148,8 @@ ERROR_CASES = {
     "empty question": (400, openai.BadRequestError, re.escape("Please type a question about the video.")),
     "rate out of range": (400, openai.BadRequestError,
                           re.escape("The pruning rate must be a number at least 0 and below 1; got 1.0.")),
-    "unreadable": (400, openai.BadRequestError, re.escape("The file could not be read as a video or a picture.")),
-    "unreadable, streamed": (400, openai.BadRequestError, re.escape("The file could not be read as a video or a picture.")),
+    "unreadable": (400, openai.BadRequestError, re.escape(UNREADABLE)),
+    "unreadable, streamed": (400, openai.BadRequestError, re.escape(UNREADABLE)),
     "too long": (400, openai.BadRequestError, r"The video is .+ long; the limit is .+\."),
     "too large": (400, openai.BadRequestError, r"The video is larger than the limit of 0\.954 MB\."),
     "body too large": (413, openai.APIStatusError, r"The request is larger than the limit of 2\.27 MB\."),

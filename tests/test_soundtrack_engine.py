@@ -241,8 +241,9 @@ def test_two_videos_each_heard_equal_the_models_own_forward_with_both(engine, cl
     answer = engine.submit(media=[clips["speech"], other], question=question, params=params(q=Q)).result(60)
     assert [medium["soundtrack"] for medium in answer.stats["media"]] == ["heard", "heard"]
     loaded, family = engine.loaded, engine.family
-    videos = [read_video(path, FRAME_SAMPLING, max_seconds=60, max_bytes=10**8, timeout_s=60, soundtrack_rate_hz=RATE_HZ,
-                         max_soundtrack_seconds=MAX_SOUNDTRACK_S) for path in (clips["speech"], other)]
+    videos = [read_video(path, FRAME_SAMPLING, max_seconds=60, max_bytes=10**8, timeout_s=60,
+                         soundtrack_rate_hz=RATE_HZ, max_soundtrack_seconds=MAX_SOUNDTRACK_S)
+              for path in (clips["speech"], other)]
     placeholder = family.video_placeholder() + family.audio_placeholder()
     text = chat_text(family, engine.system_prompt, question, [], media=placeholder * 2)
     processor, sizing = family.sized_processor(loaded.processor, len(videos[0].frames),

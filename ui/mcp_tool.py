@@ -6,8 +6,9 @@ the function's docstring (one line per argument); `/ask` and `/sweep` are kept o
 
 One output, a JSON string: Gradio's MCP server turns a tool's several outputs into one Python repr.
 
-The video (and the `media` list of more videos and pictures) arrives as text, not as a Gradio file: Gradio would download any URL given for a file input
-itself, and could not reach this server's own upload links from a server on a private address. Here the
+The video (and the `media` list of more videos and pictures) arrives as text, not as a Gradio file: Gradio
+would download any URL given for a file input itself, and could not reach this server's own upload links
+from a server on a private address. Here the
 same rules as the OpenAI endpoint's `video_url` apply (ui/video_inputs.py): a data: URL, an upload of this
 server named by its link or path, and other URLs only when the operator allows fetching.
 """

@@ -202,7 +202,8 @@ def unpruned_prompt(
     if any(prompt.audio is not None for prompt in prompts):
         is_audio = input_ids == family.audio_token_id(config)
     # Markers the question would add (a typed `<|image_pad|>` or `<so_embedding>`) would be taken for a medium's.
-    if int(is_visual.sum()) != sum(p.tokens for p in prompts) or int(is_audio.sum()) != sum(p.audio_tokens for p in prompts):
+    written_counts = sum(p.tokens for p in prompts), sum(p.audio_tokens for p in prompts)
+    if (int(is_visual.sum()), int(is_audio.sum())) != written_counts:
         raise ValueError("the prompt does not hold the media's tokens as the processor wrote them")
     positions = family.full_positions(is_visual, prompts)
     last_visual = int(torch.nonzero(is_visual).max())

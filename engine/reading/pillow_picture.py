@@ -38,7 +38,8 @@ def read_picture(picture: Image.Image, request: dict) -> tuple[dict, np.ndarray 
     """(header, frames) for a picture: a still one as "kind": "image" and its (1, H, W, 3) uint8 pixels scaled
     to fit max_pixels_per_frame; an animated one as "kind": "video", the answer a PyAV read gives (total_frames,
     duration_s, wanted, entries, shape). header["status"] "too_many_pixels" (with size and "kind": "picture") or
-    "too_long" (with duration_s) refuses it before any pixel is decoded (max_picture_pixels: the most width*height as stored)."""
+    "too_long" (with duration_s) refuses it before any pixel is decoded (max_picture_pixels: the most
+    width*height as stored)."""
     width, height = picture.size
     if width <= 0 or height <= 0:
         return {"status": "unreadable"}, None
