@@ -32,6 +32,8 @@ Inputs, in order (all after the first three have defaults):
     hear_soundtrack       bool, give the model the video's soundtrack beside its frames (default: on for a model
                           with an audio tower, engine.model_info["hears"]: Nemotron-H Omni); others ignore it,
                           and the stats say "unsupported"
+    media                 list of files (handle_file each): more videos and pictures asked about after `video`,
+                          in order (default none); at most engine.model_info["max_media"] in all
 
 Outputs, streamed as a tuple (answer, stats, figures, frames):
     answer   str: the answer so far at `pruning_rate`.
@@ -41,9 +43,11 @@ Outputs, streamed as a tuple (answer, stats, figures, frames):
              one more key, "thinking": str, what the model thought before the answer; with compare=True,
              "compare": {"pruning_rate": 0.0, "answer": str, "stats": {...same keys...}}.
     figures  dict of two plotly figures as JSON, {"tokens_per_group": ..., "dissimilarity": ...}
-             (rebuild with plotly.io.from_json(json.dumps(...))); sent once, before the first token.
-    frames   gallery: one image per temporal group, pruned patches dimmed and tinted, captioned
-             "t=1.2 s · kept 12/49"; sent once, before the first token.
+             (rebuild with plotly.io.from_json(json.dumps(...))), the first video's; with several videos also
+             "videos": [{"medium": the video's place among the uploads, "tokens_per_group", "dissimilarity"}];
+             updated as each video's picture arrives, before the first token.
+    frames   gallery: one image per temporal group of every video, pruned patches dimmed and tinted, captioned
+             "t=1.2 s · kept 12/49" ("video 3 · t=1.2 s · kept 12/49" with several uploads).
 An intermediate update carries {"__type__": "update"} for an output that did not change; the final
 result always carries all four. User errors (no video, empty question, unreadable / too long / too
 large video, bad settings, server busy) come back as errors whose message is one sentence, the one every
@@ -55,7 +59,7 @@ The question answered at several pruning rates as one burst (one read of the vid
 the answers decoding together). Inputs: video, question, then with defaults rates ("0, 0.3, 0.5, 0.7, 0.9",
 or a list of numbers; at most 8), fps, max_frames, max_pixels_per_frame (None: the device's defaults),
 max_new_tokens (128), temperature (0.0), enable_thinking (False: a model that can think does so first at
-every rate), hear_soundtrack (as for `/ask`: every rate hears it). Streams (table, figure, answers_html); the final result holds:
+every rate), hear_soundtrack (as for `/ask`: every rate hears it), media (as for `/ask`). Streams (table, figure, answers_html); the final result holds:
     table         {"headers": [...], "data": [[q, answer, video tokens kept, video tokens total, prompt
                   tokens, TTFT (s), prefill (s), ViT (s), requests in the ViT forward, total (s)], ...]}
     figure        the plot of kept tokens and TTFT against q ({"type": "plotly", "plot": "<json>"})
