@@ -203,6 +203,19 @@ def test_evs_keeps_every_audio_token(engine, clips):
     torch.testing.assert_close(embeds[pruned.audio_mask], audio, atol=0, rtol=0)
 
 
+def stock_logits(model, inputs, answer) -> tuple[torch.Tensor, int]:
+    """transformers' own forward at rate Q over the processor's inputs and the engine's answer, teacher-forced:
+    (its logits at every answer position, (generated, V) float32; the prompt tokens it kept)."""
+    fed = torch.tensor([answer.token_ids[:-1]])
+    ids = torch.cat([inputs["input_ids"], fed], dim=1)
+    with torch.inference_mode(), builtin_evs(model, Q):
+        out = model(input_ids=ids, attention_mask=torch.ones_like(ids),
+                    pixel_values_videos=inputs["pixel_values_videos"], input_features=inputs["input_features"],
+                    input_features_mask=inputs["input_features_mask"])
+    kept = out.logits.shape[1] - fed.shape[1]
+    return out.logits[0, kept - 1:].float(), kept
+
+
 def test_per_request_pruning_with_the_soundtrack_equals_the_models_own_evs(engine, clips):
     """transformers' forward prunes video tokens with its own EVS at `video_pruning_rate = q`, then scatters its
     audio tower's output onto the audio tokens. Fed the same frames, soundtrack, prompt and the engine's answer,
@@ -218,17 +231,11 @@ def test_per_request_pruning_with_the_soundtrack_equals_the_models_own_evs(engin
     inputs = processor_inputs(loaded, video, text, FRAME_SAMPLING.max_pixels_per_frame, audio)
     T, h, w = answer.stats["grid_thw"]
     assert evs.retained_token_count(h * w, T, Q) == max(h * w, int(T * h * w * (1 - Q)))  # the counts agree
-    fed = torch.tensor([answer.token_ids[:-1]])
-    ids = torch.cat([inputs["input_ids"], fed], dim=1)
-    with torch.inference_mode(), builtin_evs(loaded.model, Q):
-        out = loaded.model(input_ids=ids, attention_mask=torch.ones_like(ids),
-                           pixel_values_videos=inputs["pixel_values_videos"], input_features=inputs["input_features"],
-                           input_features_mask=inputs["input_features_mask"])
-    kept = out.logits.shape[1] - fed.shape[1]
+    logits, kept = stock_logits(loaded.model, inputs, answer)
     assert answer.stats["audio_tokens"] == int((inputs["input_ids"] == loaded.model.config.audio_token_id).sum()) > 0
     assert answer.stats["prompt_tokens"] == kept < inputs["input_ids"].shape[1]
     assert 0 < answer.stats["video_tokens_kept"] < answer.stats["video_tokens_total"]
-    torch.testing.assert_close(torch.from_numpy(answer.logits), out.logits[0, kept - 1:].float(), atol=ATOL, rtol=0)
+    torch.testing.assert_close(torch.from_numpy(answer.logits), logits, atol=ATOL, rtol=0)
 
 
 def test_two_videos_each_heard_equal_the_models_own_forward_with_both(engine, clips, tmp_path):
@@ -254,13 +261,7 @@ def test_two_videos_each_heard_equal_the_models_own_forward_with_both(engine, cl
     inputs = processor(text=[text], videos=[v.frames for v in videos], video_metadata=metadata, do_sample_frames=False,
                        audio=[v.soundtrack.samples for v in videos], sampling_rate=RATE_HZ, return_tensors="pt",
                        **sizing)
-    fed = torch.tensor([answer.token_ids[:-1]])
-    ids = torch.cat([inputs["input_ids"], fed], dim=1)
-    with torch.inference_mode(), builtin_evs(loaded.model, Q):
-        out = loaded.model(input_ids=ids, attention_mask=torch.ones_like(ids),
-                           pixel_values_videos=inputs["pixel_values_videos"], input_features=inputs["input_features"],
-                           input_features_mask=inputs["input_features_mask"])
-    kept = out.logits.shape[1] - fed.shape[1]
+    logits, kept = stock_logits(loaded.model, inputs, answer)
     assert answer.stats["audio_tokens"] == int((inputs["input_ids"] == loaded.model.config.audio_token_id).sum())
     assert answer.stats["prompt_tokens"] == kept
-    torch.testing.assert_close(torch.from_numpy(answer.logits), out.logits[0, kept - 1:].float(), atol=ATOL, rtol=0)
+    torch.testing.assert_close(torch.from_numpy(answer.logits), logits, atol=ATOL, rtol=0)
