@@ -161,6 +161,15 @@ def clip_pair(seed: int) -> ClipPair:
     return ClipPair((seed, second), colour, PAIR_ANSWERS[asked])
 
 
+def asked(seed: int, kind: str) -> tuple[list[int], str, str]:
+    """(the clips' seeds in order, question, expected answer) of a question type about `seed`: its clip, or for
+    PAIR its pair's two."""
+    if kind == PAIR:
+        pair = clip_pair(seed)
+        return list(pair.seeds), pair.question, pair.answer
+    return [seed], QUESTIONS[kind], shape_clip(seed).answer(kind)
+
+
 def held_out_seeds(first: int, count: int) -> list[int]:
     """`count` seeds never trained on, starting `first` places into the held-out range."""
     return [HELD_OUT_FROM + first + i for i in range(count)]

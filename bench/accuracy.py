@@ -6,9 +6,10 @@
 
 Each held-out clip (assets/shapes.py, never trained on) is written as an H.264 MP4 and asked every
 question type through the Engine, greedy, at each rate; an answer counts when it is exactly the expected
-answer ("blue", "left", "3"). Prints one markdown table (question type x rate) per model;
---plot draws every model in one chart; --json also prints one JSON object as the last line:
-{"tiny-trained": {"0.0": {"colour": 1.0, "direction": 0.99, ...}, "0.3": {...}, ...}, ...}.
+answer ("blue", "left", "3"). The "pair" type asks about two clips at once: each held-out clip and the next
+one of another colour (clip_pair), "Which clip has the blue shape, first or second?". Prints one markdown
+table (question type x rate) per model; --plot draws every model in one chart; --json also prints one JSON
+object as the last line: {"tiny-trained": {"0.0": {"colour": 1.0, "direction": 0.99, ...}, ...}, ...}.
 """
 
 import argparse
@@ -20,43 +21,59 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
-from assets.shapes import QUESTIONS, held_out_seeds, shape_clip, write_shape_clip  # noqa: E402
+from assets.shapes import PAIR, QUESTIONS, asked, clip_pair, held_out_seeds, write_shape_clip  # noqa: E402
 from engine import Engine, EngineConfig, GenerationParams  # noqa: E402
 
 MAX_NEW_TOKENS = 8  # the longest answer ("triangle") and <|im_end|> fit
+KINDS = (*QUESTIONS, PAIR)  # every question type, the two-clip one last
 
 
 def parse_rates(text: str) -> list[float]:
     return [float(rate) for rate in text.split(",") if rate.strip()]
 
 
-def accuracy(engine: Engine, clips: dict[int, Path], rates: list[float]) -> dict[str, dict[str, float]]:
-    """{str(rate): {question type: share of clips answered exactly}}; each rate's requests go in at once."""
+def clip_files(folder: Path, seeds: list[int]) -> dict[int, Path]:
+    """{seed: its clip's MP4 in folder} for the seeds and, for the pair question, each one's pair's second clip."""
+    needed = dict.fromkeys([*seeds, *(clip_pair(s).seeds[1] for s in seeds)])
+    return {s: write_shape_clip(folder / f"{s}.mp4", s) for s in needed}
+
+
+def accuracy(engine: Engine, clips: dict[int, Path], rates: list[float], seeds: list[int] | None = None,
+             kinds=KINDS) -> dict[str, dict[str, float]]:
+    """{str(rate): {question type: share of seeds answered exactly}}; each rate's requests go in at once.
+    clips: clip_files' (seeds: the questions' clips, by default every clip's)."""
+    seeds = list(clips) if seeds is None else seeds
     table: dict[str, dict[str, float]] = {}
     for rate in rates:
         params = GenerationParams(pruning_rate=rate, max_new_tokens=MAX_NEW_TOKENS)
-        asked = [(kind, seed, engine.submit(path, QUESTIONS[kind], params))
-                 for kind in QUESTIONS for seed, path in clips.items()]
-        right = {kind: 0 for kind in QUESTIONS}
-        for kind, seed, stream in asked:
-            right[kind] += stream.result().text.strip() == shape_clip(seed).answer(kind)
-        table[str(rate)] = {kind: right[kind] / len(clips) for kind in QUESTIONS}
+        streams = []
+        for kind in kinds:
+            for seed in seeds:
+                shown, text, expected = asked(seed, kind)
+                streams.append((kind, expected, engine.submit(media=[clips[s] for s in shown], question=text,
+                                                              params=params)))
+        right = dict.fromkeys(kinds, 0)
+        for kind, expected, stream in streams:
+            right[kind] += stream.result().text.strip() == expected
+        table[str(rate)] = {kind: right[kind] / len(seeds) for kind in kinds}
     return table
 
 
 def run(models: list[str], seed: int, per_type: int, rates: list[float], device: str = "cpu") -> dict:
     """{model: accuracy table} on the same held-out clips."""
     with tempfile.TemporaryDirectory() as folder:
-        clips = {s: write_shape_clip(Path(folder) / f"{s}.mp4", s) for s in held_out_seeds(seed, per_type)}
+        seeds = held_out_seeds(seed, per_type)
+        clips = clip_files(Path(folder), seeds)
         tables = {}
         for model in models:
             # Caches stay on: a clip's features are reused across rates, which changes no answer.
-            with Engine(EngineConfig(model=model, device=device, max_queue=len(clips) * len(QUESTIONS))) as engine:
-                tables[model] = accuracy(engine, clips, rates)
+            with Engine(EngineConfig(model=model, device=device, max_queue=len(seeds) * len(KINDS))) as engine:
+                tables[model] = accuracy(engine, clips, rates, seeds)
         return tables
 
 
-PLOT_COLOURS = {"colour": "#0f766e", "direction": "#e11d48", "shape": "#6366f1", "start": "#d97706"}
+PLOT_COLOURS = {"colour": "#0f766e", "direction": "#e11d48", "shape": "#6366f1", "start": "#d97706",
+                PAIR: "#0284c7"}
 DASHES = ("", "6 4", "2 3")  # one per model: the first solid
 
 
@@ -80,7 +97,7 @@ def svg_plot(tables: dict[str, dict[str, dict[str, float]]], title: str) -> str:
     parts.append(f'<text x="{left + plot_w / 2}" y="{height - 6}" text-anchor="middle">pruning rate q</text>')
     legend_x = width - right + 12
     for model, dash in zip(tables, DASHES):
-        for kind in QUESTIONS:
+        for kind in kinds_of(tables[model]):
             table, colour = tables[model], PLOT_COLOURS[kind]
             points = " ".join(point(float(rate), scores[kind]) for rate, scores in table.items())
             parts.append(f'<polyline points="{points}" fill="none" stroke="{colour}" stroke-width="2" '
@@ -88,13 +105,14 @@ def svg_plot(tables: dict[str, dict[str, dict[str, float]]], title: str) -> str:
             for rate, scores in table.items():
                 x, y = point(float(rate), scores[kind]).split(",")
                 parts.append(f'<circle cx="{x}" cy="{y}" r="3" fill="{colour}"/>')
-    for row, kind in enumerate(QUESTIONS):
+    shown = list(dict.fromkeys(kind for table in tables.values() for kind in kinds_of(table)))
+    for row, kind in enumerate(shown):
         legend_y = top + 10 + 18 * row
         parts.append(f'<line x1="{legend_x}" y1="{legend_y}" x2="{legend_x + 20}" y2="{legend_y}" '
                      f'stroke="{PLOT_COLOURS[kind]}" stroke-width="2"/>')
         parts.append(f'<text x="{legend_x + 26}" y="{legend_y + 4}">{kind}</text>')
     for row, (model, dash) in enumerate(zip(tables, DASHES)):
-        legend_y = top + 10 + 18 * (len(QUESTIONS) + 1 + row)
+        legend_y = top + 10 + 18 * (len(shown) + 1 + row)
         parts.append(f'<line x1="{legend_x}" y1="{legend_y}" x2="{legend_x + 20}" y2="{legend_y}" '
                      f'stroke="#111827" stroke-width="2" stroke-dasharray="{dash}"/>')
         parts.append(f'<text x="{legend_x + 26}" y="{legend_y + 4}">{model}</text>')
@@ -102,12 +120,18 @@ def svg_plot(tables: dict[str, dict[str, dict[str, float]]], title: str) -> str:
     return "\n".join(parts) + "\n"
 
 
+def kinds_of(table: dict[str, dict[str, float]]) -> list[str]:
+    """The question types a table holds, in KINDS order."""
+    return [kind for kind in KINDS if kind in next(iter(table.values()))]
+
+
 def markdown(table: dict[str, dict[str, float]]) -> str:
     rates = list(table)
     lines = ["| question | " + " | ".join(f"q = {rate}" for rate in rates) + " |",
              "|---|" + "---|" * len(rates)]
-    for kind in QUESTIONS:
-        lines.append(f"| {kind} | " + " | ".join(f"{table[rate][kind]:.2f}" for rate in rates) + " |")
+    for kind in kinds_of(table):
+        name = "pair (two clips)" if kind == PAIR else kind
+        lines.append(f"| {name} | " + " | ".join(f"{table[rate][kind]:.2f}" for rate in rates) + " |")
     return "\n".join(lines)
 
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import engine.worker.runner
-from assets.make_examples import EXAMPLES, EXAMPLES_DIR
-from assets.shapes import QUESTIONS, STILL_SECONDS, held_out_seeds, shape_clip, write_shape_clip
+from assets.make_examples import EXAMPLES, EXAMPLES_DIR, question
+from assets.shapes import PAIR, QUESTIONS, STILL_SECONDS, asked, held_out_seeds
 from bench import accuracy as accuracy_bench
 from engine import Engine, EngineConfig, GenerationParams
 from engine.config import DEFAULT_PRUNING_RATE
@@ -23,16 +23,19 @@ FIRST_SEED = 0  # bench/accuracy.py's default held-out range
 Q = DEFAULT_PRUNING_RATE
 
 
+SEEDS = held_out_seeds(FIRST_SEED, PER_TYPE)
+
+
 @pytest.fixture(scope="module")
 def held_out_clips(tmp_path_factory) -> dict[int, Path]:
-    folder = tmp_path_factory.mktemp("held-out")
-    return {seed: write_shape_clip(folder / f"{seed}.mp4", seed) for seed in held_out_seeds(FIRST_SEED, PER_TYPE)}
+    """The held-out clips, and the second clip of each one's pair."""
+    return accuracy_bench.clip_files(tmp_path_factory.mktemp("held-out"), SEEDS)
 
 
 def engine_for(model: str, tmp_path_factory):
     # No prefix KV cache: the positions test must not reuse KV computed with the right positions.
     config = EngineConfig(model=model, device="cpu", cache_dir=tmp_path_factory.mktemp("models"),
-                          max_queue=PER_TYPE * len(QUESTIONS), prefix_cache_bytes=0)
+                          max_queue=PER_TYPE * len(accuracy_bench.KINDS), prefix_cache_bytes=0)
     return Engine(config)
 
 
@@ -44,18 +47,25 @@ def trained_engine(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def table(trained_engine, held_out_clips) -> dict[str, dict[str, float]]:
-    return accuracy_bench.accuracy(trained_engine, held_out_clips, [0.0, Q])
+    return accuracy_bench.accuracy(trained_engine, held_out_clips, [0.0, Q], SEEDS)
 
 
 @pytest.fixture(scope="module")
 def plain_table(tmp_path_factory, held_out_clips) -> dict[str, dict[str, float]]:
-    with engine_for("tiny-trained-plain", tmp_path_factory) as plain:
-        return accuracy_bench.accuracy(plain, held_out_clips, [Q])
+    with engine_for("tiny-trained-plain", tmp_path_factory) as plain:  # never asked about two clips
+        return accuracy_bench.accuracy(plain, held_out_clips, [Q], SEEDS, kinds=QUESTIONS)
 
 
 def test_the_evs_trained_model_answers_held_out_clips_at_the_default_rate(table):
     assert table[str(Q)]["colour"] >= 0.95, table
     assert table[str(Q)]["direction"] >= 0.90, table
+
+
+def test_the_evs_trained_model_tells_which_of_two_clips_has_a_colour(table):
+    """Two held-out clips of different colours in one question ("Which clip has the blue shape, first or
+    second?"): only their order in the prompt tells first from second, each clip pruned on its own."""
+    assert table[str(Q)][PAIR] >= 0.9, table
+    assert table["0.0"][PAIR] >= 0.9, table
 
 
 def test_the_evs_trained_model_answers_held_out_clips_unpruned(table):
@@ -91,19 +101,21 @@ def test_positions_renumbered_for_the_pruned_sequence_lose_answers(trained_engin
         return pruned
 
     monkeypatch.setattr(engine.worker.runner, "prune_prompt", renumbered)
-    broken = accuracy_bench.accuracy(trained_engine, held_out_clips, [Q])[str(Q)]
+    broken = accuracy_bench.accuracy(trained_engine, held_out_clips, [Q], SEEDS)[str(Q)]
     assert sum(broken.values()) <= sum(table[str(Q)].values()) - 0.3, (table[str(Q)], broken)
 
 
-def test_every_example_clip_is_answered_at_the_default_rate(trained_engine):
-    """The app's example clips (the benchmark's first held-out seeds, one per question type, not picked),
-    asked their question at the default rate, as a click would, are answered right."""
-    assert sorted(kind for _, _, kind, _ in EXAMPLES) == sorted(QUESTIONS)
-    for (name,), (seed,), kind, rate in EXAMPLES:
+def test_every_example_is_answered_at_the_default_rate(trained_engine):
+    """The app's examples (the benchmark's first held-out seeds, one per question type, and its first pair, not
+    picked), asked their question at the default rate, as a click would, are answered right."""
+    assert sorted(kind for _, _, kind, _ in EXAMPLES) == sorted([*QUESTIONS, PAIR])
+    for names, seeds, kind, rate in EXAMPLES:
         assert rate == Q
-        answer = trained_engine.submit(EXAMPLES_DIR / name, QUESTIONS[kind],
-                                       GenerationParams(pruning_rate=rate, max_new_tokens=8)).result().text.strip()
-        assert answer == shape_clip(seed).answer(kind), (name, answer)
+        _, text, expected = asked(seeds[0], kind)
+        assert text == question(kind)
+        answer = trained_engine.submit(media=[EXAMPLES_DIR / name for name in names], question=text,
+                                       params=GenerationParams(pruning_rate=rate, max_new_tokens=8)).result()
+        assert answer.text.strip() == expected, (names, answer.text)
 
 
 def test_the_accuracy_plot_draws_every_question_type_for_every_model():

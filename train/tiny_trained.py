@@ -1,7 +1,9 @@
-"""Train the offline shapes models: `tiny-trained-plain` without EVS, then `tiny-trained` with EVS in the loop.
+"""Train the offline shapes models: `tiny-trained-plain` without EVS, then `tiny-trained` with EVS in the loop,
+then `tiny-trained` on the two-clip question too.
 
     python -m train.tiny_trained --out assets/models/tiny-trained-plain
-    python -m train.tiny_trained --evs --out assets/models/tiny-trained
+    python -m train.tiny_trained --evs --out EVS_STAGE
+    python -m train.tiny_trained --pairs --init EVS_STAGE --out assets/models/tiny-trained
 
 The plain model fine-tunes the committed base (assets/models/tiny-trained-base: a 2 M-parameter Qwen3-VL
 that this script's earlier version trained from scratch to answer colour, direction and shape on unpruned
@@ -9,8 +11,13 @@ clips that moved from the first frame): 3,000 steps at q = 0, lr 1e-3, 49 minute
 the plain one for 3,000 more steps, each example pruned at a q drawn from TRAIN_RATES, lr 5e-4, 69 minutes
 (both on one thread of a 2-core box that was busy with other work), as the EVS write-ups fine-tune with
 pruning in the loop; so the plain model is exactly the EVS model's recipe without its EVS
-stage. Both: one seed, one thread, 16 examples a step, AdamW (0.9, 0.98) with 50 warm-up steps then cosine,
-weight decay 0.01, gradient clip 1.0 (RECIPES holds what differs; the flags override it).
+stage. The pairs stage fine-tunes the EVS model for 1,500 more steps at lr 3e-4, pruned as the EVS stage
+prunes, half of its examples the two-clip question of assets/shapes.py (clip_pair: "Which clip has the red
+shape, first or second?", the two clips in one prompt, each pruned on its own), the other half the single-clip
+questions as before; the committed tiny-trained is its output, started from the EVS stage's model as committed
+before it (its default --init is that folder, so a second run would fine-tune further: give it the EVS
+stage's output). All: one seed, one thread, 16 examples a step, AdamW (0.9, 0.98) with 50 warm-up steps then
+cosine, weight decay 0.01, gradient clip 1.0 (RECIPES holds what differs; the flags override it).
 Every step draws fresh clips from the training seeds of assets/shapes.py and builds each example exactly
 as the engine serves it: the chat text without a system turn, the real HF processor on the 16 frames
 the engine samples from an 8-second 8 fps upload with the same timestamps, the vision tower, then the
@@ -41,7 +48,7 @@ from assets.shapes import (
     PAIR,
     QUESTIONS,
     SECONDS,
-    clip_pair,
+    asked,
     held_out_seeds,
     shape_clip,
     write_shape_clip,
@@ -193,14 +200,6 @@ def teacher_forced_logits(loaded: LoadedModel, family: Family, pruned: list[Prun
                                      use_cache=False, **family.language_kwargs(visual_mask, deepstack))
     hidden = out.last_hidden_state.flatten(0, 1)[torch.cat(predicting)]
     return model.lm_head(hidden), torch.cat(targets)
-
-
-def asked(seed: int, kind: str) -> tuple[list[int], str, str]:
-    """(the clips' seeds, question, answer) of a question type about `seed`: its clip, or for PAIR its pair."""
-    if kind == PAIR:
-        pair = clip_pair(seed)
-        return list(pair.seeds), pair.question, pair.answer
-    return [seed], QUESTIONS[kind], shape_clip(seed).answer(kind)
 
 
 def example_loss(loaded: LoadedModel, family: Family, examples: list[tuple[int, str, float]],
