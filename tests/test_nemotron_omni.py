@@ -17,7 +17,7 @@ from engine.prompt.unpruned import chat_text, unpruned_prompt, processor_inputs
 from engine.prompt.pruned import prune_prompt
 from engine.reading.video import read_video
 
-from batched_rows import answered_in_one_batch
+from batched_rows import answered_in_one_batch, first_tokens, staggered
 
 NAME = "tiny-random-nemotron-omni"
 # 8 frames (4 tubelets) of at most 64 patches: 4 x 3 x 4 = 48 video tokens for the first clip, 4 x 3 x 5 = 60
@@ -114,6 +114,19 @@ def test_batched_rows_of_different_rates_and_lengths_equal_alone(tiny_cache_dir,
         answers = answered_in_one_batch(engine, videos, WORKLOAD, params)
     for item, answer in answers.items():
         assert_same(answer, alone[item], item)
+
+
+def test_rows_that_outlive_the_batch_equal_alone(tiny_cache_dir, videos, alone):
+    """Rows of different prompts, rates and max_new_tokens leave one by one, and every leave splits the batch's
+    Mamba state back into the rows that stay (`LMState.row`): each survivor's logits must go on as alone.
+    Pins a survivor handed another row's recurrent state (row 0's, say) when the state is split at a leave,
+    which rows that all leave together never exercise."""
+    workload = staggered(WORKLOAD, (3, 8, 5, 2))
+    with make_engine(tiny_cache_dir) as engine:
+        answers = answered_in_one_batch(engine, videos, workload, params)
+    for (*item, tokens), answer in answers.items():
+        assert answer.stats["generated_tokens"] == tokens
+        assert_same(answer, first_tokens(alone[tuple(item)], tokens), (*item, tokens))
 
 
 def test_follow_ups_equal_the_same_conversations_asked_cold(tiny_cache_dir, videos):
