@@ -7,9 +7,12 @@ and where the answer opens) or the batch shape changes: measured up to 1e-5 on t
 state or a wrong token moves them by 1e-2 and more."""
 
 import contextlib
+import re
 
+import numpy as np
 import pytest
 import torch
+from transformers.models.nemotron_h_omni.modeling_nemotron_h_omni import compute_retention_mask
 
 from engine import Engine, EngineConfig, GenerationParams, InputError
 from engine.config import FrameSampling
@@ -96,6 +99,43 @@ def test_per_request_pruning_equals_the_models_own_evs(tiny_models, videos, alon
     assert answer.stats["prompt_tokens"] == kept < inputs["input_ids"].shape[1]
     assert 0 < answer.stats["video_tokens_kept"] < answer.stats["video_tokens_total"]
     torch.testing.assert_close(torch.from_numpy(answer.logits), out.logits[0, kept - 1:].float(), atol=ATOL, rtol=0)
+
+
+def test_the_pruning_picture_is_the_tubelets_the_model_saw(tiny_models, tiny_cache_dir, videos):
+    """The EVS picture of a Nemotron-H Omni answer: one frame per two-frame tubelet, its first; one timestamp per
+    tubelet, the middle of the two frame times the processor wrote for it in the prompt; and the kept mask of the
+    model's own EVS (`compute_retention_mask` on `get_video_features`' output), which the language model was fed
+    (test_per_request_pruning_equals_the_models_own_evs). Pins a family built with one frame per temporal group:
+    the answer does not change (the processor's grid still counts tubelets), but the picture shows frames 0-3
+    and carries 8 timestamps for 4 tubelets."""
+    video_index, q, question = WORKLOAD[1]
+    with make_engine(tiny_cache_dir) as engine:
+        stream = engine.submit(videos[video_index], question, params(q, tokens=1))
+        events = list(stream)
+        answer = stream.result(120)
+    [picture] = [event.evs for event in events if event.kind == "evs"]
+    video = load_video(videos[video_index], FRAME_SAMPLING, max_seconds=60, max_bytes=10**8, timeout_s=60)
+    loaded, inputs = stock_inputs(tiny_models, videos[video_index], question)
+    written = re.findall(r"Frame (\d+) sampled at ([\d.]+) seconds and frame (\d+) sampled at ([\d.]+) seconds",
+                         loaded.processor.tokenizer.decode(inputs["input_ids"][0]))
+    T, h, w = picture.grid_thw
+    assert T == len(written) == inputs["pixel_values_videos"].shape[1] == len(video.frames) // 2
+    assert [(int(first), int(second)) for first, _, second, _ in written] == [(2 * t + 1, 2 * t + 2) for t in range(T)]
+    assert len(picture.frames) == T
+    for tubelet, (first, *_) in enumerate(written):  # the processor numbers frames from 1
+        assert np.array_equal(picture.frames[tubelet], video.frames[int(first) - 1]), \
+            f"tubelet {tubelet} is pictured by another frame than its first, frame {int(first) - 1}"
+    assert len(picture.timestamps_s) == T
+    for got, (_, first_s, _, second_s) in zip(picture.timestamps_s, written):  # the processor writes 2 decimals
+        assert abs(got - (float(first_s) + float(second_s)) / 2) <= 0.005 + 1e-9
+    assert any(event.kind == "status" and event.text.startswith(f"encoding {len(video.frames)} frames")
+               for event in events)
+    with torch.inference_mode():
+        features = loaded.model.get_video_features(inputs["pixel_values_videos"]).pooler_output[0]
+    models_own = compute_retention_mask(features, T, q)
+    assert 0 < int(models_own.sum()) < models_own.numel()
+    assert np.array_equal(picture.kept_mask, models_own.reshape(T, h, w).numpy())
+    assert int(picture.kept_mask.sum()) == answer.stats["video_tokens_kept"]
 
 
 def test_q0_equals_stock_generate(tiny_models, videos, alone):
