@@ -114,7 +114,7 @@ def test_the_pruning_picture_is_the_tubelets_the_model_saw(tiny_models, tiny_cac
         events = list(stream)
         answer = stream.result(120)
     [picture] = [event.evs for event in events if event.kind == "evs"]
-    video = load_video(videos[video_index], FRAME_SAMPLING, max_seconds=60, max_bytes=10**8, timeout_s=60)
+    video = read_video(videos[video_index], FRAME_SAMPLING, max_seconds=60, max_bytes=10**8, timeout_s=60)
     loaded, inputs = stock_inputs(tiny_models, videos[video_index], question)
     written = re.findall(r"Frame (\d+) sampled at ([\d.]+) seconds and frame (\d+) sampled at ([\d.]+) seconds",
                          loaded.processor.tokenizer.decode(inputs["input_ids"][0]))
