@@ -37,11 +37,11 @@ from pathlib import Path
 
 import torch
 
-# Run as a script from anywhere: the repo root holds the `engine`, `evs`, `assets` and `bench` packages.
+# Run as a script from anywhere: the repo root holds the `engine`, `pruning`, `assets` and `bench` packages.
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
-import evs  # noqa: E402
+import pruning  # noqa: E402
 from assets.clips import write_clip  # noqa: E402
 from bench.bursts import engine_burst  # noqa: E402
 from bench.environment import machine, versions  # noqa: E402
@@ -118,7 +118,7 @@ def evs_problems(answer: Answer) -> list[str]:
     """What contradicts EVS in one finished request's stats, as sentences; empty when it looks right."""
     stats, problems = answer.stats, []
     T, h, w = stats["grid_thw"]
-    expected_kept = evs.retained_token_count(h * w, T, stats["pruning_rate"])
+    expected_kept = pruning.retained_token_count(h * w, T, stats["pruning_rate"])
     if stats["video_tokens_kept"] != expected_kept:
         problems.append(f"kept {stats['video_tokens_kept']} video tokens, EVS says {expected_kept}")
     if sum(stats["tokens_kept_per_frame"]) != stats["video_tokens_kept"]:

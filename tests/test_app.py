@@ -10,7 +10,7 @@ import plotly.io as pio
 import pytest
 from gradio_client import handle_file
 
-import evs
+import pruning
 from app_harness import MAX_FILE_BYTES, MAX_VIDEO_S, wait_until
 from engine import STATS_KEYS
 from engine.errors import BAD_HISTORY, NO_VIDEO
@@ -73,7 +73,7 @@ def test_a_higher_pruning_rate_keeps_fewer_tokens(app, clip):
     for q in (0.0, 0.4, 0.8):
         _, stats, _, _ = app.client.predict(video, "What moves?", q, fps=4.0, api_name="/ask", **FAST)
         num_groups, h, w = stats["grid_thw"]
-        assert stats["video_tokens_kept"] == evs.retained_token_count(h * w, num_groups, q)
+        assert stats["video_tokens_kept"] == pruning.retained_token_count(h * w, num_groups, q)
         kept.append(stats["video_tokens_kept"])
     assert kept[0] > kept[1] > kept[2]
 

@@ -83,7 +83,7 @@ def test_per_request_pruning_equals_the_models_own_evs(tiny_models, videos, alon
     """The one EVS in the stack written by someone else: transformers' forward with `video_pruning_rate = q`
     (compute_retention_mask on get_video_features' output, video tokens dropped from the sequence). Fed the
     engine's answer, its logits at every answer position must be the engine's, which prunes per request with
-    evs/ and a per-tubelet grid of its own."""
+    pruning/ and a per-tubelet grid of its own."""
     video, q, question = WORKLOAD[1]
     answer = alone[WORKLOAD[1]]
     loaded, inputs = stock_inputs(tiny_models, videos[video], question)

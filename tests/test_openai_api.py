@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-import evs
+import pruning
 from app_harness import MAX_FILE_BYTES, MAX_VIDEO_S, launched_app, wait_until
 from engine import STATS_KEYS
 from engine.errors import EXPIRED_VIDEO, NO_VIDEO, InputError
@@ -86,7 +86,7 @@ def test_an_answer_carries_usage_and_the_evs_stats(client, clip):
     assert set(STATS_KEYS) <= set(stats)
     assert stats["pruning_rate"] == 0.5 and stats["frames_sampled"] == 8  # 2 s at fps 4
     num_groups, h, w = stats["grid_thw"]
-    assert stats["video_tokens_kept"] == evs.retained_token_count(h * w, num_groups, 0.5) < stats["video_tokens_total"]
+    assert stats["video_tokens_kept"] == pruning.retained_token_count(h * w, num_groups, 0.5) < stats["video_tokens_total"]
     assert reply.usage.prompt_tokens == stats["prompt_tokens"]
     assert reply.usage.completion_tokens == stats["generated_tokens"] == 6
     assert reply.usage.total_tokens == reply.usage.prompt_tokens + 6

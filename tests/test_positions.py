@@ -3,7 +3,7 @@ the unpruned maximum + 1; a Qwen3-VL group that keeps zero tokens keeps its time
 
 import torch
 
-import evs
+import pruning
 from engine.config import FrameSampling
 from engine.families.qwen import Qwen25VL, Qwen3VL
 from engine.prompt.unpruned import unpruned_prompt
@@ -60,7 +60,7 @@ def test_qwen3_groups_each_restart_temporal_position():
 
 
 def check_pruned_positions(prompt, pruned):
-    keep = evs.prompt_keep_mask(prompt.is_video, pruned.retention)
+    keep = pruning.prompt_keep_mask(prompt.is_video, pruned.retention)
     assert torch.equal(pruned.positions[1:], prompt.positions[:, keep])
     assert pruned.positions[0].tolist() == list(range(int(keep.sum())))
     after_video = int(torch.nonzero(prompt.is_video).max()) + 1

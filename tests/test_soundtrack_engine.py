@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-import evs
+import pruning
 from engine import Engine, EngineConfig, GenerationParams
 from engine.__main__ import main as engine_main
 from engine.prompt.audio import audio_token_count, processor_audio
@@ -215,7 +215,7 @@ def test_per_request_pruning_with_the_soundtrack_equals_the_models_own_evs(engin
     audio = processor_audio(loaded.processor, video.soundtrack.samples, video.soundtrack.rate_hz)
     inputs = processor_inputs(loaded, video, text, FRAME_SAMPLING.max_pixels_per_frame, audio)
     T, h, w = answer.stats["grid_thw"]
-    assert evs.retained_token_count(h * w, T, Q) == max(h * w, int(T * h * w * (1 - Q)))  # the counts agree
+    assert pruning.retained_token_count(h * w, T, Q) == max(h * w, int(T * h * w * (1 - Q)))  # the counts agree
     fed = torch.tensor([answer.token_ids[:-1]])
     ids = torch.cat([inputs["input_ids"], fed], dim=1)
     with torch.inference_mode(), builtin_evs(loaded.model, Q):

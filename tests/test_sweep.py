@@ -5,7 +5,7 @@ import json
 import pytest
 from gradio_client import handle_file
 
-import evs
+import pruning
 from app_harness import wait_until
 from ui.sweep import BAD_RATES, DEFAULT_RATES, TABLE_HEADERS
 
@@ -30,7 +30,7 @@ def test_a_sweep_answers_at_each_rate_from_one_vit_forward(app, clip):
     for row in rows:
         match = next(s for s in stats if s["pruning_rate"] == row["q"])
         num_groups, h, w = match["grid_thw"]
-        assert row["video tokens kept"] == evs.retained_token_count(h * w, num_groups, row["q"])
+        assert row["video tokens kept"] == pruning.retained_token_count(h * w, num_groups, row["q"])
         assert row["answer"] and row["TTFT (s)"] > 0 and row["prefill (s)"] > 0
         assert row["requests in the ViT forward"] == len(DEFAULT_RATES)  # all five shared the one forward
     kept = [row["video tokens kept"] for row in rows]

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import torch
 
-import evs
+import pruning
 from engine.families.base import VideoFeatures
 
 from .unpruned import UnprunedPrompt
@@ -39,18 +39,18 @@ class PrunedPrompt:
     @property
     def tokens_kept_per_group(self) -> list[int]:
         T = self.dissimilarity.shape[0]
-        return evs.tokens_kept_per_group(self.retention, (T, *self.dissimilarity.shape[1:])).tolist()
+        return pruning.tokens_kept_per_group(self.retention, (T, *self.dissimilarity.shape[1:])).tolist()
 
 
 def prune_prompt(prompt: UnprunedPrompt, features: VideoFeatures, q: float) -> PrunedPrompt:
     """Keep the EVS-selected video tokens of prompt at rate q; every text and audio token stays."""
-    dissimilarity = evs.frame_dissimilarity(features.embeds, prompt.grid_thw)
-    retention = evs.retention_mask_from_dissimilarity(dissimilarity, q).cpu()
-    keep = evs.prompt_keep_mask(prompt.is_video, retention)
+    dissimilarity = pruning.frame_dissimilarity(features.embeds, prompt.grid_thw)
+    retention = pruning.retention_mask_from_dissimilarity(dissimilarity, q).cpu()
+    keep = pruning.prompt_keep_mask(prompt.is_video, retention)
     full_rows = torch.cat([torch.arange(prompt.input_ids.numel())[None], prompt.positions])
     return PrunedPrompt(
         input_ids=prompt.input_ids[keep],
-        positions=evs.select_positions(full_rows, keep),
+        positions=pruning.select_positions(full_rows, keep),
         video_mask=prompt.is_video[keep],
         audio_mask=prompt.is_audio[keep],
         features=features.select(retention.to(features.embeds.device)),
