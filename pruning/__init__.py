@@ -17,7 +17,6 @@ from pruning.evs import (
 from pruning.inputs import validate_pruning_rate
 from pruning.layout import prompt_keep_mask, select_positions, tokens_kept_per_group
 from pruning.methods import (
-    DEFAULT_PRUNING_METHOD,
     PRUNING_METHODS,
     kept_token_count,
     retention_mask,
@@ -25,7 +24,6 @@ from pruning.methods import (
 )
 
 __all__ = [
-    "DEFAULT_PRUNING_METHOD",
     "PRUNING_METHODS",
     "compute_retention_mask",
     "frame_dissimilarity",

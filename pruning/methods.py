@@ -13,7 +13,6 @@ from pruning.evs import compute_retention_mask, retained_token_count, retention_
 from pruning.uniform import uniform_retention_mask, uniform_token_count
 from pruning.vidcom2 import vidcom2_retention_mask, vidcom2_token_count
 
-DEFAULT_PRUNING_METHOD = "evs"
 # name -> (the retention mask, the exact count of tokens it keeps)
 _METHODS: dict[str, tuple[Callable, Callable[[int, int, float], int]]] = {
     "evs": (compute_retention_mask, retained_token_count),
@@ -36,7 +35,7 @@ def kept_token_count(method: str, tokens_per_frame: int, num_frames: int, q: flo
     return _METHODS[validate_pruning_method(method)][1](tokens_per_frame, num_frames, q)
 
 
-def retention_mask(features: torch.Tensor, grid_thw, q, method: str = DEFAULT_PRUNING_METHOD,
+def retention_mask(features: torch.Tensor, grid_thw, q, method: str,
                    dissimilarity: torch.Tensor | None = None) -> torch.Tensor:
     """Which of one video's tokens `method` keeps at rate q: (T*h*w,) bool on the features' device.
 

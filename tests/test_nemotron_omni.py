@@ -150,7 +150,7 @@ def test_a_tubelet_that_keeps_no_token_keeps_its_frame_text(tiny_models, videos)
     prompt = unpruned_prompt(loaded, family, video, "What moves?", [], SYSTEM, FRAME_SAMPLING.max_pixels_per_frame)
     with torch.inference_mode():
         features = family.encode(loaded.model, prompt.pixel_values, prompt.grid_thw_patches[None])[0]
-    pruned = prune_prompt(prompt, features, 0.9)
+    pruned = prune_prompt(prompt, features, 0.9, "evs")
     empty = pruned.tokens_kept_per_group.count(0)
     text = loaded.processor.tokenizer.decode(pruned.input_ids)
     assert empty > 0 and pruned.tokens_kept_per_group[0] == prompt.grid_thw[1] * prompt.grid_thw[2]

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import pruning
+from engine.config import GenerationParams
 from pruning.uniform import uniform_group_count
 from pruning.vidcom2 import frame_budgets, uniqueness
 
@@ -35,7 +36,8 @@ def per_group(mask: torch.Tensor, grid) -> list[int]:
 
 
 def test_the_methods_are_evs_vidcom2_and_uniform_evs_first():
-    assert METHODS == ("evs", "vidcom2", "uniform") and pruning.DEFAULT_PRUNING_METHOD == "evs"
+    assert METHODS == ("evs", "vidcom2", "uniform")
+    assert GenerationParams().pruning_method == "evs"  # the engine's default
 
 
 @FAST

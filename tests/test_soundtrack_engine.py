@@ -193,7 +193,7 @@ def test_evs_keeps_every_audio_token(engine, clips):
     with torch.inference_mode():
         features = family.encode(loaded.model, prompt.pixel_values, prompt.grid_thw_patches[None])[0]
         features.audio = family.encode_audio(loaded.model, prompt.audio)
-        pruned = prune_prompt(prompt, features, 0.9)
+        pruned = prune_prompt(prompt, features, 0.9, "evs")
         embeds = embed_prompt(loaded.model, pruned.input_ids, pruned.video_mask, pruned.features, pruned.audio_mask)
     assert int(pruned.retention.sum()) < prompt.is_video.sum()
     assert int(pruned.audio_mask.sum()) == len(pruned.features.audio) == int(prompt.is_audio.sum()) == \

@@ -42,6 +42,7 @@ def check_params(question: str, params: GenerationParams, config: EngineConfig,
         raise InputError(f"The question is {len(question):,} characters long; the limit is {config.max_question_chars:,}.")
     try:
         pruning.validate_pruning_rate(params.pruning_rate)
+        pruning.validate_pruning_method(params.pruning_method)
     except ValueError as error:
         raise InputError(str(error)) from None
     if not isinstance(params.max_new_tokens, int) or not 1 <= params.max_new_tokens <= config.max_new_tokens:

@@ -1,5 +1,5 @@
-"""Apply EVS to one prepared prompt: the retention mask, the pruned token layout and its positions. EVS prunes
-video tokens only: text and audio tokens are all kept."""
+"""Prune one prepared prompt: the retention mask of the request's method, the pruned token layout and its
+positions. Only video tokens are pruned: text and audio tokens are all kept."""
 
 from dataclasses import dataclass
 
@@ -22,7 +22,8 @@ class PrunedPrompt:
     [system + video (+ soundtrack)]. reply_start:
     kept tokens before the answer's opening (UnprunedPrompt.reply_start; all of it is text, so all kept).
     next_position: MRoPE position of the first generated token (unpruned maximum + 1).
-    retention: (T*h*w,) bool EVS mask. dissimilarity: (T, h, w) float32.
+    retention: (T*h*w,) bool mask of the pruning method. dissimilarity: (T, h, w) float32, EVS's change since the
+    previous group (shown in the pruning picture whichever method chose the tokens).
     """
 
     input_ids: torch.Tensor
@@ -42,10 +43,11 @@ class PrunedPrompt:
         return pruning.tokens_kept_per_group(self.retention, (T, *self.dissimilarity.shape[1:])).tolist()
 
 
-def prune_prompt(prompt: UnprunedPrompt, features: VideoFeatures, q: float) -> PrunedPrompt:
-    """Keep the EVS-selected video tokens of prompt at rate q; every text and audio token stays."""
+def prune_prompt(prompt: UnprunedPrompt, features: VideoFeatures, q: float, method: str) -> PrunedPrompt:
+    """Keep the video tokens `method` (one of pruning.PRUNING_METHODS) selects at rate q; every text and audio
+    token stays."""
     dissimilarity = pruning.frame_dissimilarity(features.embeds, prompt.grid_thw)
-    retention = pruning.retention_mask_from_dissimilarity(dissimilarity, q).cpu()
+    retention = pruning.retention_mask(features.embeds, prompt.grid_thw, q, method, dissimilarity).cpu()
     keep = pruning.prompt_keep_mask(prompt.is_video, retention)
     full_rows = torch.cat([torch.arange(prompt.input_ids.numel())[None], prompt.positions])
     return PrunedPrompt(
