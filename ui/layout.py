@@ -42,8 +42,9 @@ HEADER_HTML = """
 <div class="evs-header">
   <h1>EVS Video Chat</h1>
   <p>Upload a video and ask about it. <b>Efficient Video Sampling</b> drops the video tokens that barely
-  changed since the previous frame before the language model reads them; the slider sets how many.
-  Below the answer: token counts, time to first token, and which patches of each frame were kept.</p>
+  changed since the previous frame before the language model reads them; the slider sets how many, and
+  two other pruning methods can take its place or stand beside it. Below the answer: token counts, time to
+  first token, and which patches of each frame were kept.</p>
 </div>
 """
 
