@@ -182,9 +182,10 @@ def test_the_command_line_hears_unless_told_not_to(tiny_cache_dir, clips, capsys
         assert json.loads(printed[printed.index("{"):])["soundtrack"] == verdict
 
 
-def test_evs_keeps_every_audio_token(engine, clips):
-    """At q = 0.9 most video tokens go; the audio tokens kept are exactly the audio tower's rows, which go in
-    their place."""
+@pytest.mark.parametrize("method", pruning.PRUNING_METHODS)
+def test_every_pruning_method_keeps_every_audio_token(engine, clips, method):
+    """At q = 0.9 most video tokens go, whichever method chooses them; the audio tokens kept are exactly the audio
+    tower's rows, which go in their place."""
     loaded, family = engine.loaded, engine.family
     video = read_video(clips["speech"], FRAME_SAMPLING, max_seconds=60, max_bytes=10**8, timeout_s=60,
                        soundtrack_rate_hz=RATE_HZ)
@@ -193,7 +194,7 @@ def test_evs_keeps_every_audio_token(engine, clips):
     with torch.inference_mode():
         features = family.encode(loaded.model, prompt.pixel_values, prompt.grid_thw_patches[None])[0]
         features.audio = family.encode_audio(loaded.model, prompt.audio)
-        pruned = prune_prompt(prompt, features, 0.9, "evs")
+        pruned = prune_prompt(prompt, features, 0.9, method)
         embeds = embed_prompt(loaded.model, pruned.input_ids, pruned.video_mask, pruned.features, pruned.audio_mask)
     assert int(pruned.retention.sum()) < prompt.is_video.sum()
     assert int(pruned.audio_mask.sum()) == len(pruned.features.audio) == int(prompt.is_audio.sum()) == \
