@@ -46,7 +46,8 @@ def uniqueness(features: torch.Tensor, grid_thw) -> tuple[torch.Tensor, torch.Te
     tokens = features.to(torch.float32).reshape(t, h * w, -1)
     unit = unit_vectors(tokens)
     video_cos = unit @ unit_vectors(tokens.mean(dim=(0, 1)))
-    frame_cos = (unit * unit_vectors(tokens.mean(dim=1, keepdim=True))).sum(dim=-1)
+    # A batched product, not unit * centre summed: that would hold one more (T, h*w, D) float32 copy.
+    frame_cos = (unit @ unit_vectors(tokens.mean(dim=1))[:, :, None])[..., 0]
     return -video_cos.mean(dim=1), -(video_cos + frame_cos)
 
 
