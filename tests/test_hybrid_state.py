@@ -8,7 +8,7 @@ video) or the batch shape changes: measured up to 5.1e-5 on these logits (of mag
 import pytest
 import torch
 
-import evs
+import pruning
 
 from app_harness import wait_until
 from batched_rows import answered_in_one_batch, first_tokens, staggered
@@ -218,7 +218,7 @@ def test_pruned_equals_the_stock_model_on_the_compacted_sequence(name, tiny_mode
         answer = engine.submit(videos[0], "What moves?", params(0.5)).result(120)
     with torch.inference_mode():
         features = family.encode(loaded.model, prompt.pixel_values, prompt.grid_thw_patches[None])[0]
-        retention = evs.compute_retention_mask(features.embeds, prompt.grid_thw, 0.5).cpu()  # the EVS choice alone
+        retention = pruning.compute_retention_mask(features.embeds, prompt.grid_thw, 0.5).cpu()  # the EVS choice alone
         assert 0 < int(retention.sum()) < retention.numel()
         # The compacted prompt, built here from the unpruned one: every text token, the kept video tokens,
         # each at its unpruned MRoPE position; then the answer, teacher-forced.

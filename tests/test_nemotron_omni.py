@@ -86,7 +86,7 @@ def test_per_request_pruning_equals_the_models_own_evs(tiny_models, videos, alon
     """The one EVS in the stack written by someone else: transformers' forward with `video_pruning_rate = q`
     (compute_retention_mask on get_video_features' output, video tokens dropped from the sequence). Fed the
     engine's answer, its logits at every answer position must be the engine's, which prunes per request with
-    evs/ and a per-tubelet grid of its own."""
+    pruning/ and a per-tubelet grid of its own."""
     video, q, question = WORKLOAD[1]
     answer = alone[WORKLOAD[1]]
     loaded, inputs = stock_inputs(tiny_models, videos[video], question)
@@ -203,7 +203,7 @@ def test_a_tubelet_that_keeps_no_token_keeps_its_frame_text(tiny_models, videos)
     prompt = unpruned_prompt(loaded, family, video, "What moves?", [], SYSTEM, FRAME_SAMPLING.max_pixels_per_frame)
     with torch.inference_mode():
         features = family.encode(loaded.model, prompt.pixel_values, prompt.grid_thw_patches[None])[0]
-    pruned = prune_prompt(prompt, features, 0.9)
+    pruned = prune_prompt(prompt, features, 0.9, "evs")
     empty = pruned.tokens_kept_per_group.count(0)
     text = loaded.processor.tokenizer.decode(pruned.input_ids)
     assert empty > 0 and pruned.tokens_kept_per_group[0] == prompt.grid_thw[1] * prompt.grid_thw[2]
