@@ -15,7 +15,7 @@ MAY_IMPORT = {
     "replicas": {"replicas", "engine", "evs", "assets"},
     "ui": {"ui", "engine", "evs", "assets"},
     "app": {"app", "ui", "replicas", "engine", "evs", "assets"},
-    "bench": {"bench", "replicas", "engine", "evs", "assets"},
+    "bench": {"bench", "replicas", "ui", "engine", "evs", "assets"},
     "train": {"train", "engine", "evs", "assets"},
 }
 GRADIO_FREE = ("engine", "evs", "replicas")

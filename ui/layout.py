@@ -1,6 +1,6 @@
-"""The Gradio Blocks page and its wiring: inputs on the left, conversation and numbers on the right,
-the pruning picture and the q sweep underneath; the `/ask` and `/sweep` API endpoints and the MCP tool on
-hidden components."""
+"""The Gradio Blocks page and its wiring. The Video tab: inputs on the left, conversation and numbers on the
+right, the pruning picture and the q sweep underneath; the Live tab (ui/live_tab.py); the `/ask` and `/sweep`
+API endpoints and the MCP tool on hidden components."""
 
 import math
 from dataclasses import dataclass
@@ -15,6 +15,7 @@ from engine.front.door import defaults
 from engine.front.serving import Serving
 from ui import stats_panel
 from ui.handlers import CHAT_OUTPUTS, Handlers
+from ui.live_tab import HEAD_PATH as LIVE_HEAD_PATH, live_tab
 from ui.mcp_tool import TOOL_MAX_NEW_TOKENS, VideoQuestionTool
 from ui.sweep import (
     DEFAULT_RATES_TEXT,
@@ -119,11 +120,15 @@ def build_demo(engine: Serving, *, banner: str | None = None, delete_cache: tupl
     settings = defaults(engine)
     with gr.Blocks(title="EVS Video Chat", delete_cache=delete_cache) as demo:
         _header(default_banner(engine.model_info, banner))
-        with gr.Row(equal_height=False):
-            controls = _controls(engine, settings)
-            answer, compare_row = _answer_column()
-        pictures = _what_the_model_sees()
-        sweep_view = _sweep_section()
+        with gr.Tabs(elem_id="evs-tabs"):
+            with gr.Tab("Video", id="video", elem_id="evs-tab-video"):
+                with gr.Row(equal_height=False):
+                    controls = _controls(engine, settings)
+                    answer, compare_row = _answer_column()
+                pictures = _what_the_model_sees()
+                sweep_view = _sweep_section()
+            with gr.Tab("Live", id="live", elem_id="evs-tab-live"):
+                live_tab()
         turns = gr.State([])  # the earlier [question, answer, thinking] turns about the current video
         shown = {**answer, **pictures, "question": controls.question, "turns": turns}
         q_sweep = Sweep(engine)
@@ -320,12 +325,13 @@ def _tool_endpoint(tool: VideoQuestionTool, settings: GenerationParams, hears: b
 
 
 def launch_kwargs(max_file_bytes: int) -> dict:
-    """Keyword arguments for `demo.launch(...)`: upload size limit, stylesheets, the example clips' folder,
-    and Gradio's MCP server (streamable HTTP at /gradio_api/mcp/)."""
+    """Keyword arguments for `demo.launch(...)`: upload size limit, stylesheets, the Live tab's script, the
+    example clips' folder, and Gradio's MCP server (streamable HTTP at /gradio_api/mcp/)."""
     return dict(
         mcp_server=True,
         max_file_size=max_file_bytes,
         css_paths=[CSS_PATH, PAGE_CSS_PATH],
+        head_paths=[LIVE_HEAD_PATH],
         theme=gr.themes.Soft(primary_hue="teal", secondary_hue="rose", neutral_hue="slate"),
         allowed_paths=[str(EXAMPLES_DIR)],
     )
