@@ -1,5 +1,6 @@
 """Stream URLs read as live feeds (engine/reading/live_stream.py) from a stream Debian's ffmpeg serves on the
-loopback, and the checks a URL passes before the server connects (ui/live_urls.py)."""
+loopback, the checks a URL passes before the server connects (ui/live_urls.py), and the Live tab's Stream
+URL source (ui/live_tab.py)."""
 
 import asyncio
 import shutil
@@ -8,11 +9,12 @@ import subprocess
 import time
 from pathlib import Path
 
+import gradio as gr
 import numpy as np
 import pytest
 
 from assets.shapes import shape_clip, write_shape_clip
-from engine.config import FrameSampling
+from engine.config import EngineConfig, FrameSampling
 from engine.errors import InputError
 from engine.reading.frame_sampling import next_due_s
 from engine.reading.live_stream import (
@@ -24,6 +26,7 @@ from engine.reading.live_stream import (
     check_stream_url,
 )
 from engine.reading.pyav_stream import PROTOCOLS
+from ui.live_tab import StreamWatch
 from ui.live_urls import NO_LIVE_URLS, checked_stream_url
 from ui.video_inputs import VideoPolicy
 
@@ -200,3 +203,38 @@ def test_with_live_urls_on_and_the_loopback_allowed_the_stream_is_read(tmp_path,
         server.kill()
         server.wait()
     assert isinstance(first, LiveFrame) and first.t_s == 0.0 and first.frame.shape == (32, 32, 3)
+
+
+async def statuses_until(updates, last_wanted: str) -> list[str]:
+    """The Watch handler's status lines up to the first that holds `last_wanted`; then the handler is closed,
+    as Gradio closes it on Stop."""
+    seen = []
+    try:
+        async for status in updates:
+            seen.append(status)
+            if last_wanted in status:
+                break
+    finally:
+        await updates.aclose()
+    return seen
+
+
+@needs_ffmpeg
+def test_the_live_tab_watches_a_stream_url_and_stop_ends_it(tmp_path, shapes_file):
+    port = free_port()
+    server = serve(shapes_file, port)
+    watch = StreamWatch(policy(tmp_path, live_urls=True, anywhere=True), SAMPLING, EngineConfig(read_timeout_s=5.0))
+    try:
+        seen = asyncio.run(statuses_until(watch.watch(f"http://127.0.0.1:{port}/live.ts"), "reconnecting"))
+    finally:
+        server.kill()
+        server.wait()
+    assert seen[-1].startswith("16 frames · ") and " · 32×32 · " in seen[-1]
+    assert seen[-1].endswith("The stream dropped; reconnecting (try 1 of 3).")
+
+
+def test_the_live_tab_refuses_stream_urls_unless_they_are_on(tmp_path):
+    watch = StreamWatch(policy(tmp_path, live_urls=False), SAMPLING, EngineConfig())
+    with pytest.raises(gr.Error) as refused:
+        asyncio.run(statuses_until(watch.watch("rtsp://203.0.113.7/cam"), ""))
+    assert refused.value.message == NO_LIVE_URLS

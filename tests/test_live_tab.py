@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import sync_playwright
 
+from app_harness import wait_until
 from assets.shapes import held_out_seeds, write_shape_clip
 from test_browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, PHONE, TIMEOUT_MS, horizontal_extent
 
@@ -65,12 +66,27 @@ def test_the_camera_streams_frames_to_the_server(browser, app):
     page = browser.new_page(viewport={"width": 1400, "height": 900})
     try:
         open_live_tab(page, app.url)
+        # the app was started without --live-urls: no Stream URL source
+        assert page.locator("#evs-live-source label").all_inner_texts() == ["Camera", "Screen"]
         status = stream_until(page, "camera", 12)
         assert re.search(r"\d+ frames · \d+\.\d per second · 320×240", status), status
         rate = float(re.search(r"(\d+\.\d) per second", status).group(1))
         assert 3 <= rate <= 11  # a frame every 0.1 s at most (STREAM_EVERY_S), on a busy 2-core host fewer
     finally:
         page.close()
+
+
+def test_a_closed_tab_closes_its_feed(browser, app):
+    """Gradio's unload event, when the tab's connection ends, closes the tab's feed at once (a gr.State
+    would outlive a closed tab by an hour)."""
+    page = browser.new_page()
+    open_live_tab(page, app.url)
+    stream_until(page, "camera", 3)
+    feeds = app.demo.live_feeds
+    assert len(feeds) >= 1
+    open_before = len(feeds)
+    page.close()
+    assert wait_until(lambda: len(feeds) == open_before - 1, timeout_s=30)
 
 
 def test_a_shared_screen_streams_through_the_same_input(browser, app):

@@ -7,11 +7,18 @@ does not load under the pinned Gradio (docs/live.md, "The transport"). A shared 
 same input: with "Screen" chosen, the page's script (live_head.html) answers the input's camera request
 with the browser's screen picker instead.
 
-Each browser tab has a feed of its own (`LiveFeed`, in a `gr.State`): frames are timed as they arrive, and
-the feed is what will hand them to the engine's live session. Gradio deletes the state when the tab
-closes or reloads, and its `delete_callback` closes the feed then.
+Each browser tab has a feed of its own (`LiveFeed`, kept in `LiveFeeds` by Gradio's session): frames are timed
+as they arrive, and the feed is what will hand them to the engine's live session. The page's unload event
+(the tab closed or reloaded; Gradio sees the tab's connection end) closes it at once. Not a `gr.State`: Gradio
+keeps a closed tab's state for an hour before its `delete_callback` runs.
+
+With stream URLs on (`--live-urls`), a third source reads a stream URL the person names
+(`StreamWatch`: ui/live_urls.py checks it, engine/reading/live_stream.py reads it in a reader process),
+counted on a feed the same way, its status lines and last sentence shown under the count.
 """
 
+import asyncio
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -20,9 +27,13 @@ from pathlib import Path
 import gradio as gr
 import numpy as np
 
-from engine.config import MAX_VIDEO_SOURCE_PIXELS
+from engine.config import MAX_VIDEO_SOURCE_PIXELS, EngineConfig, FrameSampling
 from engine.errors import InputError
+from engine.reading.live_stream import LiveFrame, LiveStream
+from ui.gradio_errors import raises_gradio_errors
 from ui.live_frames import check_frame
+from ui.live_urls import checked_stream_url
+from ui.video_inputs import VideoPolicy
 
 # How often the browser sends a frame. 0.1 s: 10 frames a second reach the handler, five times the engine's
 # default frame sampling (2 fps), with the least lag measured (docs/live.md, bench/live_transport.py).
@@ -34,6 +45,7 @@ STREAM_TIME_LIMIT_S = 30 * 60
 STATUS_EVERY_S = 1.0
 RATE_WINDOW_S = 5.0  # frames per second are counted over this trailing window
 SOURCES = ("Camera", "Screen")
+STREAM_URL = "Stream URL"  # the third source, shown when the operator turned stream URLs on
 HEAD_PATH = Path(__file__).resolve().parent / "live_head.html"
 WAITING = "Press **Record** to stream frames to the server."
 
@@ -90,8 +102,9 @@ class LiveFeed:
         return True
 
     def status(self) -> str:
-        """One line for the page: frames, rate, size, and the last refusal's sentence."""
-        if not self.frames and not self.refused:
+        """One line for the page: frames, rate, size, and the last refusal's sentence (or the source's last
+        status line)."""
+        if not self.frames and not self.refused and not self.problem:
             return WAITING
         parts = [f"{self.frames} frames", f"{self.frames_per_s():.1f} per second"]
         if self.size:
@@ -99,6 +112,8 @@ class LiveFeed:
         line = " · ".join(parts)
         if self.refused:
             line += f" · {self.refused} refused: {self.problem}"
+        elif self.problem:
+            line += f" · {self.problem}"
         return line
 
     def close(self) -> None:
@@ -106,20 +121,34 @@ class LiveFeed:
         self.closed = True
 
 
-def on_frame(frame: np.ndarray | None, feed: LiveFeed | None):
-    """The stream event's handler: one frame from the browser. Returns (feed, status), the status skipped
-    between updates so the browser is not sent a message per frame."""
-    feed = feed if feed is not None else LiveFeed()
-    now_s = time.monotonic()
-    if frame is not None:
-        feed.arrive(frame, now_s)
-    return feed, (feed.status() if feed.status_due(now_s) else gr.skip())
+class LiveFeeds:
+    """Every open tab's feed, by Gradio's session hash."""
 
+    def __init__(self):
+        self._feeds: dict[str, LiveFeed] = {}
+        self._lock = threading.Lock()
 
-def close_feed(feed: LiveFeed | None) -> None:
-    """gr.State's delete_callback: Gradio dropped the tab's state."""
-    if feed is not None:
-        feed.close()
+    def on_frame(self, frame: np.ndarray | None, request: gr.Request):
+        """The stream event's handler: one frame from a tab's browser. Returns the status line, skipped
+        between updates so the browser is not sent a message per frame."""
+        with self._lock:
+            feed = self._feeds.setdefault(request.session_hash, LiveFeed())
+        now_s = time.monotonic()
+        if frame is not None:
+            feed.arrive(frame, now_s)
+        return feed.status() if feed.status_due(now_s) else gr.skip()
+
+    def close_session(self, request: gr.Request) -> None:
+        """The page's unload event: the tab is gone, and its feed with it."""
+        with self._lock:
+            feed = self._feeds.pop(request.session_hash, None)
+        if feed is not None:
+            feed.close()
+
+    def __len__(self) -> int:
+        """Feeds open now."""
+        with self._lock:
+            return len(self._feeds)
 
 
 def live_input(source: str, visible: bool = True) -> gr.Image:
@@ -138,15 +167,59 @@ def stream_frames(image: gr.Image, handler, inputs: list, outputs: list, every_s
                         show_progress="hidden")
 
 
-def live_tab() -> None:
-    """The tab's components and events, inside the page's `gr.Tab("Live")`."""
+class StreamWatch:
+    """The Stream URL source: a stream read as a feed while the Watch event runs (Stop, or a closed tab,
+    cancels it and stops the reader)."""
+
+    def __init__(self, policy: VideoPolicy, sampling: FrameSampling, limits: EngineConfig):
+        self.policy = policy
+        self.sampling = sampling
+        self.limits = limits
+
+    @raises_gradio_errors
+    async def watch(self, url: str):
+        """Status lines for the page as the stream's frames arrive, about once a second, and its last one."""
+        url = await checked_stream_url(url, self.policy)
+        feed = LiveFeed(max_pixels=self.limits.max_video_source_pixels)
+        stream = LiveStream.under_limits(url, self.sampling, self.limits)
+        items = iter(stream)
+        try:
+            while (item := await asyncio.to_thread(next, items, None)) is not None:
+                now_s = time.monotonic()
+                if isinstance(item, LiveFrame):
+                    feed.arrive(item.frame, now_s)
+                else:
+                    feed.problem = item
+                if isinstance(item, str) or feed.status_due(now_s):
+                    yield feed.status()
+            yield feed.status()
+        finally:
+            stream.close()
+
+
+def live_tab(policy: VideoPolicy, sampling: FrameSampling, limits: EngineConfig) -> LiveFeeds:
+    """The tab's components and events, inside the page's `gr.Tab("Live")`: a camera, a shared screen and,
+    when `policy.live_urls`, a stream URL read at `sampling`'s fps and size under `limits`. Returns the
+    tabs' feeds, whose `close_session` the page runs on unload."""
+    sources = [*SOURCES, STREAM_URL] if policy.live_urls else list(SOURCES)
     gr.Markdown("Stream your camera or a shared screen to the server. Choose the source, allow access, then "
                 "press **Record**.", elem_classes="evs-live-intro")
-    source = gr.Radio(list(SOURCES), value=SOURCES[0], label="Source", elem_id="evs-live-source")
+    source = gr.Radio(sources, value=sources[0], label="Source", elem_id="evs-live-source")
     inputs = {name: live_input(name, visible=name == SOURCES[0]) for name in SOURCES}
+    with gr.Group(visible=False) as url_group:
+        url = gr.Textbox(label=STREAM_URL, placeholder="rtsp://camera.example.com/live", elem_id="evs-live-url")
+        with gr.Row():
+            watch = gr.Button("Watch", variant="primary", elem_id="evs-live-watch", min_width=80)
+            stop = gr.Button("Stop", variant="stop", elem_id="evs-live-stop", min_width=80)
     status = gr.Markdown(WAITING, elem_id="evs-live-status")
-    feed = gr.State(None, delete_callback=close_feed)
+    feeds = LiveFeeds()
     for image in inputs.values():
-        stream_frames(image, on_frame, inputs=[image, feed], outputs=[feed, status])
-    source.change(lambda chosen: [gr.Image(visible=name == chosen) for name in SOURCES], inputs=source,
-                  outputs=list(inputs.values()), api_visibility="private", queue=False)
+        stream_frames(image, feeds.on_frame, inputs=[image], outputs=[status])
+    source.change(lambda chosen: [*(gr.Image(visible=name == chosen) for name in SOURCES),
+                                  gr.Group(visible=chosen == STREAM_URL)],
+                  inputs=source, outputs=[*inputs.values(), url_group], api_visibility="private", queue=False)
+    if policy.live_urls:
+        watching = watch.click(StreamWatch(policy, sampling, limits).watch, inputs=url, outputs=status,
+                               api_visibility="private", concurrency_limit=None, show_progress="hidden")
+        stop.click(None, cancels=[watching])
+    return feeds

@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
-from engine.config import FrameSampling
+from engine.config import EngineConfig, FrameSampling
 from engine.errors import InputError
 
 from .pipe import ReaderGone, ReaderPipe
@@ -36,6 +36,7 @@ STREAM_SCHEMES = ("rtsp", "rtsps", "rtmp", "rtmps", "srt", "http", "https")
 RECONNECTS = 3  # tries in a row after a drop
 RETRY_S = 1.0  # the first try's wait; each next one waits twice as long
 QUEUE_FRAMES = 32  # frames held for a consumer that falls behind; past it the oldest is dropped
+STREAM_TIMEOUT_S = 10.0  # the longest a feed under an engine's limits waits for its server (opening, each read)
 STALL_FACTOR = 2.0  # a reader that sends nothing for this many timeouts is hung: FFmpeg's own timeout did not fire
 
 STREAM_ENDED = "The stream ended."  # a feed that does not reconnect (reconnects=0), as a file played as live
@@ -102,6 +103,15 @@ class LiveStream:
         self._reader: ReaderPipe | None = None
         self._thread = threading.Thread(target=self._run, name="evs-live-stream", daemon=True)
         self._thread.start()
+
+    @classmethod
+    def under_limits(cls, url: str, sampling: FrameSampling, config: EngineConfig) -> "LiveStream":
+        """A feed under an engine's limits for uploads: the reader's memory cap, the frame size as sent, the
+        longest video; each read waits as long as an upload's, STREAM_TIMEOUT_S at most, since a camera
+        that goes quiet that long has dropped."""
+        return cls(url, sampling, timeout_s=min(config.read_timeout_s, STREAM_TIMEOUT_S),
+                   memory_bytes=config.read_memory_bytes, max_source_pixels=config.max_video_source_pixels,
+                   max_seconds=config.max_video_seconds)
 
     def __iter__(self) -> Iterator[LiveFrame | str]:
         while True:
