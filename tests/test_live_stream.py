@@ -238,3 +238,55 @@ def test_the_live_tab_refuses_stream_urls_unless_they_are_on(tmp_path):
     with pytest.raises(gr.Error) as refused:
         asyncio.run(statuses_until(watch.watch("rtsp://203.0.113.7/cam"), ""))
     assert refused.value.message == NO_LIVE_URLS
+
+
+@needs_ffmpeg
+def test_a_consumer_that_falls_behind_loses_the_oldest_frames_not_memory(shapes_file):
+    """Served as fast as ffmpeg can (no -re), the whole clip arrives while nothing is taken from the feed: it
+    holds queue_frames frames, the newest, and counts the rest as dropped."""
+    port = free_port()
+    server = subprocess.Popen([FFMPEG, "-loglevel", "error", "-i", str(shapes_file), "-c", "copy", "-f", "mpegts",
+                               "-listen", "1", f"http://127.0.0.1:{port}/live.ts"])
+    try:
+        stream = LiveStream(f"http://127.0.0.1:{port}/live.ts", SAMPLING, reconnects=0, queue_frames=4, **CAPS)
+        stream._thread.join(timeout=60)  # read to its end before anything is taken
+        items = read_all(stream)
+    finally:
+        server.kill()
+        server.wait()
+    frames = [item for item in items if isinstance(item, LiveFrame)]
+    assert [frame.t_s for frame in frames] == pytest.approx([6.0, 6.5, 7.0, 7.5])
+    assert stream.frames_dropped == 12 and items[-1] == STREAM_ENDED
+
+
+@needs_ffmpeg
+def test_frames_larger_than_the_uploads_cap_end_the_feed_with_its_sentence(shapes_file):
+    port = free_port()
+    server = serve(shapes_file, port)
+    try:
+        items = read_all(LiveStream(f"http://127.0.0.1:{port}/live.ts", SAMPLING, reconnects=3,
+                                    **{**CAPS, "max_source_pixels": 32 * 32}))
+    finally:
+        server.kill()
+        server.wait()
+    assert items == ["The stream's frames are 64x64 (0.1 megapixels); the limit is 0 megapixels."]
+
+
+@needs_ffmpeg
+def test_the_stream_reader_runs_under_the_uploads_memory_cap(shapes_file):
+    """While frames flow, the reader's heap limit (RLIMIT_DATA's soft limit, what an upload's reader runs
+    under) is the feed's memory_bytes."""
+    port = free_port()
+    server = serve(shapes_file, port)
+    memory_bytes = 3 << 30
+    try:
+        with LiveStream(f"http://127.0.0.1:{port}/live.ts", SAMPLING, reconnects=0,
+                        **{**CAPS, "memory_bytes": memory_bytes}) as stream:
+            next(iter(stream))
+            reader = stream._reader  # the connection's reader, alive while its frames flow
+            limits = Path(f"/proc/{reader.pid}/limits").read_text()
+    finally:
+        server.kill()
+        server.wait()
+    soft = next(line.split()[3] for line in limits.splitlines() if line.startswith("Max data size"))
+    assert int(soft) == memory_bytes

@@ -60,13 +60,16 @@ def stream_frames(url: str, fps: float, max_pixels_per_frame: int, max_source_pi
     """Read `url` until it ends, calling send({"status": "frame", "t_s", "shape"}, (H, W, 3) uint8 RGB) for
     each frame taken at `fps`; returns the last header: {"status": "ended", "frames"} when the stream ends
     or breaks off after it opened, {"status": "open_failed", "reason"}, {"status": "unreadable"} (no video
-    stream), or {"status": "too_many_pixels", "size"}.
+    stream), or {"status": "too_many_pixels", "size"}. MemoryError (FFmpeg's too) is raised: the reader's
+    memory cap answers it.
 
     timeout_s: how long opening, and then each read, may wait for the server (FFmpeg's own timeouts; the
     engine also kills a reader that sends nothing for longer).
     """
     try:
         container = av.open(url, options=open_options(url), timeout=(timeout_s, timeout_s))
+    except MemoryError:  # FFmpeg's ENOMEM too (av.error.MemoryError): the memory cap, not the stream
+        raise
     except (av.FFmpegError, OSError) as error:
         return {"status": "open_failed", "reason": open_failure(error)}
     sent = 0
@@ -99,6 +102,8 @@ def stream_frames(url: str, fps: float, max_pixels_per_frame: int, max_source_pi
                 send({"status": "frame", "t_s": t_s, "shape": list(rgb.shape)}, rgb)
                 sent += 1
                 due_s = next_due_s(t_s, fps)
+        except MemoryError:
+            raise
         except av.FFmpegError:  # PyAV's own, the network's among them; a pipe the engine closed is not
             pass  # the connection broke off: the stream ended, as far as this reader can tell
     return {"status": "ended", "frames": sent}

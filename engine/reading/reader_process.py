@@ -109,13 +109,14 @@ def _memory_cap(memory_bytes: int):
 
 
 def _stream(request: dict, answers) -> None:
-    """The "stream" op: every frame taken answered as it comes, then the stream's last header, all under the
-    memory cap. A pipe closed by the engine (it stopped the stream) ends the reader quietly."""
+    """The "stream" op: every frame taken answered as it comes, under the memory cap; then, the cap lifted
+    (answering must not fail for want of the memory that ended the stream), the stream's last header. A pipe
+    closed by the engine (it stopped the stream) ends the reader quietly."""
     def send(header: dict, frame: np.ndarray) -> None:
         _write(answers, header, frame)
 
-    with _memory_cap(request["memory_bytes"]):
-        try:
+    try:
+        with _memory_cap(request["memory_bytes"]):
             try:
                 last = stream_frames(request["url"], request["fps"], request["max_pixels_per_frame"],
                                      request["max_source_pixels"], request["timeout_s"], send, request["threads"])
@@ -125,9 +126,9 @@ def _stream(request: dict, answers) -> None:
                 raise
             except Exception:  # the decoder reports a broken stream as its own errors
                 last = {"status": "unreadable"}
-            _write(answers, last)
-        except BrokenPipeError:
-            pass
+        _write(answers, last)
+    except BrokenPipeError:
+        pass
 
 
 def _read(request: dict) -> tuple[dict, np.ndarray | bytes | None]:
