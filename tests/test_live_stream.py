@@ -49,10 +49,22 @@ def shapes_file(tmp_path_factory) -> Path:
     return write_shape_clip(tmp_path_factory.mktemp("live") / "shapes.mp4", SEED)
 
 
-def serve(clip: Path, port: int, *input_options: str) -> subprocess.Popen:
-    """ffmpeg serving `clip` as MPEG-TS over HTTP on the loopback, at its own pace (-re), to one client."""
-    return subprocess.Popen([FFMPEG, "-loglevel", "error", "-re", *input_options, "-i", str(clip), "-c", "copy",
-                             "-f", "mpegts", "-listen", "1", f"http://127.0.0.1:{port}/live.ts"])
+def listening(port: int) -> bool:
+    """Whether a socket listens on the loopback's `port`, read from /proc/net/tcp: connecting to find out
+    would take the one client an ffmpeg server with -listen 1 serves."""
+    rows = Path("/proc/net/tcp").read_text().splitlines()[1:]
+    return any(row.split()[1].endswith(f":{port:04X}") and row.split()[3] == "0A" for row in rows)  # 0A: LISTEN
+
+
+def serve(clip: Path, port: int, *options: str) -> subprocess.Popen:
+    """ffmpeg serving `clip` as MPEG-TS over HTTP on the loopback to one client, at its own pace (-re) unless
+    `options` say otherwise; returned once it listens."""
+    server = subprocess.Popen([FFMPEG, "-loglevel", "error", *(options or ("-re",)), "-i", str(clip), "-c", "copy",
+                               "-f", "mpegts", "-listen", "1", f"http://127.0.0.1:{port}/live.ts"])
+    deadline = time.monotonic() + 30
+    while not listening(port) and server.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return server
 
 
 def read_all(stream: LiveStream) -> list:
@@ -245,8 +257,7 @@ def test_a_consumer_that_falls_behind_loses_the_oldest_frames_not_memory(shapes_
     """Served as fast as ffmpeg can (no -re), the whole clip arrives while nothing is taken from the feed: it
     holds queue_frames frames, the newest, and counts the rest as dropped."""
     port = free_port()
-    server = subprocess.Popen([FFMPEG, "-loglevel", "error", "-i", str(shapes_file), "-c", "copy", "-f", "mpegts",
-                               "-listen", "1", f"http://127.0.0.1:{port}/live.ts"])
+    server = serve(shapes_file, port, "-nostdin")  # no -re: as fast as it can
     try:
         stream = LiveStream(f"http://127.0.0.1:{port}/live.ts", SAMPLING, reconnects=0, queue_frames=4, **CAPS)
         stream._thread.join(timeout=60)  # read to its end before anything is taken

@@ -83,10 +83,12 @@ def test_a_closed_tab_closes_its_feed(browser, app):
     open_live_tab(page, app.url)
     stream_until(page, "camera", 3)
     feeds = app.demo.live_feeds
-    assert len(feeds) >= 1
-    open_before = len(feeds)
+    before = feeds.open_feeds()
+    assert before and not any(feed.closed for feed in before)
     page.close()
-    assert wait_until(lambda: len(feeds) == open_before - 1, timeout_s=30)
+    assert wait_until(lambda: len(feeds.open_feeds()) == len(before) - 1, timeout_s=30)
+    (gone,) = set(before) - set(feeds.open_feeds())
+    assert gone.closed
 
 
 def test_a_shared_screen_streams_through_the_same_input(browser, app):

@@ -36,7 +36,8 @@ from ui.live_urls import checked_stream_url
 from ui.video_inputs import VideoPolicy
 
 # How often the browser sends a frame. 0.1 s: 10 frames a second reach the handler, five times the engine's
-# default frame sampling (2 fps), with the least lag measured (docs/live.md, bench/live_transport.py).
+# default frame sampling (2 fps); the lag measured the same at 0.5, 0.1 and 0.033 s within the noise
+# (docs/live.md, bench/live_transport.py).
 STREAM_EVERY_S = 0.1
 # The longest one stream event runs; the person presses Record again to go on. Gradio ends the event then,
 # so an open tab left streaming does not hold a session for ever.
@@ -50,14 +51,15 @@ HEAD_PATH = Path(__file__).resolve().parent / "live_head.html"
 WAITING = "Press **Record** to stream frames to the server."
 
 
-@dataclass
+@dataclass(eq=False)  # a feed is itself, not its counts
 class LiveFeed:
     """The frames of one browser tab as they reach the server.
 
     t_s, the time each frame is handed on with, is its arrival in seconds from the feed's first frame: the
     browser sends no capture time, and the measured lag from capture to arrival (docs/live.md) is steady
     enough that differences of arrival times are differences of capture times. frames: frames taken;
-    refused: frames not taken (too large), with the last one's sentence in `problem`.
+    refused: frames not taken (too large); problem: the last refusal's sentence, or the source's last status
+    line (a stream URL's).
     """
 
     max_pixels: int = MAX_VIDEO_SOURCE_PIXELS
@@ -117,7 +119,7 @@ class LiveFeed:
         return line
 
     def close(self) -> None:
-        """The tab is gone (closed, reloaded, or Gradio dropped its state): nothing more arrives."""
+        """The tab is gone (closed or reloaded): nothing more arrives."""
         self.closed = True
 
 
@@ -145,10 +147,10 @@ class LiveFeeds:
         if feed is not None:
             feed.close()
 
-    def __len__(self) -> int:
-        """Feeds open now."""
+    def open_feeds(self) -> list[LiveFeed]:
+        """The feeds of the tabs open now."""
         with self._lock:
-            return len(self._feeds)
+            return list(self._feeds.values())
 
 
 def live_input(source: str, visible: bool = True) -> gr.Image:
