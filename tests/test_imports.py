@@ -17,7 +17,7 @@ MAY_IMPORT = {
     "replicas": {"replicas", "engine", "pruning", "assets"},
     "ui": {"ui", "engine", "pruning", "assets"},
     "app": {"app", "ui", "replicas", "engine", "pruning", "assets"},
-    "bench": {"bench", "replicas", "engine", "pruning", "assets"},
+    "bench": {"bench", "replicas", "ui", "engine", "pruning", "assets"},
     "train": {"train", "engine", "pruning", "assets"},
 }
 GRADIO_FREE = ("engine", "pruning", "evs", "replicas")

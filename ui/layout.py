@@ -1,6 +1,6 @@
-"""The Gradio Blocks page and its wiring: inputs on the left, conversation and numbers on the right,
-the pruning picture and the q sweep underneath; the `/ask` and `/sweep` API endpoints and the MCP tool on
-hidden components."""
+"""The Gradio Blocks page and its wiring. The Video tab: inputs on the left, conversation and numbers on the
+right, the pruning picture and the q sweep underneath; the Live tab (ui/live_tab.py); the `/ask` and `/sweep`
+API endpoints and the MCP tool on hidden components."""
 
 import math
 from dataclasses import dataclass
@@ -10,12 +10,13 @@ from pathlib import Path
 import gradio as gr
 
 from assets.make_examples import example_questions
-from engine.config import MAX_FILE_BYTES, FrameSamplingLimits, GenerationParams
+from engine.config import MAX_FILE_BYTES, EngineConfig, FrameSamplingLimits, GenerationParams
 from engine.front.door import defaults
 from engine.front.serving import Serving
 from pruning import PRUNING_METHODS
 from ui import stats_panel
 from ui.handlers import CHAT_OUTPUTS, Handlers
+from ui.live_tab import HEAD_PATH as LIVE_HEAD_PATH, live_tab
 from ui.mcp_tool import TOOL_MAX_NEW_TOKENS, VideoQuestionTool
 from ui.runs import METHOD_LABELS
 from ui.sweep import (
@@ -114,23 +115,30 @@ class SweepView:
 
 
 def build_demo(engine: Serving, *, banner: str | None = None, delete_cache: tuple[int, int] | None = None,
-               max_file_bytes: int = MAX_FILE_BYTES, fetch_video_urls: bool = False) -> gr.Blocks:
+               max_file_bytes: int = MAX_FILE_BYTES, fetch_video_urls: bool = False, live_urls: bool = False,
+               limits: EngineConfig | None = None) -> gr.Blocks:
     """The whole page for one engine; `banner` is an extra warning (see default_banner).
 
     delete_cache: (every_s, older_than_s): uploads and generated images older than `older_than_s` seconds
     are deleted every `every_s` seconds (None keeps them until the server stops).
     max_file_bytes, fetch_video_urls: what the MCP tool accepts as its video (ui/video_inputs.py), as for
-    openai_routes.
+    openai_routes. live_urls: whether the Live tab reads stream URLs, under `limits` (the engine's limits for
+    uploads; None: EngineConfig's defaults).
     """
     handlers = Handlers(engine)
     settings = defaults(engine)
+    policy = video_policy(max_file_bytes, fetch_video_urls, live_urls)
     with gr.Blocks(title="EVS Video Chat", delete_cache=delete_cache) as demo:
         _header(default_banner(engine.model_info, banner))
-        with gr.Row(equal_height=False):
-            controls = _controls(engine, settings)
-            answer, compare_row = _answer_column()
-        pictures = _what_the_model_sees()
-        sweep_view = _sweep_section()
+        with gr.Tabs(elem_id="evs-tabs"):
+            with gr.Tab("Video", id="video", elem_id="evs-tab-video"):
+                with gr.Row(equal_height=False):
+                    controls = _controls(engine, settings)
+                    answer, compare_row = _answer_column()
+                pictures = _what_the_model_sees()
+                sweep_view = _sweep_section()
+            with gr.Tab("Live", id="live", elem_id="evs-tab-live"):
+                live_feeds = live_tab(policy, settings.frame_sampling, limits or EngineConfig())
         turns = gr.State([])  # the earlier [question, answer, thinking] turns about the current video
         shown = {**answer, **pictures, "question": controls.question, "turns": turns}
         q_sweep = Sweep(engine)
@@ -138,9 +146,11 @@ def build_demo(engine: Serving, *, banner: str | None = None, delete_cache: tupl
         # private event the name "sweep" and this endpoint "sweep_1".
         _ask_endpoint(handlers, controls, settings)
         _sweep_endpoint(q_sweep, controls, settings)
-        _tool_endpoint(VideoQuestionTool(engine, video_policy(max_file_bytes, fetch_video_urls)), settings,
+        _tool_endpoint(VideoQuestionTool(engine, policy), settings,
                        engine.model_info["hears"])
         _wire_page(handlers, q_sweep, controls, shown, compare_row, sweep_view)
+        demo.unload(live_feeds.close_session)
+    demo.live_feeds = live_feeds  # the Live tab's open feeds, for the tests now and the live stats to come
     demo.queue(default_concurrency_limit=None, max_size=QUEUE_MAX_SIZE)
     return demo
 
@@ -346,12 +356,13 @@ def _tool_endpoint(tool: VideoQuestionTool, settings: GenerationParams, hears: b
 
 
 def launch_kwargs(max_file_bytes: int) -> dict:
-    """Keyword arguments for `demo.launch(...)`: upload size limit, stylesheets, the example clips' folder,
-    and Gradio's MCP server (streamable HTTP at /gradio_api/mcp/)."""
+    """Keyword arguments for `demo.launch(...)`: upload size limit, stylesheets, the Live tab's script, the
+    example clips' folder, and Gradio's MCP server (streamable HTTP at /gradio_api/mcp/)."""
     return dict(
         mcp_server=True,
         max_file_size=max_file_bytes,
         css_paths=[CSS_PATH, PAGE_CSS_PATH],
+        head_paths=[LIVE_HEAD_PATH],
         theme=gr.themes.Soft(primary_hue="teal", secondary_hue="rose", neutral_hue="slate"),
         allowed_paths=[str(EXAMPLES_DIR)],
     )
