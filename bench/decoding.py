@@ -37,9 +37,9 @@ if __package__ in (None, ""):  # `python bench/decoding.py`: make the repository
 
 from assets.clips import _panorama, write_clip  # noqa: E402
 from engine.config import FrameSampling
+from engine.reading.decoders.pyav_video import decode_everything, read_file
 from engine.reading.pool import ReaderPool, default_size
 from engine.reading.video import read_video
-from engine.reading.pyav_video import decode_everything, read_file
 
 try:
     from .markdown import cell, table

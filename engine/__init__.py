@@ -9,11 +9,12 @@ The path of one request, by the types it passes through, and the room (sub-packa
                       -- the two steps above run on a prepare thread (prepare.py), before the GPU
       -> scheduling/  a Request, moved QUEUED -> ENCODING -> PREFILLING -> DECODING -> FINISHED
       -> worker/      the vision tower: VideoFeatures (vision.py; a family says how, families/)
-      -> prompt/      EVS keeps a mask of tokens: the PrunedPrompt, positions taken from the unpruned [pruned.py]
+      -> prompt/      the request's pruning method (EVS by default; pruning/) keeps a mask of tokens: the
+                      PrunedPrompt, positions taken from the unpruned layout                           [pruned.py]
       -> worker/      prefill and shared decode steps (runner.py) on the language model's state:
       -> state/       LMState (KV and recurrent layers), in the DecodeBatch and the PrefixCache
       -> worker/      token choice (token_choice.py), then events (events.py) onto the request's
-      -> Stream       status, the EVS picture, thinking and answer text, and the done event's stats
+      -> Stream       status, the pruning picture, thinking and answer text, and the done event's stats
 
 Beside the path: memory/ plans how much fits on the device, loading/ picks the device and kernels and loads a
 model by name, checkpoints/ builds models without the Hub (tiny and random-weight ones). At the top of the

@@ -2,6 +2,7 @@
 
 `--video` and `--image` may be given several times: every one is asked about in one question, in the order
 given (the kind is read from the file's content; the two flags differ only in what they say).
+`--pruning-method vidcom2` (or uniform) prunes with another method than EVS.
 
 Prints the answer as it streams (with --think, the model's thinking first, on stderr), then the stats as
 JSON. A model with an audio tower hears the video's soundtrack unless --no-soundtrack. A user error prints
@@ -48,6 +49,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     # Settings stay text here: the front door reads them, with the sentence every way in gives for a bad one.
     parser.add_argument("--pruning-rate",
                         help="EVS rate q in [0, 1) (default: the model's, Engine.model_info['default_pruning_rate'])")
+    parser.add_argument("--pruning-method", help="which video tokens are pruned: evs (the default), vidcom2 or uniform")
     parser.add_argument("--think", action="store_true",
                         help="think before answering, for a model that can (the thinking goes to stderr)")
     parser.add_argument("--no-soundtrack", action="store_true",
@@ -109,9 +111,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {one_line(error)}", file=sys.stderr)
         return 2
     try:
-        params = request_params(engine, pruning_rate=args.pruning_rate, max_new_tokens=args.max_new_tokens,
-                                temperature=args.temperature, enable_thinking=args.think,
-                                hear_soundtrack=False if args.no_soundtrack else None)
+        params = request_params(engine, pruning_rate=args.pruning_rate, pruning_method=args.pruning_method,
+                                max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                                enable_thinking=args.think, hear_soundtrack=False if args.no_soundtrack else None)
         stream = engine.submit(media=args.media, question=args.question, params=params)
         for event in stream:
             if event.kind == "text":

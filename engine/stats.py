@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, fields
 @dataclass(slots=True)
 class Stats:
     pruning_rate: float | None = None  # q the request asked for
+    pruning_method: str | None = None  # the method that chose the kept video tokens: "evs", "vidcom2" or "uniform"
     # One dict per medium, in order: "kind" ("video" or "image"), "tokens_total", "tokens_kept", "grid_thw"; a
     # video's also "frames_sampled", "sampled_fps", "timestamps_s" (each temporal group's centre time),
     # "tokens_kept_per_frame", "soundtrack", "audio_tokens", "audio_seconds"; an image's "size" ([width, height]

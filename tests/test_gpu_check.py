@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+import pruning
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -44,6 +46,7 @@ def test_quick_run_passes_and_prints_one_table(quick_run):
     assert "| 8 users at once |" in result.stdout
     assert "| 8 users at once, q = 0, admitted as read | mean TTFT s | pipelined ideal s |" in result.stdout
     assert "| reading, q = 0 | frames | waiting for a reader s | reading s | rest of TTFT s | TTFT s |" in result.stdout
+    assert "| method | kept | mask ms | pruning step ms | share of the vision forward |" in result.stdout
 
 
 def test_quick_run_saves_every_figure(quick_run):
@@ -62,6 +65,13 @@ def test_quick_run_saves_every_figure(quick_run):
         assert row["read_wait_s"] + row["read_s"] + row["rest_s"] == pytest.approx(row["ttft_s"])
     assert report["readers"] >= 1
     assert report["vit"]["videos"] == 8 and report["vit"]["one_forward_s"] > 0
+    methods = report["pruning_methods"]
+    assert list(methods["methods"]) == ["evs", "vidcom2", "uniform"] and methods["vit_forward_s"] > 0
+    T, h, w = methods["grid_thw"]
+    for method, row in methods["methods"].items():
+        assert row["kept"] == pruning.kept_token_count(method, h * w, T, 0.7)
+        assert 0 < row["mask_s"] and 0 < row["prune_s"]
+        assert row["share"] == pytest.approx(row["prune_s"] / methods["vit_forward_s"])
     assert [b["pruning_rate"] for b in report["bursts"]] == [0.0, 0.7]
     assert all(b["users"] == 8 and b["vit_batch_requests_max"] >= 2 for b in report["bursts"])
     arrival = report["arrival_burst"]

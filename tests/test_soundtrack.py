@@ -1,4 +1,4 @@
-"""An upload's soundtrack as a reader process reads it (engine/reading/pyav_soundtrack.py) and sends it (engine/reading/soundtrack.py),
+"""An upload's soundtrack as a reader process reads it (engine/reading/decoders/pyav_soundtrack.py) and sends it (engine/reading/soundtrack.py),
 and the audio input it becomes for Nemotron-H Omni (engine/prompt/audio.py), against transformers' processor and
 the tiny model directly.
 
@@ -15,12 +15,11 @@ import av
 import numpy as np
 import pytest
 import torch
+from sound_clips import FPS, SECONDS, tone, write_clip_with_sound
 
 from engine.prompt.audio import audio_token_count, min_soundtrack_samples, processor_audio, soundtrack_rate_hz
+from engine.reading.decoders.pyav_soundtrack import MonoResampler, read_soundtrack
 from engine.reading.soundtrack import soundtrack_from_message, soundtrack_message
-from engine.reading.pyav_soundtrack import MonoResampler, read_soundtrack
-
-from sound_clips import FPS, SECONDS, tone, write_clip_with_sound
 
 ENGINE_DIR = Path(__file__).resolve().parent.parent / "engine"
 MODEL = "tiny-random-nemotron-omni"
@@ -162,7 +161,7 @@ package.__path__ = [{str(ENGINE_DIR)!r}]
 sys.modules["engine"] = package
 import engine.prompt.audio, engine.reading.soundtrack
 engine_side = "av" in sys.modules
-from engine.reading.pyav_soundtrack import read_soundtrack
+from engine.reading.decoders.pyav_soundtrack import read_soundtrack
 soundtrack = read_soundtrack({str(clips['tone'])!r}, {RATE_HZ}, 60.0)
 print(json.dumps({{"samples": len(soundtrack.samples), "engine_side_pyav": engine_side,
                   "reader_heavy": sorted(name for name in ("torch", "transformers") if name in sys.modules)}}))

@@ -1,4 +1,4 @@
-"""How the child decodes (engine/reading/pyav_video.py): seeking to keyframes, skipping frames nothing refers to,
+"""How the child decodes (engine/reading/decoders/pyav_video.py): seeking to keyframes, skipping frames nothing refers to,
 decoding at a reduced size. Each shortcut must give the frames decoding everything from the start gives,
 to the bit, and must actually save work. Run in this process (no child) on files made with PyAV.
 """
@@ -11,8 +11,7 @@ import pytest
 from test_video_formats import CONSTANT_8FPS, CORPUS, picture, write_video
 
 from engine.config import FrameSampling
-from engine.reading.video import read_video
-from engine.reading.pyav_video import (
+from engine.reading.decoders.pyav_video import (
     decode_everything,
     decode_planned,
     open_unprobed,
@@ -22,6 +21,7 @@ from engine.reading.pyav_video import (
     read_timeline,
     with_fresh_decoder,
 )
+from engine.reading.video import read_video
 
 FRAME_SAMPLING = FrameSampling(fps=2.0, max_frames=16, max_pixels_per_frame=96 * 72)
 SIX_SECONDS = [Fraction(i, 30) for i in range(180)]  # 30 fps

@@ -161,7 +161,8 @@ def served_prompts(loaded: LoadedModel, family: Family, videos: list[list[Sample
     prompts = [unpruned_prompt(loaded, family, clips, question, [], "", FRAME_SAMPLING.max_pixels_per_frame)
                for clips, question in zip(videos, questions)]
     features = iter(family.encode_media(loaded.model, [medium for prompt in prompts for medium in prompt.media]))
-    return [prune_prompt(prompt, [next(features) for _ in prompt.media], q) for prompt, q in zip(prompts, rates)]
+    return [prune_prompt(prompt, [next(features) for _ in prompt.media], q, "evs")
+            for prompt, q in zip(prompts, rates)]
 
 
 def answer_ids(loaded: LoadedModel, answer: str) -> torch.Tensor:

@@ -5,7 +5,7 @@ request refused behind --replicas reads as it would on one engine, before it tra
 import math
 import re
 
-import evs
+import pruning
 from engine.config import EngineConfig, FrameSamplingLimits, GenerationParams
 from engine.errors import BAD_HISTORY, NO_VIDEO, InputError
 
@@ -41,7 +41,8 @@ def check_params(question: str, params: GenerationParams, config: EngineConfig,
     if len(question) > config.max_question_chars:
         raise InputError(f"The question is {len(question):,} characters long; the limit is {config.max_question_chars:,}.")
     try:
-        evs.validate_pruning_rate(params.pruning_rate)
+        pruning.validate_pruning_rate(params.pruning_rate)
+        pruning.validate_pruning_method(params.pruning_method)
     except ValueError as error:
         raise InputError(str(error)) from None
     if not isinstance(params.max_new_tokens, int) or not 1 <= params.max_new_tokens <= config.max_new_tokens:

@@ -1,12 +1,12 @@
-"""Apply EVS to one prepared prompt: the retention mask, the pruned token layout and its positions. EVS prunes
-each video on its own, as if it were asked about alone (its first temporal group kept whole, its K from its own
-token count); a still image's tokens, the text and the audio tokens are all kept."""
+"""Prune one prepared prompt: the retention mask of the request's method, the pruned token layout and its
+positions. Each video is pruned on its own, as if it were asked about alone (EVS: its first temporal group kept
+whole, its K from its own token count); a still image's tokens, the text and the audio tokens are all kept."""
 
 from dataclasses import dataclass
 
 import torch
 
-import evs
+import pruning
 from engine.families.base import VideoFeatures
 
 from .unpruned import MediumPrompt, UnprunedPrompt
@@ -23,8 +23,9 @@ class PrunedPrompt:
     kept tokens of [system + media (+ soundtracks)]. reply_start: kept tokens before the answer's opening
     (UnprunedPrompt.reply_start; all of it is text, so all kept).
     next_position: MRoPE position of the first generated token (unpruned maximum + 1).
-    retention: per medium, (T*h*w,) bool EVS mask (all True for an image). dissimilarity: per medium,
-    (T, h, w) float32 (None for an image).
+    retention: per medium, (T*h*w,) bool mask of the pruning method (all True for an image). dissimilarity: per
+    medium, (T, h, w) float32, EVS's change since the previous group (shown in the pruning picture whichever
+    method chose the tokens; None for an image).
     """
 
     input_ids: torch.Tensor
@@ -43,26 +44,30 @@ class PrunedPrompt:
         dissimilarity = self.dissimilarity[medium]
         if dissimilarity is None:
             return [int(self.retention[medium].sum())]
-        return evs.tokens_kept_per_group(self.retention[medium], tuple(dissimilarity.shape)).tolist()
+        return pruning.tokens_kept_per_group(self.retention[medium], tuple(dissimilarity.shape)).tolist()
 
 
-def retention(medium: MediumPrompt, features: VideoFeatures, q: float) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(retention mask, dissimilarity) of one medium alone: a video's EVS at rate q, an image kept whole."""
+def retention(medium: MediumPrompt, features: VideoFeatures, q: float,
+              method: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(retention mask, dissimilarity) of one medium alone: a video's mask of `method` at rate q, an image kept
+    whole."""
     if medium.is_image:
         return torch.ones(medium.tokens, dtype=torch.bool), None
-    dissimilarity = evs.frame_dissimilarity(features.embeds, medium.grid_thw)
-    return evs.retention_mask_from_dissimilarity(dissimilarity, q).cpu(), dissimilarity.cpu()
+    dissimilarity = pruning.frame_dissimilarity(features.embeds, medium.grid_thw)
+    mask = pruning.retention_mask(features.embeds, medium.grid_thw, q, method, dissimilarity)
+    return mask.cpu(), dissimilarity.cpu()
 
 
-def prune_prompt(prompt: UnprunedPrompt, features: list[VideoFeatures], q: float) -> PrunedPrompt:
-    """Keep the EVS-selected tokens of each video of prompt at rate q (features: one per medium, in order); every
-    image, text and audio token stays."""
-    masks, dissimilarities = zip(*(retention(medium, feats, q) for medium, feats in zip(prompt.media, features)))
-    keep = evs.prompt_keep_mask(prompt.is_visual, torch.cat(masks))
+def prune_prompt(prompt: UnprunedPrompt, features: list[VideoFeatures], q: float, method: str) -> PrunedPrompt:
+    """Keep the video tokens `method` (one of pruning.PRUNING_METHODS) selects in each video of prompt at rate q
+    (features: one per medium, in order); every image, text and audio token stays."""
+    masks, dissimilarities = zip(*(retention(medium, feats, q, method)
+                                   for medium, feats in zip(prompt.media, features)))
+    keep = pruning.prompt_keep_mask(prompt.is_visual, torch.cat(masks))
     full_rows = torch.cat([torch.arange(prompt.input_ids.numel())[None], prompt.positions])
     return PrunedPrompt(
         input_ids=prompt.input_ids[keep],
-        positions=evs.select_positions(full_rows, keep),
+        positions=pruning.select_positions(full_rows, keep),
         visual_mask=prompt.is_visual[keep],
         audio_mask=prompt.is_audio[keep],
         features=VideoFeatures.joined([f.select(m.to(f.embeds.device)) for f, m in zip(features, masks)]),

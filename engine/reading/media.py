@@ -1,5 +1,5 @@
 """An upload of any kind: a video, or a still image (a picture with one frame), decided by its content in the
-reader (engine/reading/pillow_picture.py), never by its name. A request carries several, its media."""
+reader (engine/reading/decoders/pillow_picture.py), never by its name. A request carries several, its media."""
 
 from dataclasses import dataclass
 

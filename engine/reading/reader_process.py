@@ -1,5 +1,5 @@
 """The reader process: a long-lived child of the engine that reads one upload at a time with PyAV
-(engine/reading/pyav_video.py, and engine/reading/pyav_soundtrack.py for its soundtrack). engine/reading/pool.py starts it as
+(engine/reading/decoders/pyav_video.py, and engine/reading/decoders/pyav_soundtrack.py for its soundtrack). engine/reading/pool.py starts it as
 `python -c READER_PROGRAM`, under a bare `engine` package, so engine/__init__.py (torch, transformers) never
 loads here: PyAV and numpy are its whole start-up cost, paid once, before its first file.
 
@@ -7,7 +7,7 @@ Every message, both ways, is one JSON line, then `payload_bytes` raw bytes (none
 answers each request on its stdout pipe; anything the native decoder prints goes to stderr.
 - At start, once PyAV and numpy are imported: {"status": "ready", "pid"}.
 - {"op": "read", path, frame_sampling, max_seconds, patch, max_source_pixels, max_picture_pixels, memory_bytes,
-  parts, split_min_pixels, threads, soundtrack}: a file Pillow reads is a picture (engine/reading/pillow_picture.py):
+  parts, split_min_pixels, threads, soundtrack}: a file Pillow reads is a picture (engine/reading/decoders/pillow_picture.py):
   a still one answers {"status": "ok", "kind": "image", size, entries, shape, work} and its (1, H, W, 3) pixels,
   an animated one is read as a video with "kind": "video" in its answer. Any other file: its checks and timeline,
   then its frames, decoded by `threads` decoder threads (0: one per core): {"status": "ok", total_frames,
@@ -24,6 +24,11 @@ answers each request on its stdout pipe; anything the native decoder prints goes
   (no audio stream) or {"status": "unreadable"} (it did not decode: the frames are answered all the same). A
   split read's soundtrack is asked of the first segment, which reads it while the other readers decode theirs.
 - Statuses that end a read: "too_long", "too_many_pixels", "out_of_memory", "unreadable".
+- {"op": "stream", url, fps, max_pixels_per_frame, max_source_pixels, memory_bytes, timeout_s, threads}: one
+  connection to a live stream (engine/reading/decoders/pyav_stream.py): {"status": "frame", t_s, shape} and its
+  (H, W, 3) uint8 frame for every frame taken, as it is taken, then one last header: {"status": "ended",
+  frames}, "open_failed" (with a reason), "too_many_pixels", "out_of_memory" or "unreadable". The reader
+  exits after it: a stream's reader reads that stream only (engine/reading/live_stream.py starts it).
 An answer with "retire": true is the reader's last: after running out of memory, or once its heap has
 grown past RETIRE_GROWTH_BYTES, it exits and the pool starts a fresh one.
 """
@@ -33,14 +38,16 @@ import os
 import resource
 import signal
 import sys
+from contextlib import contextmanager
 
 import numpy as np
 
 from engine.config import FrameSampling
 
-from .pillow_picture import open_picture, read_picture
-from .pyav_soundtrack import read_soundtrack
-from .pyav_video import Plan, plan_file, read_targets, timeline_from_message, timeline_message
+from .decoders.pillow_picture import open_picture, read_picture
+from .decoders.pyav_soundtrack import read_soundtrack
+from .decoders.pyav_stream import stream_frames
+from .decoders.pyav_video import Plan, plan_file, read_targets, timeline_from_message, timeline_message
 from .segments import units, worth_splitting
 from .soundtrack import soundtrack_message
 
@@ -65,6 +72,9 @@ def serve(parent_pid: int) -> None:
     while line := requests.readline():  # EOF: the pool closed the pipe, or the engine's process is gone
         request = json.loads(line)
         payload = requests.read(request.get("payload_bytes", 0))
+        if request["op"] == "stream":  # a stream's reader serves that stream only, then ends
+            _stream(request, answers)
+            return
         header, body = _answer(request, payload)
         if header["status"] == "out_of_memory" or _data_bytes() > baseline + RETIRE_GROWTH_BYTES:
             header["retire"] = True
@@ -78,22 +88,53 @@ def _answer(request: dict, payload: bytes) -> tuple[dict, np.ndarray | bytes | l
     RLIMIT_DATA (heap and private writable mappings) rather than RLIMIT_AS: the address space also counts
     the 64 MB malloc arena each decoder thread reserves but barely touches, so a cap on it would track the
     core count rather than the memory used. Only the soft limit is set, so the next file may set another."""
+    with _memory_cap(request["memory_bytes"]):
+        try:
+            header, body = _segment(request, payload) if request["op"] == "segment" else _read(request)
+            if header["status"] == "ok" and request.get("soundtrack") and "kind" not in header:
+                return _with_soundtrack(request, header, body)
+            if header["status"] == "ok" and request.get("soundtrack"):  # a picture has no soundtrack
+                header["soundtrack"] = {"status": "none"}
+            return header, body
+        except _OUT_OF_MEMORY:
+            return {"status": "out_of_memory"}, None
+        except Exception:  # the decoder reports broken input as its own errors
+            return {"status": "unreadable"}, None
+
+
+@contextmanager
+def _memory_cap(memory_bytes: int):
+    """RLIMIT_DATA's soft limit at memory_bytes (at most the hard limit) inside the block, lifted after."""
     _, hard = resource.getrlimit(resource.RLIMIT_DATA)
-    cap = request["memory_bytes"] if hard == resource.RLIM_INFINITY else min(request["memory_bytes"], hard)
+    cap = memory_bytes if hard == resource.RLIM_INFINITY else min(memory_bytes, hard)
     resource.setrlimit(resource.RLIMIT_DATA, (cap, hard))
     try:
-        header, body = _segment(request, payload) if request["op"] == "segment" else _read(request)
-        if header["status"] == "ok" and request.get("soundtrack") and "kind" not in header:
-            return _with_soundtrack(request, header, body)
-        if header["status"] == "ok" and request.get("soundtrack"):  # a picture has no soundtrack
-            header["soundtrack"] = {"status": "none"}
-        return header, body
-    except _OUT_OF_MEMORY:
-        return {"status": "out_of_memory"}, None
-    except Exception:  # the decoder reports broken input as its own errors
-        return {"status": "unreadable"}, None
+        yield
     finally:
         resource.setrlimit(resource.RLIMIT_DATA, (hard, hard))
+
+
+def _stream(request: dict, answers) -> None:
+    """The "stream" op: every frame taken answered as it comes, under the memory cap; then, the cap lifted
+    (answering must not fail for want of the memory that ended the stream), the stream's last header. A pipe
+    closed by the engine (it stopped the stream) ends the reader quietly."""
+    def send(header: dict, frame: np.ndarray) -> None:
+        _write(answers, header, frame)
+
+    try:
+        with _memory_cap(request["memory_bytes"]):
+            try:
+                last = stream_frames(request["url"], request["fps"], request["max_pixels_per_frame"],
+                                     request["max_source_pixels"], request["timeout_s"], send, request["threads"])
+            except _OUT_OF_MEMORY:
+                last = {"status": "out_of_memory"}
+            except BrokenPipeError:
+                raise
+            except Exception:  # the decoder reports a broken stream as its own errors
+                last = {"status": "unreadable"}
+        _write(answers, last)
+    except BrokenPipeError:
+        pass
 
 
 def _read(request: dict) -> tuple[dict, np.ndarray | bytes | None]:

@@ -6,7 +6,7 @@ timeout and starts another, and the child's memory is capped so that a file that
 allocate without bound fails alone. The engine keeps a warm pool of readers that have imported PyAV and
 numpy already; `read_video` without one starts a reader for the file alone, as every upload once had.
 
-The reader decodes with PyAV (engine/reading/pyav_video.py) rather than decord 0.6, the engine's decoder before:
+The reader decodes with PyAV (engine/reading/decoders/pyav_video.py) rather than decord 0.6, the engine's decoder before:
 the frames' presentation times come from the container, so variable-frame-rate files are sampled at the
 right seconds; it reads every codec its FFmpeg has (AV1 included, which decord 0.6 cannot); and it
 decodes the 32 sampled frames of a 2-minute 1080p long-GOP H.264 file with 40% less CPU (seeking only
@@ -113,7 +113,7 @@ def read_upload(
     max_soundtrack_seconds: float = MAX_SOUNDTRACK_SECONDS,
 ) -> Read:
     """One upload read by a reader: its "ok" answer, a video's frames or a still picture's pixels
-    (header["kind"] == "image"; engine/reading/pillow_picture.py).
+    (header["kind"] == "image"; engine/reading/decoders/pillow_picture.py).
 
     max_source_pixels: most width*height of a video's frames as stored, before any resizing
     (max_picture_pixels: the same for a picture, still or animated, read by Pillow).
@@ -150,15 +150,12 @@ def read_upload(
     if status == "too_slow":
         raise InputError(TOO_SLOW)
     if status == "too_long":
-        length_text, limit_text = _duration_pair(header["duration_s"], max_seconds)
+        length_text, limit_text = duration_pair(header["duration_s"], max_seconds)
         raise InputError(f"The video is {length_text} long; the limit is {limit_text}.")
     if status == "too_many_pixels":
-        width, height = header["size"]
-        megapixels = _number(width * height / 1e6, round_up=True)
         limit = max_picture_pixels if header.get("kind") else max_source_pixels  # a Pillow picture says its kind
-        what = "picture is" if header.get("kind") else "video's frames are"
-        raise InputError(f"The {what} {width}x{height} ({megapixels} megapixels); "
-                         f"the limit is {_number(limit / 1e6)} megapixels.")
+        subject = "The picture is" if header.get("kind") else "The video's frames are"
+        raise InputError(too_many_pixels(subject, *header["size"], limit))
     if status == "out_of_memory":
         raise InputError(OUT_OF_MEMORY)
     if status != "ok" or not read.parts or read.parts[0][1] is None:
@@ -220,7 +217,14 @@ def size_pair(size_bytes: int, limit_bytes: int) -> tuple[str, str]:
     return f"{size} {unit}", f"{_number(limit_bytes / unit_bytes)} {unit}"
 
 
-def _duration_pair(length_s: float, limit_s: float) -> tuple[str, str]:
+def too_many_pixels(subject: str, width: int, height: int, limit_pixels: int) -> str:
+    """"<subject> 5000x4000 (20 megapixels); the limit is 8.8 megapixels.": the sentence for frames larger
+    than the cap, an upload's or a live frame's; the size rounds up so it never reads as equal."""
+    megapixels = _number(width * height / 1e6, round_up=True)
+    return f"{subject} {width}x{height} ({megapixels} megapixels); the limit is {_number(limit_pixels / 1e6)} megapixels."
+
+
+def duration_pair(length_s: float, limit_s: float) -> tuple[str, str]:
     """("3.5 hours", "3 hours"), ("12.5 minutes", "10 minutes"): the unit follows the limit (hours from an
     hour, minutes from a minute, else seconds); the length rounds up so it never reads as equal."""
     unit_s, unit = (3600.0, "hour") if limit_s >= 3600 else (60.0, "minute") if limit_s >= 60 else (1.0, "second")

@@ -14,8 +14,8 @@ and content matter, not each sample's time.
 import av
 import numpy as np
 
+from ..soundtrack import Soundtrack
 from .pyav_video import open_without_video_probe
-from .soundtrack import Soundtrack
 
 _PACKED_FLOAT32 = "flt"  # FFmpeg's name for packed float32 samples: one plane, read as SAMPLE_DTYPE
 

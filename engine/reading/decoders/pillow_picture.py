@@ -4,7 +4,7 @@ picture at all, a still one's pixels, and an animated one's frames sampled by ti
 The kind of an upload is its content's, never its name's: a file Pillow reads with one frame is a still
 picture; one with several (an animated GIF, WebP or PNG) is a video, read here because FFmpeg cannot decode
 every one of them (animated WebP); anything Pillow does not recognise goes on to PyAV
-(engine/reading/pyav_video.py). Nothing is decoded before the size as stored is checked against the limit,
+(engine/reading/decoders/pyav_video.py). Nothing is decoded before the size as stored is checked against the limit,
 so a decompression bomb (a small PNG that says 40,000 x 40,000) costs a header read.
 """
 
@@ -15,7 +15,7 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 
 from engine.config import FrameSampling
 
-from .frame_sampling import fit_pixels, sample_by_time, sampled_frame_count
+from ..frame_sampling import fit_pixels, sample_by_time, sampled_frame_count
 
 # The limit is the request's own (checked in `read_picture` before decoding), so Pillow's is turned off.
 Image.MAX_IMAGE_PIXELS = None
