@@ -138,8 +138,7 @@ def test_the_accuracy_plot_draws_every_question_type_for_every_model():
 def test_the_methods_are_measured_at_their_budgets(trained_engine, held_out_clips):
     """bench/accuracy.py --method: every method through the engine on the same clips, each at its own exact
     count (8 groups of 2x2 at q = 0.7: EVS and VidCom2 keep 9 of 32, uniform two whole groups, 8)."""
-    clips = dict(list(held_out_clips.items())[:5])
-    kept = {method: accuracy_bench.measured(trained_engine, clips, [Q], method)[str(Q)]
+    kept = {method: accuracy_bench.measured(trained_engine, held_out_clips, [Q], method, SEEDS[:5], QUESTIONS)[str(Q)]
             for method in ("evs", "vidcom2", "uniform")}
     assert {method: row["video_tokens_kept"] for method, row in kept.items()} == {"evs": 9, "vidcom2": 9, "uniform": 8}
     assert all(row["video_tokens_total"] == 32 and set(row["accuracy"]) == set(QUESTIONS) for row in kept.values())
@@ -154,7 +153,7 @@ def test_the_methods_table_and_plot_put_the_methods_side_by_side():
 
     by_method = {"evs": measured(1.0, 4), "vidcom2": measured(0.5, 8), "uniform": measured(0.25, 4)}
     table = accuracy_bench.methods_markdown(by_method)
-    assert "| mean of the four | vidcom2 | **0.50** | **0.50** |" in table
+    assert "| mean of the four single-clip | vidcom2 | **0.50** | **0.50** |" in table
     assert "| video tokens kept (of 32) | vidcom2 | 8 | 8 |" in table
     assert "| colour | uniform | 0.25 | 0.25 |" in table
     svg = ElementTree.fromstring(accuracy_plot.svg_methods_plot({"a": by_method, "b": by_method}, "title"))
