@@ -45,7 +45,15 @@ class PrunedPrompt:
 def prune_prompt(prompt: UnprunedPrompt, features: VideoFeatures, q: float) -> PrunedPrompt:
     """Keep the EVS-selected video tokens of prompt at rate q; every text and audio token stays."""
     dissimilarity = evs.frame_dissimilarity(features.embeds, prompt.grid_thw)
-    retention = evs.retention_mask_from_dissimilarity(dissimilarity, q).cpu()
+    return pruned_with(prompt, features, evs.retention_mask_from_dissimilarity(dissimilarity, q), dissimilarity)
+
+
+def pruned_with(prompt: UnprunedPrompt, features: VideoFeatures, retention: torch.Tensor,
+                dissimilarity: torch.Tensor) -> PrunedPrompt:
+    """The pruned prompt that keeps the video tokens where retention (T*h*w,) bool is True, whichever rule chose
+    them (the global EVS mask, or the causal one a live stream is pruned with: evs/causal.py); dissimilarity:
+    (T, h, w), as the EVS picture shows it."""
+    retention = retention.cpu()
     keep = evs.prompt_keep_mask(prompt.is_video, retention)
     full_rows = torch.cat([torch.arange(prompt.input_ids.numel())[None], prompt.positions])
     return PrunedPrompt(
