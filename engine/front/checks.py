@@ -40,6 +40,12 @@ def check_params(question: str, params: GenerationParams, config: EngineConfig,
     check_text(question, "question")
     if len(question) > config.max_question_chars:
         raise InputError(f"The question is {len(question):,} characters long; the limit is {config.max_question_chars:,}.")
+    check_settings(params, config, limits)
+
+
+def check_settings(params: GenerationParams, config: EngineConfig, limits: FrameSamplingLimits) -> None:
+    """Raise InputError for any setting of params a user could have got wrong (a live session's, which has no
+    question yet, as well as a request's)."""
     try:
         evs.validate_pruning_rate(params.pruning_rate)
     except ValueError as error:

@@ -18,7 +18,8 @@ class PrunedPrompt:
     input_ids: (L',) long. positions: (4, L') long; row 0 = arange(L'), rows 1-3 the unpruned MRoPE
     positions of the kept tokens. video_mask: (L',) bool where kept video features go. audio_mask: (L',) bool
     where the audio features go, one token per row of features.audio (none when the soundtrack was not heard).
-    features: the kept rows of every feature level, and every audio row. prefix_len: kept tokens of
+    features: the kept rows of every feature level, and every audio row (None for a question asked of a live
+    session: its video is already in the state it forks, engine/worker/live.py). prefix_len: kept tokens of
     [system + video (+ soundtrack)]. reply_start:
     kept tokens before the answer's opening (UnprunedPrompt.reply_start; all of it is text, so all kept).
     next_position: MRoPE position of the first generated token (unpruned maximum + 1).
@@ -29,7 +30,7 @@ class PrunedPrompt:
     positions: torch.Tensor
     video_mask: torch.Tensor
     audio_mask: torch.Tensor
-    features: VideoFeatures
+    features: VideoFeatures | None
     prefix_len: int
     reply_start: int
     next_position: int

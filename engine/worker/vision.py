@@ -44,9 +44,10 @@ class VisionEncoder:
             return None
         return cached.features
 
-    def encode(self, requests: list[Request], on_batch=None) -> None:
+    def encode(self, requests: list[Request], on_batch=None, live=()) -> None:
         """Set features and vision stats on every request, each video not cached encoded once, all of them
-        in one forward; on_batch(requests_in_forward) is called before it so callers can report progress."""
+        in one forward with the live groups `live` (engine/live/session.py LiveGroup: their features set, never
+        cached); on_batch(requests_in_forward) is called before it so callers can report progress."""
         misses: dict[tuple, list[Request]] = {}
         for request in requests:
             request.feature_key = self.feature_key(request)
@@ -57,20 +58,23 @@ class VisionEncoder:
                 stats.vit_cache_hit, stats.vit_s, stats.vit_batch_requests = True, 0.0, 0
             else:
                 misses.setdefault(request.feature_key, []).append(request)
-        if misses:
-            self._forward(misses, on_batch)
+        if misses or live:
+            self._forward(misses, on_batch, live)
 
-    def _forward(self, misses: dict[tuple, list[Request]], on_batch) -> None:
+    def _forward(self, misses: dict[tuple, list[Request]], on_batch, live) -> None:
         keys = list(misses)
         owners = [misses[key][0] for key in keys]
         served = [request for key in keys for request in misses[key]]
-        if on_batch is not None:
+        if on_batch is not None and served:
             on_batch(served)
         device = self.model.device
-        pixels = torch.cat([r.prompt.pixel_values for r in owners]).to(device)
-        grids = torch.stack([r.prompt.grid_thw_patches for r in owners]).to(device)
+        pixels = torch.cat([r.prompt.pixel_values for r in owners] + [g.pixel_values for g in live]).to(device)
+        grids = torch.stack([r.prompt.grid_thw_patches for r in owners] + [g.grid_thw_patches for g in live]).to(device)
         start = time.perf_counter()
         outputs = self.family.encode(self.model, pixels, grids)
+        for group, output in zip(live, outputs[len(owners):]):
+            group.features = output
+        outputs = outputs[: len(owners)]
         # One soundtrack per audio forward, never a batch of them: the memory plan counts the audio tower's
         # activations for one soundtrack of the longest length a request may have (its attention is quadratic
         # in the length), and soundtracks cut at that length would otherwise share a forward, several at once.
