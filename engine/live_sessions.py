@@ -41,7 +41,8 @@ class LiveSessions:
 
     @property
     def max_sessions(self) -> int:
-        return self._engine.config.max_live_sessions
+        """EngineConfig.max_live_sessions, or fewer where the memory plan has no room for so many."""
+        return self._engine.memory_plan.max_live_sessions
 
     def open(self, params: GenerationParams) -> LiveSession:
         engine = self._engine
