@@ -2,11 +2,14 @@
 
     python bench/accuracy.py [--model tiny-trained [--model tiny-trained-plain ...]] [--seed 0]
                              [--per-type 100] [--rates 0,0.3,0.5,0.7,0.9] [--plot assets/accuracy.svg] [--json]
+                             [--live]
     (`python -m bench.accuracy ...` from the repository root is the same.)
 
 Each held-out clip (assets/shapes.py, never trained on) is written as an H.264 MP4 and asked every
 question type through the Engine, greedy, at each rate; an answer counts when it is exactly the expected
-answer ("blue", "left", "3"). Prints one markdown table (question type x rate) per model;
+answer ("blue", "left", "3"). With --live, each clip is also played into a live session (docs/live.md), its
+frames pushed at their 8 fps capture times, and asked every question type at the end: a second table per model.
+Prints one markdown table (question type x rate) per model;
 --plot draws every model in one chart; --json also prints one JSON object as the last line:
 {"tiny-trained": {"0.0": {"colour": 1.0, "direction": 0.99, ...}, "0.3": {...}, ...}, ...}.
 """
@@ -20,7 +23,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
-from assets.shapes import QUESTIONS, held_out_seeds, shape_clip, write_shape_clip  # noqa: E402
+from assets.shapes import FPS, QUESTIONS, held_out_seeds, shape_clip, write_shape_clip  # noqa: E402
 from engine import Engine, EngineConfig, GenerationParams  # noqa: E402
 
 MAX_NEW_TOKENS = 8  # the longest answer ("triangle") and <|im_end|> fit
@@ -44,8 +47,29 @@ def accuracy(engine: Engine, clips: dict[int, Path], rates: list[float]) -> dict
     return table
 
 
-def run(models: list[str], seed: int, per_type: int, rates: list[float], device: str = "cpu") -> dict:
-    """{model: accuracy table} on the same held-out clips."""
+def live_accuracy(engine: Engine, seeds: list[int], rates: list[float]) -> dict[str, dict[str, float]]:
+    """The same table through live sessions: each clip's frames pushed at their capture times (waiting for the
+    session rather than dropping a frame), then every question type asked of the stream at once."""
+    table: dict[str, dict[str, float]] = {}
+    for rate in rates:
+        params = GenerationParams(pruning_rate=rate, max_new_tokens=MAX_NEW_TOKENS)
+        right = {kind: 0 for kind in QUESTIONS}
+        for seed in seeds:
+            clip = shape_clip(seed)
+            with engine.open_live(params) as live:
+                for index, frame in enumerate(clip.frames):
+                    live.push(frame, index / FPS)
+                    live.wait(60)
+                asked = {kind: live.ask(QUESTIONS[kind]) for kind in QUESTIONS}
+                for kind, stream in asked.items():
+                    right[kind] += stream.result().text.strip() == clip.answer(kind)
+        table[str(rate)] = {kind: right[kind] / len(seeds) for kind in QUESTIONS}
+    return table
+
+
+def run(models: list[str], seed: int, per_type: int, rates: list[float], device: str = "cpu",
+        live: bool = False) -> dict:
+    """{model: accuracy table} on the same held-out clips; with live, also {model + " live": the live table}."""
     with tempfile.TemporaryDirectory() as folder:
         clips = {s: write_shape_clip(Path(folder) / f"{s}.mp4", s) for s in held_out_seeds(seed, per_type)}
         tables = {}
@@ -53,6 +77,8 @@ def run(models: list[str], seed: int, per_type: int, rates: list[float], device:
             # Caches stay on: a clip's features are reused across rates, which changes no answer.
             with Engine(EngineConfig(model=model, device=device, max_queue=len(clips) * len(QUESTIONS))) as engine:
                 tables[model] = accuracy(engine, clips, rates)
+                if live:
+                    tables[f"{model} live"] = live_accuracy(engine, list(clips), rates)
         return tables
 
 
@@ -121,11 +147,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rates", type=parse_rates, default=[0.0, 0.3, 0.5, 0.7, 0.9])
     parser.add_argument("--plot", type=Path, help="also draw the table as an SVG line chart to this file")
     parser.add_argument("--json", action="store_true", help="also print the table as one JSON line, last")
+    parser.add_argument("--live", action="store_true", help="also ask every clip through a live session")
     args = parser.parse_args(argv)
     models = args.model or ["tiny-trained"]
-    if len(models) > len(DASHES):
-        parser.error(f"at most {len(DASHES)} models")
-    tables = run(models, args.seed, args.per_type, args.rates, args.device)
+    if len(models) * (2 if args.live else 1) > len(DASHES):
+        parser.error(f"at most {len(DASHES)} tables (models, and their live twins with --live)")
+    tables = run(models, args.seed, args.per_type, args.rates, args.device, args.live)
     for model, table in tables.items():
         print(f"{model}: {args.per_type} held-out clips per question type from seed {args.seed}, greedy, exact match\n")
         print(markdown(table) + "\n")
