@@ -22,7 +22,8 @@ from .stream import Event, Stream
 
 
 class LiveSessions:
-    """The live sessions of `engine` (an Engine, whose model, limits and worker they use)."""
+    """The live sessions of `engine`: the part of Engine that opens them and asks them, in a module of its own
+    (it uses the engine's model, limits, admission queue, checks and worker as Engine.submit does)."""
 
     def __init__(self, engine):
         self._engine = engine
@@ -86,6 +87,13 @@ class LiveSessions:
             raise
         thinking = params.enable_thinking and engine._think_end is not None
         tail = self._layouts[session.id].tail(question.strip(), history, thinking)
+        try:  # its row holds at most the window, the question and the answer (the plan counts it as a request)
+            engine.memory_plan.check_fits(session.window_tokens, session.window_tokens + tail.numel(),
+                                          params.max_new_tokens)
+        except InputError:
+            engine._admission.release()
+            engine.metrics.refused()
+            raise
         stream = Stream(next(engine._ids), on_end=engine.metrics.ended)
         request = Request(stream=stream, video_path=f"live session {session.id}", question=question.strip(),
                           history=history, params=params, frame_sampling=session.sampling,

@@ -234,6 +234,19 @@ class ReplicatedEngine:
         the ones that need the model's tokenizer (question and history length in tokens) run on the
         replica, and their InputError arrives through the stream.
         """
+        params, history = self._admit(video, question, params, history)
+        with self._lock:
+            job = _Job(Stream(next(self._ids), on_end=self.metrics.ended), str(video), question.strip(), params,
+                       history)
+            if self._held is not None:
+                self._held.append(job)
+                return job.stream
+        self._send([job])
+        return job.stream
+
+    def _admit(self, video, question: str, params: GenerationParams | None, history) -> tuple[GenerationParams, list]:
+        """(params, history) of a request checked as Engine.submit checks it, with an admission slot taken; the
+        refusal counted and raised otherwise."""
         try:
             params = params or GenerationParams()
             history = check_request(video, question, params, history, self.config, self.frame_sampling_limits)
@@ -245,14 +258,7 @@ class ReplicatedEngine:
         except (InputError, BusyError):
             self.metrics.refused()
             raise
-        with self._lock:
-            job = _Job(Stream(next(self._ids), on_end=self.metrics.ended), str(video), question.strip(), params,
-                       history)
-            if self._held is not None:
-                self._held.append(job)
-                return job.stream
-        self._send([job])
-        return job.stream
+        return params, history
 
     @contextlib.contextmanager
     def paused(self, timeout_s: float = 120.0):
@@ -401,18 +407,7 @@ class ReplicatedEngine:
 
     def ask_live(self, session: str, question: str, history=(), params: GenerationParams | None = None) -> Stream:
         """A question about a live session, streamed from its replica as an upload's answer (LiveSession.ask)."""
-        try:
-            params = params or GenerationParams()
-            history = check_request(f"live session {session}", question, params, history, self.config,
-                                    self.frame_sampling_limits)
-            with self._lock:
-                if self._closed:
-                    raise BusyError(RESTARTING)
-                if not self._admission.acquire(blocking=False):
-                    raise BusyError(QUEUE_FULL)
-        except (InputError, BusyError):
-            self.metrics.refused()
-            raise
+        params, history = self._admit(f"live session {session}", question, params, history)
         stream = Stream(next(self._ids), on_end=self.metrics.ended)
         future = asyncio.run_coroutine_threadsafe(
             self._serve_live(session, question.strip(), history, params, stream), self._loop)

@@ -270,11 +270,6 @@ class LiveSession:
             self._forget_old_lags(now)
             self._in_state.notify_all()
 
-    def held(self, held_tokens: int) -> None:
-        """Groups left the state: it now holds held_tokens kept video tokens (the worker's)."""
-        with self._lock:
-            self._counts.video_tokens_held = held_tokens
-
     @property
     def groups_in_state(self) -> int:
         return self._counts.groups_in_state

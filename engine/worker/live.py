@@ -26,6 +26,10 @@ from .lm import LMInput, embed_prompt, lm_logits
 
 log = logging.getLogger(__name__)
 
+# A group's text tokens, as the prefill budget counts them before the group is laid out (Qwen3-VL's
+# `<t seconds>` and markers are about 10, Nemotron-H Omni's frame labels about 40: the budget is approximate).
+GROUP_TEXT_TOKENS = 16
+
 
 @dataclass
 class HeldGroup:
@@ -101,8 +105,10 @@ class LiveRunner:
         whose decided groups wait for prefill gets no more until they are in, so that features stay bounded."""
         queues = [list(stream.waiting)[: max(0, MAX_GROUPS_BEHIND - len(stream.decided))]
                   for stream in self.streams.values()]
-        return [group for depth in range(max(map(len, queues), default=0)) for waiting in queues
-                if depth < len(waiting) for group in [waiting[depth]]]
+        taking_turns = []
+        for depth in range(max(map(len, queues), default=0)):
+            taking_turns += [waiting[depth] for waiting in queues if depth < len(waiting)]
+        return taking_turns
 
     def encoded(self, groups: list[LiveGroup]) -> None:
         """The vision forward gave these groups their features: causal EVS decides each, in each stream's order."""
@@ -159,8 +165,8 @@ class LiveRunner:
         """The stream's oldest decided groups whose tokens fit budget (at least one when first)."""
         groups, tokens = [], 0 if stream.cache is not None else stream.layout.prefix_ids.numel()
         for group in stream.decided:
-            tokens += int(group.retention.sum()) + 16  # its kept video tokens and a few of text
-            if groups and tokens > budget or not first and tokens > budget:
+            tokens += int(group.retention.sum()) + GROUP_TEXT_TOKENS
+            if tokens > budget and (groups or not first):
                 break
             groups.append(group)
         return groups
@@ -170,13 +176,12 @@ class LiveRunner:
         groups leave it past the window. Returns the tokens prefilled."""
         layout = stream.layout
         parts = [layout.group(g.index, g.times_s, g.grid_hw).kept(g.retention) for g in groups]
+        begin = stream.tokens if stream.cache is not None else 0  # the KV slot of the first token fed now
         if stream.cache is None:
             stream.cache = new_cache(self.layer_kinds)
-            prefix = layout.prefix_ids
-            parts.insert(0, GroupTokens(prefix, torch.zeros(prefix.numel(), dtype=torch.bool), layout.prefix_positions))
+            parts.insert(0, self._prefix(layout))
         ids = torch.cat([part.ids for part in parts])
         video_mask = torch.cat([part.is_video for part in parts])
-        begin = state_of(stream.cache).tokens if stream.held else 0
         rows = torch.cat([part.positions for part in parts], dim=1)
         positions = torch.cat([torch.arange(begin, begin + ids.numel())[None], rows])[:, None].to(self.model.device)
         kept = [g.kept for g in groups]
@@ -206,6 +211,12 @@ class LiveRunner:
             drop_slots(stream.cache, start, start + oldest.tokens.ids.numel())
             stream.held_video_tokens -= oldest.video_tokens
 
+    @staticmethod
+    def _prefix(layout: LiveLayout) -> GroupTokens:
+        """The stream's prefix (system turn and the user turn's opening) as tokens: all text."""
+        ids = layout.prefix_ids
+        return GroupTokens(ids, torch.zeros(ids.numel(), dtype=torch.bool), layout.prefix_positions)
+
     # --- questions --------------------------------------------------------------------------------------------
     def ready(self, request: Request) -> bool:
         """Whether a live question can be forked: every group pushed before it was asked is in its session's
@@ -226,8 +237,7 @@ class LiveRunner:
         stream = self.streams[request.live.session_id]
         layout, question = stream.layout, request.live
         begin = stream.tokens
-        parts = [GroupTokens(layout.prefix_ids, torch.zeros(layout.prefix_ids.numel(), dtype=torch.bool),
-                             layout.prefix_positions), *(held.tokens for held in stream.held)]
+        parts = [self._prefix(layout), *(held.tokens for held in stream.held)]
         tail = question.tail_ids
         parts.append(GroupTokens(tail, torch.zeros(tail.numel(), dtype=torch.bool), layout.tail_positions(tail.numel())))
         ids = torch.cat([part.ids for part in parts])
