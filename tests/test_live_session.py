@@ -47,6 +47,21 @@ def test_a_bad_frame_gets_one_sentence_and_the_session_goes_on(two_sessions_engi
         assert live.ask("What moves?").result(60).stats["generated_tokens"] == 6
 
 
+def test_a_request_answered_at_its_first_token_leaves_the_live_prefill_its_budget(two_sessions_engine, clip):
+    """The live groups' prefill budget is what the iteration's prompts left; a request that ends at its first
+    token has let go of its prompt by then, so the budget is counted before the prompts are prefilled."""
+    engine = two_sessions_engine
+    with engine.open_live(Q) as live:
+        play(live, clip_frames(1_000_027, fps=2)[:4], fps=2)
+        decoding = engine.submit(clip("pan", seconds=2.0), "What moves?",
+                                 GenerationParams(max_new_tokens=300, ignore_eos=True))
+        next(event for event in decoding if event.kind == "text")
+        answer = engine.submit(clip("scene_cut", seconds=2.0), "What moves?", GenerationParams(max_new_tokens=1))
+        assert answer.result(60).stats["generated_tokens"] == 1
+        assert decoding.result(60).stats["generated_tokens"] == 300  # its iteration went on
+        assert live.ask("What moves?").result(60).stats["generated_tokens"] == 6
+
+
 def test_too_many_sessions_a_closed_session_and_an_early_question_each_get_a_sentence(two_sessions_engine, clip):
     engine = two_sessions_engine
     first, second = engine.open_live(Q), engine.open_live(Q)

@@ -98,8 +98,9 @@ class Worker(threading.Thread):
         groups = groups[: scheduler.live_share([len(g.pixel_values) for g in groups])]
         self._encode(scheduler.encode_chunk(sum(len(g.pixel_values) for g in groups)), groups)
         batch = scheduler.prefill_batch()
+        spent = sum(map(scheduler.prefill_tokens, batch))  # before the prefill: a request answered at once lets go
         self._prefill(batch)
-        live.prefill(scheduler.prefill_token_budget - sum(map(scheduler.prefill_tokens, batch)))
+        live.prefill(scheduler.prefill_token_budget - spent)
         self._decode()
 
     def _collect(self, block: bool) -> None:
