@@ -2,7 +2,7 @@
 
 Every flag has an environment twin (the flag wins): EVS_MODEL, EVS_DEVICE, EVS_HOST (or GRADIO_SERVER_NAME),
 EVS_PORT (or GRADIO_SERVER_PORT), EVS_MAX_FILE_MB, EVS_STRICT_MODEL=1, EVS_TEMP_MAX_AGE_S, EVS_TEMP_CLEAN_S,
-EVS_FETCH_VIDEO_URLS=1, EVS_REPLICAS; the limits of engine/config.py LIMIT_ENV (EVS_MAX_QUEUE, ...) have
+EVS_FETCH_VIDEO_URLS=1, EVS_LIVE_URLS=1, EVS_REPLICAS; the limits of engine/config.py LIMIT_ENV (EVS_MAX_QUEUE, ...) have
 variables only. The old names --temp-sweep-s / EVS_TEMP_SWEEP_S still work for one release.
 
 Start-up: check the host first (a GPU that torch cannot use, or --device cuda without one, ends the start
@@ -101,6 +101,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="let /v1/chat/completions fetch http(s) video URLs from public addresses, bounded "
                              "by --max-file-mb; off, they are refused (a public server should not fetch "
                              "URLs for strangers) [EVS_FETCH_VIDEO_URLS=1]")
+    parser.add_argument("--live-urls", action="store_true", default=_env_flag("EVS_LIVE_URLS"),
+                        help="let the Live tab read stream URLs (RTSP, RTMP, SRT, HLS, MPEG-TS over HTTP) from public "
+                             "addresses, in reader processes under the upload limits; off, they are refused (a "
+                             "public server should not connect to addresses for strangers) [EVS_LIVE_URLS=1]")
     parser.add_argument("--replicas", type=int, default=_env("EVS_REPLICAS", default="1"),
                         help="engine replicas on Ray Serve, one GPU each (a share of the CPU cores on a CPU); above 1 "
                              "starts a local Ray cluster, or joins the one RAY_ADDRESS names [EVS_REPLICAS]")
@@ -324,7 +328,8 @@ def main(argv: list[str] | None = None) -> int:
         import ui  # imported once the model is up: a strict start-up failure exits without loading Gradio
 
         demo = ui.build_demo(engine, banner=banner, delete_cache=(args.temp_clean_s, args.temp_max_age_s),
-                             max_file_bytes=max_file_bytes, fetch_video_urls=args.fetch_video_urls)
+                             max_file_bytes=max_file_bytes, fetch_video_urls=args.fetch_video_urls,
+                             live_urls=args.live_urls, limits=EngineConfig(**limits_from_env()))
         cleaner = ui.start_cleaner(demo, args.temp_clean_s, args.temp_max_age_s)
         launch_kwargs = ui.launch_kwargs(max_file_bytes)
         app_kwargs = dict(launch_kwargs.pop("app_kwargs", None) or {})

@@ -1,17 +1,21 @@
-"""Answer accuracy against the EVS pruning rate, on held-out clips of the synthetic shapes family.
+"""Answer accuracy against the pruning rate, for each pruning method, on held-out clips of the synthetic shapes
+family.
 
-    python bench/accuracy.py [--model tiny-trained [--model tiny-trained-plain ...]] [--seed 0]
-                             [--per-type 100] [--rates 0,0.3,0.5,0.7,0.9] [--plot assets/accuracy.svg] [--json]
-                             [--live]
+    python bench/accuracy.py [--model tiny-trained [--model tiny-trained-plain ...]] [--method evs,vidcom2,uniform]
+                             [--seed 0] [--per-type 100] [--rates 0,0.3,0.5,0.7,0.9] [--plot assets/accuracy.svg]
+                             [--json] [--live]
     (`python -m bench.accuracy ...` from the repository root is the same.)
 
 Each held-out clip (assets/shapes.py, never trained on) is written as an H.264 MP4 and asked every
-question type through the Engine, greedy, at each rate; an answer counts when it is exactly the expected
-answer ("blue", "left", "3"). With --live, each clip is also played into a live session (docs/live.md), its
-frames pushed at their 8 fps capture times, and asked every question type at the end: a second table per model.
-Prints one markdown table (question type x rate) per model;
---plot draws every model in one chart; --json also prints one JSON object as the last line:
-{"tiny-trained": {"0.0": {"colour": 1.0, "direction": 0.99, ...}, "0.3": {...}, ...}, ...}.
+question type through the Engine, greedy, at each rate with each method (default evs alone); an answer counts
+when it is exactly the expected answer ("blue", "left", "3"). With --live (EVS alone: the one method with a
+causal form), each clip is also played into a live session (docs/live.md), its frames pushed at their 8 fps
+capture times, and asked every question type at the end: a second table per model, "<model> live". Prints one
+markdown table per model: question type x rate for one method; for several, a row per question type and
+method, the mean of the four, and the video tokens each method kept (of how many). --plot draws every model in
+one chart (one method), or a panel per model and question type with a line per method (several); --json also
+prints one JSON object as the last line: {"tiny-trained": {"evs": {"0.0": {"accuracy": {"colour": 1.0, ...},
+"video_tokens_kept": 32.0, "video_tokens_total": 32.0}, ...}, ...}, ...} (a live table has "accuracy" alone).
 """
 
 import argparse
@@ -24,7 +28,9 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
 from assets.shapes import FPS, QUESTIONS, held_out_seeds, shape_clip, write_shape_clip  # noqa: E402
+from bench.accuracy_plot import DASHES, svg_methods_plot, svg_plot  # noqa: E402
 from engine import Engine, EngineConfig, GenerationParams  # noqa: E402
+from pruning import PRUNING_METHODS  # noqa: E402
 
 MAX_NEW_TOKENS = 8  # the longest answer ("triangle") and <|im_end|> fit
 
@@ -33,17 +39,31 @@ def parse_rates(text: str) -> list[float]:
     return [float(rate) for rate in text.split(",") if rate.strip()]
 
 
-def accuracy(engine: Engine, clips: dict[int, Path], rates: list[float]) -> dict[str, dict[str, float]]:
-    """{str(rate): {question type: share of clips answered exactly}}; each rate's requests go in at once."""
-    table: dict[str, dict[str, float]] = {}
+def parse_methods(text: str) -> list[str]:
+    methods = [method.strip() for method in text.split(",") if method.strip()]
+    unknown = [method for method in methods if method not in PRUNING_METHODS]
+    if unknown or not methods:
+        raise argparse.ArgumentTypeError(f"methods are {', '.join(PRUNING_METHODS)}; got {text!r}")
+    return methods
+
+
+def measured(engine: Engine, clips: dict[int, Path], rates: list[float], method: str) -> dict[str, dict]:
+    """{str(rate): {"accuracy": {question type: share of clips answered exactly}, "video_tokens_kept": mean,
+    "video_tokens_total": mean}} with one pruning method; each rate's requests go in at once."""
+    table: dict[str, dict] = {}
     for rate in rates:
-        params = GenerationParams(pruning_rate=rate, max_new_tokens=MAX_NEW_TOKENS)
+        params = GenerationParams(pruning_rate=rate, pruning_method=method, max_new_tokens=MAX_NEW_TOKENS)
         asked = [(kind, seed, engine.submit(path, QUESTIONS[kind], params))
                  for kind in QUESTIONS for seed, path in clips.items()]
         right = {kind: 0 for kind in QUESTIONS}
+        kept, total = [], []
         for kind, seed, stream in asked:
-            right[kind] += stream.result().text.strip() == shape_clip(seed).answer(kind)
-        table[str(rate)] = {kind: right[kind] / len(clips) for kind in QUESTIONS}
+            answer = stream.result()
+            right[kind] += answer.text.strip() == shape_clip(seed).answer(kind)
+            kept.append(answer.stats["video_tokens_kept"])
+            total.append(answer.stats["video_tokens_total"])
+        table[str(rate)] = {"accuracy": {kind: right[kind] / len(clips) for kind in QUESTIONS},
+                            "video_tokens_kept": sum(kept) / len(kept), "video_tokens_total": sum(total) / len(total)}
     return table
 
 
@@ -67,73 +87,65 @@ def live_accuracy(engine: Engine, seeds: list[int], rates: list[float]) -> dict[
     return table
 
 
+def accuracy(engine: Engine, clips: dict[int, Path], rates: list[float],
+             method: str = GenerationParams.pruning_method) -> dict[str, dict[str, float]]:
+    """{str(rate): {question type: share of clips answered exactly}} with one pruning method."""
+    return accuracy_of(measured(engine, clips, rates, method))
+
+
+def accuracy_of(table: dict[str, dict]) -> dict[str, dict[str, float]]:
+    """The accuracy part of a `measured` table: {str(rate): {question type: share}}."""
+    return {rate: row["accuracy"] for rate, row in table.items()}
+
+
 def run(models: list[str], seed: int, per_type: int, rates: list[float], device: str = "cpu",
-        live: bool = False) -> dict:
-    """{model: accuracy table} on the same held-out clips; with live, also {model + " live": the live table}."""
+        methods: tuple[str, ...] = (GenerationParams.pruning_method,), live: bool = False) -> dict:
+    """{model: {method: measured(...)}} on the same held-out clips; with live, also {model + " live": {"evs":
+    {rate: {"accuracy": the live table's row}}}} (a live session prunes with causal EVS)."""
     with tempfile.TemporaryDirectory() as folder:
         clips = {s: write_shape_clip(Path(folder) / f"{s}.mp4", s) for s in held_out_seeds(seed, per_type)}
-        tables = {}
+        results = {}
         for model in models:
-            # Caches stay on: a clip's features are reused across rates, which changes no answer.
+            # Caches stay on: a clip's features are reused across rates and methods, which changes no answer
+            # (the conversation state is kept per method and rate).
             with Engine(EngineConfig(model=model, device=device, max_queue=len(clips) * len(QUESTIONS))) as engine:
-                tables[model] = accuracy(engine, clips, rates)
+                results[model] = {method: measured(engine, clips, rates, method) for method in methods}
                 if live:
-                    tables[f"{model} live"] = live_accuracy(engine, list(clips), rates)
-        return tables
-
-
-PLOT_COLOURS = {"colour": "#0f766e", "direction": "#e11d48", "shape": "#6366f1", "start": "#d97706"}
-DASHES = ("", "6 4", "2 3")  # one per model: the first solid
-
-
-def svg_plot(tables: dict[str, dict[str, dict[str, float]]], title: str) -> str:
-    """Accuracy (0-1, y) against q (0-1, x) as a standalone SVG: one colour per question type, one dash
-    pattern per model (tables: {model: {rate: {question type: accuracy}}}, at most len(DASHES) models)."""
-    width, height, left, right, top, bottom = 560, 320, 50, 190, 30, 40
-    plot_w, plot_h = width - left - right, height - top - bottom
-
-    def point(q: float, accuracy: float) -> str:
-        return f"{left + q * plot_w:.1f},{top + (1 - accuracy) * plot_h:.1f}"
-
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-             f'font-family="sans-serif" font-size="12"><rect width="100%" height="100%" fill="white"/>',
-             f'<text x="{left}" y="18" font-size="13">{title}</text>']
-    for tick in (0.0, 0.25, 0.5, 0.75, 1.0):
-        x, y = left + tick * plot_w, top + (1 - tick) * plot_h
-        parts.append(f'<line x1="{left}" y1="{y:.1f}" x2="{left + plot_w}" y2="{y:.1f}" stroke="#e5e7eb"/>')
-        parts.append(f'<text x="{left - 8}" y="{y + 4:.1f}" text-anchor="end">{tick:g}</text>')
-        parts.append(f'<text x="{x:.1f}" y="{top + plot_h + 16}" text-anchor="middle">{tick:g}</text>')
-    parts.append(f'<text x="{left + plot_w / 2}" y="{height - 6}" text-anchor="middle">pruning rate q</text>')
-    legend_x = width - right + 12
-    for model, dash in zip(tables, DASHES):
-        for kind in QUESTIONS:
-            table, colour = tables[model], PLOT_COLOURS[kind]
-            points = " ".join(point(float(rate), scores[kind]) for rate, scores in table.items())
-            parts.append(f'<polyline points="{points}" fill="none" stroke="{colour}" stroke-width="2" '
-                         f'stroke-dasharray="{dash}"/>')
-            for rate, scores in table.items():
-                x, y = point(float(rate), scores[kind]).split(",")
-                parts.append(f'<circle cx="{x}" cy="{y}" r="3" fill="{colour}"/>')
-    for row, kind in enumerate(QUESTIONS):
-        legend_y = top + 10 + 18 * row
-        parts.append(f'<line x1="{legend_x}" y1="{legend_y}" x2="{legend_x + 20}" y2="{legend_y}" '
-                     f'stroke="{PLOT_COLOURS[kind]}" stroke-width="2"/>')
-        parts.append(f'<text x="{legend_x + 26}" y="{legend_y + 4}">{kind}</text>')
-    for row, (model, dash) in enumerate(zip(tables, DASHES)):
-        legend_y = top + 10 + 18 * (len(QUESTIONS) + 1 + row)
-        parts.append(f'<line x1="{legend_x}" y1="{legend_y}" x2="{legend_x + 20}" y2="{legend_y}" '
-                     f'stroke="#111827" stroke-width="2" stroke-dasharray="{dash}"/>')
-        parts.append(f'<text x="{legend_x + 26}" y="{legend_y + 4}">{model}</text>')
-    parts.append("</svg>")
-    return "\n".join(parts) + "\n"
+                    results[f"{model} live"] = {"evs": {rate: {"accuracy": row} for rate, row in
+                                                        live_accuracy(engine, list(clips), rates).items()}}
+        return results
 
 
 def markdown(table: dict[str, dict[str, float]]) -> str:
+    """Question type x rate, for one method: table is {rate: {question type: share}}."""
     rates = list(table)
     lines = ["| question | " + " | ".join(f"q = {rate}" for rate in rates) + " |",
              "|---|" + "---|" * len(rates)]
     for kind in QUESTIONS:
         lines.append(f"| {kind} | " + " | ".join(f"{table[rate][kind]:.2f}" for rate in rates) + " |")
+    return "\n".join(lines)
+
+
+def methods_markdown(by_method: dict[str, dict[str, dict]]) -> str:
+    """One model's methods side by side: a row per question type and method, the mean of the four question
+    types, and the video tokens each method kept at each rate (of how many). by_method: {method: measured(...)}."""
+    methods = list(by_method)
+    rates = list(by_method[methods[0]])
+    total = by_method[methods[0]][rates[0]]["video_tokens_total"]
+    lines = ["| question | method | " + " | ".join(f"q = {rate}" for rate in rates) + " |",
+             "|---|---|" + "---|" * len(rates)]
+
+    def row(label: str, method: str, values) -> str:
+        return f"| {label} | {method} | " + " | ".join(values) + " |"
+
+    for kind in QUESTIONS:
+        lines += [row(kind, method, (f"{by_method[method][rate]['accuracy'][kind]:.2f}" for rate in rates))
+                  for method in methods]
+    lines += [row("mean of the four", method,
+                  (f"**{sum(by_method[method][rate]['accuracy'].values()) / len(QUESTIONS):.2f}**" for rate in rates))
+              for method in methods]
+    lines += [row(f"video tokens kept (of {total:g})", method,
+                  (f"{by_method[method][rate]['video_tokens_kept']:g}" for rate in rates)) for method in methods]
     return "\n".join(lines)
 
 
@@ -145,22 +157,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="first held-out clip")
     parser.add_argument("--per-type", type=int, default=100, help="held-out clips, each asked every question")
     parser.add_argument("--rates", type=parse_rates, default=[0.0, 0.3, 0.5, 0.7, 0.9])
+    parser.add_argument("--method", type=parse_methods, default=[GenerationParams.pruning_method],
+                        help=f"pruning methods, comma-separated: {', '.join(PRUNING_METHODS)} (default evs)")
     parser.add_argument("--plot", type=Path, help="also draw the table as an SVG line chart to this file")
     parser.add_argument("--json", action="store_true", help="also print the table as one JSON line, last")
     parser.add_argument("--live", action="store_true", help="also ask every clip through a live session")
     args = parser.parse_args(argv)
     models = args.model or ["tiny-trained"]
-    if len(models) * (2 if args.live else 1) > len(DASHES):
+    if args.live and args.method != ["evs"]:
+        parser.error("--live measures causal EVS, the one method a live session prunes with: use --method evs")
+    if len(models) * (2 if args.live else 1) > len(DASHES) and len(args.method) == 1:
         parser.error(f"at most {len(DASHES)} tables (models, and their live twins with --live)")
-    tables = run(models, args.seed, args.per_type, args.rates, args.device, args.live)
-    for model, table in tables.items():
+    results = run(models, args.seed, args.per_type, args.rates, args.device, tuple(args.method), args.live)
+    for model, by_method in results.items():
         print(f"{model}: {args.per_type} held-out clips per question type from seed {args.seed}, greedy, exact match\n")
-        print(markdown(table) + "\n")
+        if len(args.method) == 1:
+            print(markdown(accuracy_of(by_method[args.method[0]])) + "\n")
+        else:
+            print(methods_markdown(by_method) + "\n")
     if args.plot:
-        args.plot.write_text(svg_plot(tables, f"Accuracy on {args.per_type} held-out clips per question type"))
+        title = f"Accuracy on {args.per_type} held-out clips per question type"
+        if len(args.method) == 1:
+            args.plot.write_text(svg_plot({model: accuracy_of(by_method[args.method[0]])
+                                           for model, by_method in results.items()}, title))
+        else:
+            args.plot.write_text(svg_methods_plot(results, f"{title}, by pruning method"))
         print(f"saved {args.plot}")
     if args.json:
-        print(json.dumps(tables))
+        print(json.dumps(results))
     return 0
 
 

@@ -13,6 +13,8 @@ Prints one table and writes it as JSON (--out):
   - reading the video (waiting for a reader, reading) against the rest of TTFT, on an 8-second 640x480
     clip and on the 2-minute clip (bench/reading.py);
   - one ViT forward over 8 videos against 8 separate forwards;
+  - what each pruning method's selection (and the whole pruning step) costs against the vision forward, at
+    q = 0.7 on the 2-minute clip (bench/pruning_time.py; the target is under 2 %);
   - 8 users at once at q = 0 and q = 0.7: mean TTFT, wall time, output tokens/s, every video read before
     the burst is admitted (one vision forward); and 8 users at q = 0 admitted as each video is read, as in
     serving, against the pipelined ideal of bench/users.py (the TTFT table's q = 0 stages), with each user's
@@ -40,16 +42,17 @@ from pathlib import Path
 
 import torch
 
-# Run as a script from anywhere: the repo root holds the `engine`, `evs`, `assets` and `bench` packages.
+# Run as a script from anywhere: the repo root holds the `engine`, `pruning`, `assets` and `bench` packages.
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
-import evs  # noqa: E402
+import pruning  # noqa: E402
 from assets.clips import write_clip  # noqa: E402
 from bench.bursts import engine_burst  # noqa: E402
 from bench.environment import machine, versions  # noqa: E402
 from bench.live import LiveWork, live_scenario, markdown as live_markdown  # noqa: E402
 from bench.targets import live_target_rows, markdown as targets_markdown  # noqa: E402
+from bench.pruning_time import markdown as pruning_markdown, pruning_times  # noqa: E402
 from bench.reading import reading_rows  # noqa: E402
 from bench.summary import burst_summary  # noqa: E402
 from bench.ttft_by_rate import ttft_by_rate  # noqa: E402
@@ -63,6 +66,7 @@ from engine.memory.dims import GIB
 
 PRUNING_RATES = (0.0, 0.5, 0.7, 0.9)
 BURST_RATES = (0.0, 0.7)
+PRUNING_METHODS_RATE = 0.7
 USERS = 8
 
 
@@ -134,7 +138,7 @@ def evs_problems(answer: Answer) -> list[str]:
     """What contradicts EVS in one finished request's stats, as sentences; empty when it looks right."""
     stats, problems = answer.stats, []
     T, h, w = stats["grid_thw"]
-    expected_kept = evs.retained_token_count(h * w, T, stats["pruning_rate"])
+    expected_kept = pruning.retained_token_count(h * w, T, stats["pruning_rate"])
     if stats["video_tokens_kept"] != expected_kept:
         problems.append(f"kept {stats['video_tokens_kept']} video tokens, EVS says {expected_kept}")
     if sum(stats["tokens_kept_per_frame"]) != stats["video_tokens_kept"]:
@@ -207,6 +211,7 @@ def print_table(report: dict) -> None:
     print(f"\n| ViT over {vit['videos']} videos ({vit['patches_per_video']} patches each) | seconds |\n|---|---|")
     print(f"| one forward | {vit['one_forward_s']:.3f} |\n| {vit['videos']} separate forwards | "
           f"{vit['separate_forwards_s']:.3f} |\n| ratio | {vit['ratio']:.3f} |")
+    print("\nPruning methods: " + pruning_markdown(report["pruning_methods"], PRUNING_METHODS_RATE))
     print(f"\n| {USERS} users at once | mean TTFT s | wall s | output tokens/s | ViT batch | decode batch |")
     print("|---|---|---|---|---|---|")
     for b in report["bursts"]:
@@ -249,6 +254,7 @@ def run(args: argparse.Namespace) -> tuple[dict, list[str]]:
             # Outside the engine (one unbudgeted forward over 8 videos), so before the peak is reset: the
             # peak then belongs to serving alone.
             vit = vit_batching(engine, clips[0], work)
+            pruning_methods = pruning_times(engine, clips[0], work["frame_sampling"], PRUNING_METHODS_RATE, repeats=20)
             if device.type == "cuda":
                 torch.cuda.empty_cache()
                 torch.cuda.reset_peak_memory_stats(device)
@@ -282,6 +288,7 @@ def run(args: argparse.Namespace) -> tuple[dict, list[str]]:
         "reading": reading,
         "readers": engine.readers.size,
         "vit": vit,
+        "pruning_methods": pruning_methods,
         "bursts": bursts,
         "arrival_burst": arrival,
         "live": live,

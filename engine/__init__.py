@@ -9,16 +9,18 @@ The path of one request, by the types it passes through, and the room (sub-packa
                       -- the two steps above run on a prepare thread (prepare.py), before the GPU
       -> scheduling/  a Request, moved QUEUED -> ENCODING -> PREFILLING -> DECODING -> FINISHED
       -> worker/      the vision tower: VideoFeatures (vision.py; a family says how, families/)
-      -> prompt/      EVS keeps a mask of tokens: the PrunedPrompt, positions taken from the unpruned [pruned.py]
+      -> prompt/      the request's pruning method (EVS by default; pruning/) keeps a mask of tokens: the
+                      PrunedPrompt, positions taken from the unpruned layout                           [pruned.py]
       -> worker/      prefill and shared decode steps (runner.py) on the language model's state:
       -> state/       LMState (KV and recurrent layers), in the DecodeBatch and the PrefixCache
       -> worker/      token choice (token_choice.py), then events (events.py) onto the request's
-      -> Stream       status, the EVS picture, thinking and answer text, and the done event's stats
+      -> Stream       status, the pruning picture, thinking and answer text, and the done event's stats
 
 A live session (Engine.open_live; docs/live.md) takes the same rooms another way: live/ checks and samples each
 pushed frame by capture time and makes each temporal group's pixels on the caller's thread (session.py,
 frames.py); worker/ encodes the groups in the shared vision forward, prunes each with causal EVS as it arrives
-and prefills it into the session's own state (live.py), laid out as the upload of the same frames would be
+(pruning/causal.py: the one method with a causal form, so front/ refuses a session another method) and prefills
+it into the session's own state (live.py), laid out as the upload of the same frames would be
 (live/layout.py); a question forks that state (scheduling/ admits it once its groups are in) and decodes with
 everyone else. live_sessions.py, at the top, opens sessions and turns their questions into requests.
 

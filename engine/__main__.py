@@ -1,8 +1,8 @@
 """Command line: `python -m engine --video clip.mp4 --question "..." --pruning-rate 0.7 [--model tiny-random]`.
 
-Prints the answer as it streams (with --think, the model's thinking first, on stderr), then the stats as
-JSON. A model with an audio tower hears the video's soundtrack unless --no-soundtrack. A user error prints
-its sentence and exits 2.
+`--pruning-method vidcom2` (or uniform) prunes with another method than EVS. Prints the answer as it streams
+(with --think, the model's thinking first, on stderr), then the stats as JSON. A model with an audio tower
+hears the video's soundtrack unless --no-soundtrack. A user error prints its sentence and exits 2.
 
 `python -m engine --describe --model random:Qwen/Qwen3-VL-4B-Instruct [--device cuda]` prints, as its last
 line, one JSON object describing what loading that model would give (parameters, vision_parameters,
@@ -42,6 +42,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     # Settings stay text here: the front door reads them, with the sentence every way in gives for a bad one.
     parser.add_argument("--pruning-rate",
                         help="EVS rate q in [0, 1) (default: the model's, Engine.model_info['default_pruning_rate'])")
+    parser.add_argument("--pruning-method", help="which video tokens are pruned: evs (the default), vidcom2 or uniform")
     parser.add_argument("--think", action="store_true",
                         help="think before answering, for a model that can (the thinking goes to stderr)")
     parser.add_argument("--no-soundtrack", action="store_true",
@@ -103,9 +104,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {one_line(error)}", file=sys.stderr)
         return 2
     try:
-        params = request_params(engine, pruning_rate=args.pruning_rate, max_new_tokens=args.max_new_tokens,
-                                temperature=args.temperature, enable_thinking=args.think,
-                                hear_soundtrack=False if args.no_soundtrack else None)
+        params = request_params(engine, pruning_rate=args.pruning_rate, pruning_method=args.pruning_method,
+                                max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                                enable_thinking=args.think, hear_soundtrack=False if args.no_soundtrack else None)
         stream = engine.submit(video=args.video, question=args.question, params=params)
         for event in stream:
             if event.kind == "text":

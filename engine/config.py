@@ -158,9 +158,12 @@ DEFAULT_PRUNING_RATE = 0.7
 
 @dataclass(frozen=True)
 class GenerationParams:
-    """Per-request settings. pruning_rate q in [0, 1): the fraction of video tokens EVS drops."""
+    """Per-request settings. pruning_rate q in [0, 1): the fraction of video tokens pruned. pruning_method: which
+    tokens, one of pruning.PRUNING_METHODS ("evs", "vidcom2", "uniform"; docs/architecture.md, "Pruning
+    methods")."""
 
     pruning_rate: float = DEFAULT_PRUNING_RATE
+    pruning_method: str = "evs"
     max_new_tokens: int = 128
     temperature: float = 0.0
     top_p: float = 1.0

@@ -240,6 +240,7 @@ class Engine:
             admission=self._admission,
         )
         request.stats.pruning_rate = float(params.pruning_rate)
+        request.stats.pruning_method = params.pruning_method
         self._preparer.submit(request)
         return stream
 

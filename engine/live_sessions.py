@@ -14,7 +14,7 @@ import torch
 from .config import GenerationParams
 from .detokenize import SplitDetokenizer
 from .errors import QUEUE_FULL, RESTARTING, SHUTTING_DOWN, BusyError, InputError
-from .front.checks import check_request, check_settings
+from .front.checks import check_live_settings, check_request
 from .live.layout import LiveLayout
 from .live.session import LiveQuestion, LiveSession
 from .scheduling.request import Request
@@ -47,7 +47,7 @@ class LiveSessions:
 
     def open(self, params: GenerationParams) -> LiveSession:
         engine = self._engine
-        check_settings(params, engine.config, engine.frame_sampling_limits)
+        check_live_settings(params, engine.config, engine.frame_sampling_limits)
         sampling = params.frame_sampling or engine.default_frame_sampling
         family, loaded = engine.family, engine.loaded
         layout = LiveLayout(family, loaded.processor.tokenizer, loaded.processor.video_token,
@@ -72,10 +72,11 @@ class LiveSessions:
 
     def _ask(self, session: LiveSession, question: str, history, params: GenerationParams, groups: int) -> Stream:
         """The engine's side of LiveSession.ask: checked as a request is, then to the worker, which forks the
-        session's state once its first `groups` groups are in it. The rate and frame sampling are the session's."""
+        session's state once its first `groups` groups are in it. The rate, the method (causal EVS) and the frame
+        sampling are the session's."""
         engine = self._engine
         params = dataclasses.replace(params, pruning_rate=session.params.pruning_rate,
-                                     frame_sampling=session.sampling)
+                                     pruning_method=session.params.pruning_method, frame_sampling=session.sampling)
         try:
             history = check_request(f"live session {session.id}", question, params, history, engine.config,
                                     engine.frame_sampling_limits)
@@ -103,6 +104,7 @@ class LiveSessions:
         request.generator = torch.Generator().manual_seed(params.seed)
         stats = request.stats
         stats.pruning_rate, stats.sampled_fps = float(params.pruning_rate), session.sampling.fps
+        stats.pruning_method = params.pruning_method
         stats.soundtrack = "none" if engine.model_info["hears"] else "unsupported"
         stats.audio_tokens, stats.audio_seconds = 0, 0.0
         stats.read_video_s = stats.read_wait_s = stats.read_s = 0.0

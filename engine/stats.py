@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, fields
 @dataclass(slots=True)
 class Stats:
     pruning_rate: float | None = None  # q the request asked for
+    pruning_method: str | None = None  # the method that chose the kept video tokens: "evs", "vidcom2" or "uniform"
     frames_sampled: int | None = None  # video frames taken from the file
     sampled_fps: float | None = None  # frames sampled per second of video (below the asked fps on long videos)
     grid_thw: list[int] | None = None  # [T, h, w] in LLM tokens

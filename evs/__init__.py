@@ -1,35 +1,18 @@
-"""Efficient Video Sampling: drop video tokens that barely changed since the previous temporal group; offline over
-a whole video (core.py), or causally, a group at a time, for live video (causal.py).
+"""The old name of the `pruning` package, kept for one release: `import evs` gives the same functions.
 
-Pure torch on bare tensors; imports nothing else of this project.
+Before this release the package held EVS alone and was called `evs`; it now holds every pruning method and is
+called `pruning` (docs/architecture.md). Importing `evs` warns (DeprecationWarning); the names below are the
+ones it offered, each the very object `pruning` exports. This package goes in the next release.
 """
 
-from evs.causal import (
-    WINDOW_GROUPS,
-    CausalEVS,
-    causal_retention_mask,
-    causal_retention_mask_from_dissimilarity,
-)
-from evs.core import (
-    compute_retention_mask,
-    frame_dissimilarity,
-    retained_token_count,
-    retention_mask_from_dissimilarity,
-    validate_pruning_rate,
-)
-from evs.layout import prompt_keep_mask, select_positions, tokens_kept_per_group
+import warnings
 
-__all__ = [
-    "WINDOW_GROUPS",
-    "CausalEVS",
-    "causal_retention_mask",
-    "causal_retention_mask_from_dissimilarity",
-    "compute_retention_mask",
-    "frame_dissimilarity",
-    "prompt_keep_mask",
-    "retained_token_count",
-    "retention_mask_from_dissimilarity",
-    "select_positions",
-    "tokens_kept_per_group",
-    "validate_pruning_rate",
-]
+import pruning
+
+# The public names of `evs` before the rename, no more: new code imports `pruning`.
+__all__ = ["compute_retention_mask", "frame_dissimilarity", "prompt_keep_mask", "retained_token_count",
+           "retention_mask_from_dissimilarity", "select_positions", "tokens_kept_per_group", "validate_pruning_rate"]
+globals().update({name: getattr(pruning, name) for name in __all__})
+
+warnings.warn("the `evs` package is now `pruning`; `import evs` works until the next release",
+              DeprecationWarning, stacklevel=2)

@@ -30,7 +30,7 @@ from ray import serve
 from ray.exceptions import RayActorError
 from ray.serve.exceptions import RequestCancelledError
 
-from engine.front.checks import check_request, check_settings
+from engine.front.checks import check_live_settings, check_request
 from engine.config import EngineConfig, FrameSampling, FrameSamplingLimits, GenerationParams
 from engine.errors import QUEUE_FULL, RESTARTING, SERVER_FAULT, SHUTTING_DOWN, BusyError, InputError
 from engine.memory.plan import Plan
@@ -381,7 +381,7 @@ class ReplicatedEngine:
         InputError for bad settings."""
         params = params or GenerationParams()
         try:
-            check_settings(params, self.config, self.frame_sampling_limits)
+            check_live_settings(params, self.config, self.frame_sampling_limits)
             with self._lock:
                 if self._closed:
                     raise BusyError(RESTARTING)

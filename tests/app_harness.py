@@ -55,6 +55,7 @@ class RunningApp:
     url: str
     client: Client
     spy: SubmitSpy
+    demo: object = None  # the launched gr.Blocks
 
 
 def free_port() -> int:
@@ -76,7 +77,7 @@ def launched_app(cache_dir: Path, model: str = "tiny-random", **engine_settings)
         _, url, _ = demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=free_port(),
                                 quiet=True, app_kwargs={"routes": routes}, **ui.launch_kwargs(MAX_FILE_BYTES))
         assert demo.mcp_server, demo.mcp_error  # Gradio only prints why its MCP server did not start
-        yield RunningApp(url=url, client=Client(url, verbose=False), spy=spy)
+        yield RunningApp(url=url, client=Client(url, verbose=False), spy=spy, demo=demo)
     finally:
         demo.close()
         engine.shutdown()

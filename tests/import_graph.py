@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-TOP_LEVEL = ("app", "assets", "bench", "engine", "evs", "replicas", "train", "ui")
+TOP_LEVEL = ("app", "assets", "bench", "engine", "evs", "pruning", "replicas", "train", "ui")
 DOC = ROOT / "docs" / "architecture.md"
 START, END = "<!-- import-table:start -->", "<!-- import-table:end -->"
 WRITE_COMMAND = "python tests/import_graph.py --write"

@@ -10,7 +10,7 @@ import plotly.io as pio
 import pytest
 from gradio_client import handle_file
 
-import evs
+import pruning
 from app_harness import MAX_FILE_BYTES, MAX_VIDEO_S, wait_until
 from engine import STATS_KEYS
 from engine.errors import BAD_HISTORY, NO_VIDEO
@@ -38,7 +38,7 @@ def test_ask_endpoint_takes_video_question_rate_and_defaults_the_rest(app):
     names = [p["parameter_name"] for p in params]
     assert names[:3] == ["video", "question", "pruning_rate"]
     assert {"fps", "max_frames", "max_pixels_per_frame", "max_new_tokens", "temperature", "compare",
-            "history", "enable_thinking", "hear_soundtrack"} <= set(names)
+            "history", "enable_thinking", "hear_soundtrack", "pruning_method", "compare_methods"} <= set(names)
     assert all(p["parameter_has_default"] for p in params[2:])
 
 
@@ -73,7 +73,7 @@ def test_a_higher_pruning_rate_keeps_fewer_tokens(app, clip):
     for q in (0.0, 0.4, 0.8):
         _, stats, _, _ = app.client.predict(video, "What moves?", q, fps=4.0, api_name="/ask", **FAST)
         num_groups, h, w = stats["grid_thw"]
-        assert stats["video_tokens_kept"] == evs.retained_token_count(h * w, num_groups, q)
+        assert stats["video_tokens_kept"] == pruning.retained_token_count(h * w, num_groups, q)
         kept.append(stats["video_tokens_kept"])
     assert kept[0] > kept[1] > kept[2]
 
@@ -88,6 +88,26 @@ def test_compare_mode_answers_at_zero_and_at_the_chosen_rate(app, clip):
     assert baseline["stats"]["video_tokens_kept"] == baseline["stats"]["video_tokens_total"]
     assert stats["video_tokens_kept"] < stats["video_tokens_total"]
     assert stats["prompt_tokens"] < baseline["stats"]["prompt_tokens"]
+
+
+def test_compare_methods_answers_with_every_method_from_one_vit_forward(app, clip):
+    video = clip("scene_cut", seconds=2.0, size=(176, 144))  # encoded by no other test: not in the feature cache
+    forwards = app.spy.engine.vision.forwards
+    answer, stats, _, frames = app.client.predict(handle_file(str(video)), "What changes?", 0.5, fps=4.0,
+                                                  pruning_method="vidcom2", compare_methods=True, api_name="/ask",
+                                                  **FAST)
+    assert app.spy.engine.vision.forwards == forwards + 1
+    methods = stats["compare_methods"]
+    assert list(methods) == list(pruning.PRUNING_METHODS)
+    assert stats["pruning_method"] == "vidcom2" and methods["vidcom2"]["answer"] == answer
+    num_groups, h, w = stats["grid_thw"]
+    for method, run in methods.items():
+        assert run["answer"] and run["stats"]["pruning_method"] == method
+        assert run["stats"]["video_tokens_kept"] == pruning.kept_token_count(method, h * w, num_groups, 0.5)
+        assert run["stats"]["vit_batch_requests"] == 3 and run["stats"]["decode_batch_max"] == 3
+    assert methods["uniform"]["stats"]["tokens_kept_per_frame"] == [h * w, 0] * (num_groups // 2)
+    kept = [int(frame["caption"].split("kept ")[1].split("/")[0]) for frame in frames]
+    assert kept == stats["tokens_kept_per_frame"]  # the pictures are the chosen method's
 
 
 def test_a_follow_up_question_reuses_the_caches(app, clip):

@@ -1,13 +1,16 @@
 """python -m bench --quick: every scenario's code path runs (the stock-transformers peer included), and the
-one JSON and the PNG it saves hold sane figures. Also the helpers' arithmetic, and that the GPU check's
-documented script command line still starts."""
+one JSON and the PNG it saves hold sane figures. Also the helpers' arithmetic, that the GPU check's
+documented script command line still starts, and the Live tab's transport bench."""
 
+import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from PIL import Image, ImageColor
 
@@ -188,3 +191,37 @@ def test_the_gpu_check_still_starts_as_a_script(tmp_path):
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "usage: python bench/gpu_check.py" in result.stdout
+
+
+def test_the_stamp_the_live_transport_bench_reads_is_the_one_its_page_draws():
+    """bench/live_transport.py: 24 bits of the page's clock as 16-pixel squares along the top, read back from
+    a frame as the JPEG or VP8 encoder leaves it (slightly off black and white), and the lag across a wrap."""
+    from bench.live_transport import STAMP_BITS, STAMP_BLOCK_PX, lag_ms, read_stamp
+
+    stamp = 0b1011_0000_1111_0101_1100_0011
+    frame = np.full((120, 480, 3), 70, np.uint8)
+    for bit in range(STAMP_BITS):
+        on = stamp >> (STAMP_BITS - 1 - bit) & 1
+        frame[:STAMP_BLOCK_PX, bit * STAMP_BLOCK_PX:(bit + 1) * STAMP_BLOCK_PX] = 235 if on else 18
+    assert read_stamp(frame) == stamp
+    frame[4:12, 5 * STAMP_BLOCK_PX + 4:5 * STAMP_BLOCK_PX + 12] = 128  # a square blurred to grey: unreadable
+    assert read_stamp(frame) is None
+    assert lag_ms(stamp, (1 << 40) + stamp + 42.5) == 42.5
+    assert lag_ms((1 << STAMP_BITS) - 10, 5.0 + (3 << STAMP_BITS)) == 15.0  # the clock's low bits wrapped
+
+
+@pytest.mark.skipif(not Path("/usr/bin/chromium").exists() or shutil.which("ffmpeg") is None,
+                    reason="needs Debian's chromium and ffmpeg")
+def test_the_live_transport_bench_measures_the_live_tabs_input():
+    """The documented command, shortened: stamped frames reach the Live tab's handler at its 10 a second, all
+    readable, with a lag; the WebRTC row says why it was skipped where fastrtc is not installed."""
+    result = subprocess.run([sys.executable, "-m", "bench.live_transport", "--seconds", "5", "--every", "0.1"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [line.split("|")[1:-1] for line in result.stdout.splitlines() if line.startswith("| Gradio")]
+    assert len(rows) == 1
+    _, frames, rate, p50, p95, _, unreadable = (cell.strip() for cell in rows[0])
+    assert int(frames) >= 15 and 4 <= float(rate) <= 10.5 and int(unreadable) == 0
+    assert 0 < float(p50) <= float(p95) < 2000
+    if importlib.util.find_spec("fastrtc") is None:
+        assert "fastrtc is not installed here" in result.stdout

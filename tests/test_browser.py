@@ -8,6 +8,7 @@ from playwright.sync_api import sync_playwright
 from app_harness import wait_until
 from assets.make_examples import example_questions
 from engine.errors import NO_VIDEO
+from ui.runs import METHOD_LABELS
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -73,7 +74,7 @@ def sweep_and_wait(page, rates: int = 5) -> None:
     """Press Sweep and wait until every rate's card shows its numbers, the plot and the table."""
     page.click("#evs-sweep-button")
     page.wait_for_function(
-        "n => { const cards = [...document.querySelectorAll('#evs-sweep-answers .evs-sweep-numbers')];"
+        "n => { const cards = [...document.querySelectorAll('#evs-sweep-answers .evs-answer-numbers')];"
         " return cards.length === n && cards.every(card => card.innerText.includes('TTFT')); }",
         arg=rates, timeout=TIMEOUT_MS)
     page.wait_for_selector("#evs-sweep-plot .js-plotly-plot .bars")
@@ -110,12 +111,28 @@ def test_upload_ask_and_see_answer_numbers_and_pictures(page, clip):
     page.wait_for_function("document.querySelector('#evs-compare-summary').innerText.includes('shorter')",
                            timeout=TIMEOUT_MS)
     assert page.locator('#evs-chat [data-testid="user"]').count() == 2
-    assert "q = 0 · all tokens" in page.locator("#evs-compare-full").inner_text()
-    assert "TTFT" in page.locator("#evs-compare-pruned").inner_text()
+    cards = page.locator("#evs-compare-cards .evs-answer-card")
+    assert cards.count() == 2 and "q = 0 · all tokens" in cards.first.inner_text()
+    assert "TTFT" in cards.last.inner_text()
+
+    # the methods side by side: VidCom2 chosen, EVS and uniform beside it at the same q, a picture each
+    page.uncheck("#evs-compare input[type=checkbox]")
+    page.check("#evs-compare-methods input[type=checkbox]")
+    page.click("#evs-pruning-method input")
+    page.get_by_role("option", name=METHOD_LABELS["vidcom2"]).click()
+    ask(page, "Which parts are kept?")
+    page.wait_for_function(
+        "() => { const cards = [...document.querySelectorAll('#evs-compare-cards .evs-answer-numbers')];"
+        " return cards.length === 3 && cards.every(card => card.innerText.includes('TTFT')); }", timeout=TIMEOUT_MS)
+    titles = page.locator("#evs-compare-cards .evs-answer-title").all_inner_texts()
+    assert titles == ["evs · q = 0.5", "uniform · q = 0.5", "vidcom2 · q = 0.5"]
+    page.wait_for_function("document.querySelectorAll('#evs-compare-pictures img').length === 3", timeout=TIMEOUT_MS)
+    assert "by vidcom2" in page.locator("#evs-stats").inner_text()
 
     # the sweep: five answers side by side (one row of cards), the plot and the per-rate table
     sweep_and_wait(page)
-    tops = {round(box["y"]) for box in (card.bounding_box() for card in page.locator(".evs-sweep-card").all())}
+    cards = page.locator("#evs-sweep-answers .evs-answer-card").all()
+    tops = {round(box["y"]) for box in (card.bounding_box() for card in cards)}
     assert len(tops) == 1
     table = page.locator("#evs-sweep-table").inner_text()
     assert all(q in table for q in ("0.3", "0.5", "0.7", "0.9"))

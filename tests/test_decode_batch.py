@@ -1,10 +1,29 @@
 """The decode batch's KV bookkeeping: in-place appends, left padding on join, trimming on leave.
 (Recurrent layers: tests/test_hybrid_state.py.)"""
 
+import pytest
 import torch
 
 from engine.state.decode_batch import DecodeBatch
 from engine.state.lm_state import ATTENTION, KV, GrowingLayer, LMState, cache_of, new_cache, state_of
+
+
+@pytest.fixture
+def poisoned_fresh_memory():
+    """Every fresh tensor (torch.empty, new_empty) filled with NaN for the test, through torch's own deterministic
+    mode, so that a slot the code leaves unwritten reads as NaN, never as zeros by luck: the allocator often
+    hands back stale memory, but sometimes pages that are zero."""
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    fill = torch.utils.deterministic.fill_uninitialized_memory
+    torch.use_deterministic_algorithms(True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    assert torch.empty(4).isnan().all()
+    try:
+        yield
+    finally:
+        torch.utils.deterministic.fill_uninitialized_memory = fill
+        torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
 
 
 def cache_from_tensors(tensors):
@@ -30,6 +49,7 @@ def test_growing_layer_equals_concatenation_across_regrowth():
     assert cache.get_seq_length() == sum(k.shape[2] for k, _ in pieces)
 
 
+@pytest.mark.usefixtures("poisoned_fresh_memory")
 def test_join_left_pads_and_leave_trims():
     batch = DecodeBatch()
     short, long = kv(1, 3, 0), kv(1, 7, 1)
@@ -49,9 +69,12 @@ def test_join_left_pads_and_leave_trims():
     assert len(batch) == 0 and batch.cache is None
 
 
+@pytest.mark.usefixtures("poisoned_fresh_memory")
 def test_rows_of_different_lengths_keep_their_own_kv_when_others_leave():
     """Four rows of 5, 9, 3 and 6 tokens, two decode steps, then the longest and the first leave: every row left
-    holds exactly its own prompt and steps, right-aligned, with zeros (never stale numbers) in its padding."""
+    holds exactly its own prompt and steps, right-aligned, with zeros (never stale numbers) in its padding.
+    Pins a leave (`DecodeBatch.remove`) that does not zero the padding of the rows that stay; with fresh
+    buffers poisoned, every run sees it, not only those where the allocator hands back non-zero memory."""
     batch, prompts = DecodeBatch(), {}
     for seed, (name, length) in enumerate([("a", 5), ("b", 9), ("c", 3), ("d", 6)]):
         prompts[name] = kv(1, length, seed)

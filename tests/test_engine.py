@@ -64,6 +64,7 @@ def test_async_reader_gets_the_same_events(engine, clip):
         ("What?", GenerationParams(pruning_rate=-0.1), "pruning rate"),
         ("What?", GenerationParams(max_new_tokens=0), "Max new tokens"),
         ("What?", GenerationParams(temperature=-1), "temperature"),
+        ("What?", GenerationParams(pruning_method="fastvid"), "^The pruning method must be evs, vidcom2 or uniform"),
     ],
 )
 def test_bad_requests_are_refused_with_a_sentence(engine, clip, question, params, message):

@@ -1,9 +1,11 @@
 """The backbone: q=0 equals stock transformers generate; pruned logits equal full-sequence logits with the
-pruned tokens masked out of attention (DeepStack included); and pruning does change the logits."""
+pruned tokens masked out of attention (DeepStack included), for every pruning method; and pruning does change
+the logits."""
 
 import pytest
 import torch
 
+import pruning
 from engine import Engine, EngineConfig, GenerationParams
 from engine.config import FrameSampling
 from engine.worker.lm import LMInput, embed_prompt, lm_logits
@@ -69,8 +71,11 @@ def pruned_logits(loaded, family, pruned):
     return lm_logits(loaded.model, family, batch, cache=None)[0]
 
 
+@pytest.mark.parametrize("method", pruning.PRUNING_METHODS)
 @pytest.mark.parametrize("name", MODELS)
-def test_pruned_logits_equal_masked_full_sequence(name, tiny_models, clip):
+def test_pruned_logits_equal_masked_full_sequence(name, method, tiny_models, clip):
+    """For every pruning method: the mask is all that differs, so each keeps the unpruned positions and prunes
+    DeepStack with the same mask."""
     loaded, family = tiny_models(name)
     prompt = unpruned_prompt(
         loaded, family, sampled(clip("moving_object", seconds=2.0, size=(224, 224))), QUESTION, [], SYSTEM, 224 * 224
@@ -78,11 +83,14 @@ def test_pruned_logits_equal_masked_full_sequence(name, tiny_models, clip):
     with torch.inference_mode():
         features = family.encode(loaded.model, prompt.pixel_values, prompt.grid_thw_patches[None])[0]
         assert bool(features.deepstack) == (name == "tiny-random")  # Qwen3-VL carries DeepStack
-        pruned = prune_prompt(prompt, features, 0.5)
-        assert 0 < pruned.retention.sum() < pruned.retention.numel()
+        pruned = prune_prompt(prompt, features, 0.5, method)
+        T, h, w = prompt.grid_thw
+        assert int(pruned.retention.sum()) == pruning.kept_token_count(method, h * w, T, 0.5) < T * h * w
+        if method != "evs":  # another choice of tokens than EVS's, or the test would repeat EVS's
+            assert not torch.equal(pruned.retention, prune_prompt(prompt, features, 0.5, "evs").retention)
         got = pruned_logits(loaded, family, pruned)
         want = full_logits_with_mask(loaded, family, prompt, features, pruned.retention)
-        unpruned = pruned_logits(loaded, family, prune_prompt(prompt, features, 0.0))
+        unpruned = pruned_logits(loaded, family, prune_prompt(prompt, features, 0.0, method))
     torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
     assert (got - unpruned).abs().max() > 1e-3
 
@@ -95,7 +103,7 @@ def test_deepstack_reaches_the_pruned_path(tiny_models, clip):
     )
     with torch.inference_mode():
         features = family.encode(loaded.model, prompt.pixel_values, prompt.grid_thw_patches[None])[0]
-        pruned = prune_prompt(prompt, features, 0.5)
+        pruned = prune_prompt(prompt, features, 0.5, "evs")
         with_deepstack = pruned_logits(loaded, family, pruned)
         pruned.features.deepstack = [torch.zeros_like(level) for level in pruned.features.deepstack]
         without = pruned_logits(loaded, family, pruned)

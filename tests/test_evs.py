@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import evs
+import pruning
 
 FAST = settings(max_examples=100, deadline=None)
 
@@ -25,17 +25,17 @@ E1, E2 = [1.0, 0.0], [0.0, 1.0]
 
 def test_count_is_exact_where_float_arithmetic_is_one_short():
     assert math.floor(10 * 100 * (1 - 0.8)) == 199  # the trap
-    assert evs.retained_token_count(100, 10, 0.8) == 200
+    assert pruning.retained_token_count(100, 10, 0.8) == 200
 
 
 def test_count_q_zero_keeps_all():
-    assert evs.retained_token_count(64, 7, 0.0) == 448
-    assert evs.retained_token_count(64, 7, 0) == 448
+    assert pruning.retained_token_count(64, 7, 0.0) == 448
+    assert pruning.retained_token_count(64, 7, 0) == 448
 
 
 def test_count_never_below_one_group():
-    assert evs.retained_token_count(10, 3, 0.99) == 10
-    assert evs.retained_token_count(10, 1, 0.5) == 10
+    assert pruning.retained_token_count(10, 3, 0.99) == 10
+    assert pruning.retained_token_count(10, 1, 0.5) == 10
 
 
 @FAST
@@ -46,7 +46,7 @@ def test_count_never_below_one_group():
 )
 def test_count_equals_exact_rational_floor(q, tokens_per_frame, num_frames):
     exact = math.floor(tokens_per_frame * num_frames * (1 - Fraction(repr(q))))
-    assert evs.retained_token_count(tokens_per_frame, num_frames, q) == max(tokens_per_frame, exact)
+    assert pruning.retained_token_count(tokens_per_frame, num_frames, q) == max(tokens_per_frame, exact)
 
 
 @FAST
@@ -54,7 +54,7 @@ def test_count_equals_exact_rational_floor(q, tokens_per_frame, num_frames):
 def test_count_on_slider_percentages_matches_integer_arithmetic(percent, tokens_per_frame, num_frames):
     total = tokens_per_frame * num_frames
     expected = max(tokens_per_frame, total * (100 - percent) // 100)
-    assert evs.retained_token_count(tokens_per_frame, num_frames, percent / 100) == expected
+    assert pruning.retained_token_count(tokens_per_frame, num_frames, percent / 100) == expected
 
 
 # --- pruning rate validation ----------------------------------------------------------------------
@@ -67,7 +67,7 @@ BAD_RATE_IDS = [repr(q)[:12] for q in BAD_RATES]
 @pytest.mark.parametrize("q", BAD_RATES, ids=BAD_RATE_IDS)
 def test_bad_rate_raises_one_clear_sentence(q):
     with pytest.raises(ValueError) as caught:
-        evs.validate_pruning_rate(q)
+        pruning.validate_pruning_rate(q)
     message = str(caught.value)
     assert message.startswith("The pruning rate must be") and message.endswith(".")
     assert message.count(". ") == 0
@@ -76,14 +76,14 @@ def test_bad_rate_raises_one_clear_sentence(q):
 @pytest.mark.parametrize("q", BAD_RATES, ids=BAD_RATE_IDS)
 def test_bad_rate_rejected_by_count_and_mask(q):
     with pytest.raises(ValueError, match="pruning rate"):
-        evs.retained_token_count(4, 2, q)
+        pruning.retained_token_count(4, 2, q)
     with pytest.raises(ValueError, match="pruning rate"):
-        evs.compute_retention_mask(torch.randn(8, 3), (2, 2, 2), q)
+        pruning.compute_retention_mask(torch.randn(8, 3), (2, 2, 2), q)
 
 
 def test_good_rate_returns_float():
-    assert evs.validate_pruning_rate(0) == 0.0 and isinstance(evs.validate_pruning_rate(0), float)
-    assert evs.validate_pruning_rate(0.999) == 0.999
+    assert pruning.validate_pruning_rate(0) == 0.0 and isinstance(pruning.validate_pruning_rate(0), float)
+    assert pruning.validate_pruning_rate(0.999) == 0.999
 
 
 # --- dissimilarity --------------------------------------------------------------------------------
@@ -92,7 +92,7 @@ def test_good_rate_returns_float():
 def test_dissimilarity_known_vectors():
     # Group 0 = [e1, e1, e1]; group 1 = [e1 (same), -e1 (opposite), e2 (orthogonal)].
     features = unit_rows(E1, E1, E1, E1, [-1.0, 0.0], E2) * 3.0
-    dissimilarity = evs.frame_dissimilarity(features, (2, 1, 3))
+    dissimilarity = pruning.frame_dissimilarity(features, (2, 1, 3))
     assert dissimilarity.shape == (2, 1, 3) and dissimilarity.dtype == torch.float32
     assert torch.isposinf(dissimilarity[0]).all()
     torch.testing.assert_close(dissimilarity[1, 0], torch.tensor([0.0, 2.0, 1.0]), atol=1e-6, rtol=0)
@@ -100,7 +100,7 @@ def test_dissimilarity_known_vectors():
 
 @pytest.mark.parametrize("grid", [(3, 2, 2), [3, 2, 2], torch.tensor([3, 2, 2])], ids=["tuple", "list", "tensor"])
 def test_dissimilarity_accepts_grid_forms(grid):
-    dissimilarity = evs.frame_dissimilarity(torch.randn(12, 5), grid)
+    dissimilarity = pruning.frame_dissimilarity(torch.randn(12, 5), grid)
     assert dissimilarity.shape == (3, 2, 2)
 
 
@@ -108,7 +108,7 @@ def test_dissimilarity_accepts_grid_forms(grid):
 def test_dissimilarity_is_float32_for_any_input_dtype(dtype):
     # 300**2 overflows float16, so this also checks the norms are taken after the float32 cast.
     features = torch.full((8, 4), 300.0, dtype=dtype)
-    dissimilarity = evs.frame_dissimilarity(features, (2, 2, 2))
+    dissimilarity = pruning.frame_dissimilarity(features, (2, 2, 2))
     assert dissimilarity.dtype == torch.float32
     torch.testing.assert_close(dissimilarity[1], torch.zeros(2, 2), atol=1e-6, rtol=0)
 
@@ -116,7 +116,7 @@ def test_dissimilarity_is_float32_for_any_input_dtype(dtype):
 def test_dissimilarity_zero_vectors_are_finite():
     features = torch.zeros(6, 4)
     features[1] = 1.0  # group 0 mixes zero and non-zero; group 1 is all zero
-    dissimilarity = evs.frame_dissimilarity(features, (2, 1, 3))
+    dissimilarity = pruning.frame_dissimilarity(features, (2, 1, 3))
     assert torch.isfinite(dissimilarity[1]).all()
     assert dissimilarity[1, 0].tolist() == [0.0, 0.5, 0.0]  # zero->zero is "no change"
 
@@ -124,12 +124,12 @@ def test_dissimilarity_zero_vectors_are_finite():
 def test_dissimilarity_of_identical_random_tokens_is_exactly_zero():
     torch.manual_seed(2)
     features = torch.randn(16, 33).repeat(3, 1)
-    assert (evs.frame_dissimilarity(features, (3, 4, 4))[1:] == 0).all()
+    assert (pruning.frame_dissimilarity(features, (3, 4, 4))[1:] == 0).all()
 
 
 def test_dissimilarity_rejects_wrong_row_count():
     with pytest.raises(ValueError, match="shape"):
-        evs.frame_dissimilarity(torch.randn(7, 3), (2, 2, 2))
+        pruning.frame_dissimilarity(torch.randn(7, 3), (2, 2, 2))
 
 
 # --- retention mask -------------------------------------------------------------------------------
@@ -137,19 +137,19 @@ def test_dissimilarity_rejects_wrong_row_count():
 
 def test_mask_exactly_k_and_group_zero_kept():
     torch.manual_seed(0)
-    mask = evs.compute_retention_mask(torch.randn(5 * 3 * 4, 8), (5, 3, 4), 0.55)
+    mask = pruning.compute_retention_mask(torch.randn(5 * 3 * 4, 8), (5, 3, 4), 0.55)
     assert mask.dtype == torch.bool and mask.shape == (60,)
-    assert int(mask.sum()) == evs.retained_token_count(12, 5, 0.55)
+    assert int(mask.sum()) == pruning.retained_token_count(12, 5, 0.55)
     assert mask[:12].all()
 
 
 def test_mask_ties_go_to_earlier_raster_index():
     # hw=4, T=3. Group 1 vs 0: [0, 1, 0, 1]; group 2 vs 1: [1, 0, 1, 0] (all exact: unit vectors).
     features = unit_rows(E1, E1, E1, E1, E1, E2, E1, E2, E2, E2, E2, E2)
-    dissimilarity = evs.frame_dissimilarity(features, (3, 2, 2)).reshape(-1)
+    dissimilarity = pruning.frame_dissimilarity(features, (3, 2, 2)).reshape(-1)
     assert dissimilarity[4:].tolist() == [0.0, 1.0, 0.0, 1.0, 1.0, 0.0, 1.0, 0.0]
     # K = floor(12 * 0.6) = 7: group 0, then 3 of the 4 tied ones at raster 5, 7, 8, 10.
-    mask = evs.compute_retention_mask(features, (3, 2, 2), 0.4)
+    mask = pruning.compute_retention_mask(features, (3, 2, 2), 0.4)
     assert mask.nonzero().flatten().tolist() == [0, 1, 2, 3, 5, 7, 8]
 
 
@@ -157,19 +157,19 @@ def test_mask_identical_frames_keep_group_zero_and_earliest_tokens():
     frame = torch.randn(6, 5)
     features = frame.repeat(4, 1)  # T=4, hw=6, every later group identical to group 0
     q = 0.6
-    k = evs.retained_token_count(6, 4, q)
+    k = pruning.retained_token_count(6, 4, q)
     assert k == 9
-    mask = evs.compute_retention_mask(features, (4, 2, 3), q)
+    mask = pruning.compute_retention_mask(features, (4, 2, 3), q)
     assert mask.nonzero().flatten().tolist() == list(range(k))
 
 
 def test_mask_single_group_keeps_all():
-    assert evs.compute_retention_mask(torch.randn(6, 3), (1, 2, 3), 0.9).all()
+    assert pruning.compute_retention_mask(torch.randn(6, 3), (1, 2, 3), 0.9).all()
 
 
 def test_mask_q_zero_keeps_all():
     features = torch.randn(4, 3).repeat(3, 1)
-    assert evs.compute_retention_mask(features, (3, 2, 2), 0.0).all()
+    assert pruning.compute_retention_mask(features, (3, 2, 2), 0.0).all()
 
 
 def test_mask_is_global_not_per_group():
@@ -177,13 +177,13 @@ def test_mask_is_global_not_per_group():
     group0 = unit_rows(E1, E1, E1, E1)
     group2 = unit_rows(E2, E2, E2, E2)
     features = torch.cat([group0, group0, group2])
-    mask = evs.compute_retention_mask(features, (3, 2, 2), 0.3)
-    assert evs.tokens_kept_per_group(mask, (3, 2, 2)).tolist() == [4, 0, 4]
+    mask = pruning.compute_retention_mask(features, (3, 2, 2), 0.3)
+    assert pruning.tokens_kept_per_group(mask, (3, 2, 2)).tolist() == [4, 0, 4]
 
 
 def test_mask_accepts_half_precision():
     features = torch.randn(2 * 2 * 2, 4).to(torch.bfloat16)
-    mask = evs.compute_retention_mask(features, torch.tensor([2, 2, 2]), 0.5)
+    mask = pruning.compute_retention_mask(features, torch.tensor([2, 2, 2]), 0.5)
     assert int(mask.sum()) == 4
 
 
@@ -203,10 +203,10 @@ def test_mask_properties(seed, t, h, w, dim, q, coarse):
         features = torch.randint(-1, 2, (t * h * w, dim), generator=generator).float()
     else:
         features = torch.randn(t * h * w, dim, generator=generator)
-    mask = evs.compute_retention_mask(features, (t, h, w), q)
-    dissimilarity = evs.frame_dissimilarity(features, (t, h, w)).reshape(-1)
+    mask = pruning.compute_retention_mask(features, (t, h, w), q)
+    dissimilarity = pruning.frame_dissimilarity(features, (t, h, w)).reshape(-1)
 
-    assert int(mask.sum()) == evs.retained_token_count(h * w, t, q)
+    assert int(mask.sum()) == pruning.retained_token_count(h * w, t, q)
     assert mask[: h * w].all()
     kept, dropped = dissimilarity[mask], dissimilarity[~mask]
     if dropped.numel():
@@ -222,5 +222,19 @@ def test_mask_from_precomputed_dissimilarity_matches():
     torch.manual_seed(3)
     features = torch.randn(4 * 3 * 5, 8)
     for q in (0.0, 0.3, 0.75):
-        dissimilarity = evs.frame_dissimilarity(features, (4, 3, 5))
-        assert torch.equal(evs.retention_mask_from_dissimilarity(dissimilarity, q), evs.compute_retention_mask(features, (4, 3, 5), q))
+        dissimilarity = pruning.frame_dissimilarity(features, (4, 3, 5))
+        assert torch.equal(pruning.retention_mask_from_dissimilarity(dissimilarity, q), pruning.compute_retention_mask(features, (4, 3, 5), q))
+
+
+# --- the old name ---------------------------------------------------------------------------------
+
+
+def test_import_evs_is_the_pruning_package_under_its_old_name_for_one_release():
+    import importlib
+
+    import evs
+
+    with pytest.warns(DeprecationWarning, match="now `pruning`"):
+        importlib.reload(evs)
+    assert evs.__all__ and all(getattr(evs, name) is getattr(pruning, name) for name in evs.__all__)
+    assert set(evs.__all__) <= set(pruning.__all__)

@@ -37,8 +37,9 @@ def make_picture(height_px: int = 12, width_px: int = 18) -> EvsPicture:
 def sample_stats(**overrides) -> dict:
     """A done event's stats: every key (engine.stats.Stats), these values, None for keys the cards don't use."""
     values = dict(
-        pruning_rate=0.7, frames_sampled=6, sampled_fps=2.0, grid_thw=[3, 2, 3], video_tokens_total=18,
-        video_tokens_kept=8, tokens_kept_per_frame=[6, 2, 0], prompt_tokens=40, prefill_tokens=40, generated_tokens=11,
+        pruning_rate=0.7, pruning_method="evs", frames_sampled=6, sampled_fps=2.0, grid_thw=[3, 2, 3],
+        video_tokens_total=18, video_tokens_kept=8, tokens_kept_per_frame=[6, 2, 0], prompt_tokens=40,
+        prefill_tokens=40, generated_tokens=11,
         ttft_s=0.5, total_s=1.5, read_video_s=0.004, vit_s=0.12, evs_s=0.0021, prefill_s=0.2,
         decode_s=1.0, vit_batch_requests=2, vit_cache_hit=True, prefix_cache_hit=False, decode_batch_max=3,
         thinking_tokens=0, answer_tokens=11,
@@ -140,6 +141,19 @@ def test_gallery_captions_give_time_and_kept_count():
     assert fully_pruned.max() <= np.ceil(255 * overlays.PRUNED_DIM + 225 * overlays.PRUNED_TINT_WEIGHT)
 
 
+def test_the_montage_holds_every_groups_dimmed_frame_in_time_order():
+    """The compare view's picture of one request: three 12x18 frames at 18 px wide, two columns, 2 px gaps."""
+    picture = make_picture()
+    montage = overlays.pruning_montage(picture, side_px=18)
+    assert montage.shape == (2 * 12 + 2, 2 * 18 + 2, 3) and montage.dtype == np.uint8
+    dimmed = [overlays.dim_pruned(frame, kept) for frame, kept in zip(picture.frames, picture.kept_mask)]
+    np.testing.assert_array_equal(montage[:12, :18], dimmed[0])
+    np.testing.assert_array_equal(montage[:12, 20:], dimmed[1])
+    np.testing.assert_array_equal(montage[14:, :18], dimmed[2])
+    assert (montage[14:, 20:] == 255).all() and (montage[12:14] == 255).all()  # the empty cell and the gap
+    assert overlays.pruning_montage(picture, side_px=9).shape == (2 * 6 + 2, 2 * 9 + 2, 3)  # scaled down
+
+
 # --- stats panel -----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("seconds, text", [(None, "—"), (0.0021, "2.1 ms"), (0.12, "120 ms"), (1.5, "1.50 s")])
@@ -151,7 +165,7 @@ def test_stats_cards_show_the_headline_numbers():
     html = stats_panel.stats_html(sample_stats())
     for fragment in ["18 → 8", "56% pruned at q=0.70", "Prompt tokens", ">40<", "11 tokens",
                      "10.0 tokens/s decode", "500 ms", "ViT × 2 · decode × 3", "features hit · prefix miss",
-                     "ViT cached · EVS 2.1 ms",
+                     "ViT cached · pruning 2.1 ms", "56% pruned at q=0.70 by evs",
                      "6 frames at 2 fps · grid 3 × 2 × 3", "prefilled 40 of 40 prompt tokens"]:
         assert fragment in html, fragment
 
@@ -163,7 +177,7 @@ def test_the_video_stage_splits_reading_from_waiting_for_a_reader():
 
 
 def test_stage_times_show_the_vit_time_when_the_features_were_not_cached():
-    assert "ViT 120 ms · EVS" in stats_panel.stats_html(sample_stats(vit_cache_hit=False))
+    assert "ViT 120 ms · pruning" in stats_panel.stats_html(sample_stats(vit_cache_hit=False))
 
 
 def test_decode_speed_is_unknown_for_a_single_token():
@@ -197,4 +211,3 @@ def test_compare_summary_states_savings():
     text = stats_panel.compare_summary(full, pruned)
     assert "**10 tokens shorter**" in text and "(2.0× faster)" in text
     assert "(2.0× slower)" in stats_panel.compare_summary(pruned | {"pruning_rate": 0.0}, full | {"pruning_rate": 0.7})
-    assert "TTFT 1.00 s" in stats_panel.compare_line(full)

@@ -5,7 +5,10 @@ one merge of streams; and `Engine` and `ReplicatedEngine` both offer the `Servin
 import asyncio
 import base64
 import inspect
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import gradio as gr
@@ -25,6 +28,8 @@ from ui.handlers import Handlers
 
 QUESTION = "What moves?"
 BAD_RATE = 1.5
+BAD_METHOD = "fastvid"
+REPO = Path(__file__).resolve().parent.parent
 
 
 def refusal(attempt) -> str:
@@ -39,17 +44,17 @@ def data_url(video: Path) -> str:
     return "data:video/mp4;base64," + base64.b64encode(video.read_bytes()).decode()
 
 
-def through_the_page(app, video: Path | None, question: str, rate: float) -> str:
+def through_the_page(app, video: Path | None, question: str, rate: float, method: str) -> str:
     """The browser's Ask handler (a private endpoint, so called here as Gradio calls it), with the
     sliders' other values."""
     settings = defaults(app.spy)
     sampling = settings.frame_sampling
 
     async def ask():
-        async for _ in Handlers(app.spy).chat(str(video) if video else None, question, rate, sampling.fps,
+        async for _ in Handlers(app.spy).chat(str(video) if video else None, question, rate, method, sampling.fps,
                                               sampling.max_frames, sampling.max_pixels_per_frame,
                                               settings.max_new_tokens, settings.temperature, False, False, False,
-                                              []):
+                                              False, []):
             pass
 
     with pytest.raises(gr.Error) as caught:
@@ -57,24 +62,25 @@ def through_the_page(app, video: Path | None, question: str, rate: float) -> str
     return caught.value.message
 
 
-def through_ask(app, video: Path | None, question: str, rate: float) -> str:
+def through_ask(app, video: Path | None, question: str, rate: float, method: str) -> str:
     file = handle_file(str(video)) if video else None
-    return refusal(lambda: app.client.predict(file, question, rate, max_new_tokens=6, api_name="/ask"))
+    return refusal(lambda: app.client.predict(file, question, rate, max_new_tokens=6, pruning_method=method,
+                                              api_name="/ask"))
 
 
-def through_openai(app, video: Path | None, question: str, rate: float) -> str:
+def through_openai(app, video: Path | None, question: str, rate: float, method: str) -> str:
     client = openai.OpenAI(base_url=f"{app.url}v1", api_key="unused", max_retries=0, timeout=120)
     parts = [{"type": "video_url", "video_url": {"url": data_url(video)}}] if video else []
     messages = [{"role": "user", "content": [*parts, {"type": "text", "text": question}]}]
     with pytest.raises(openai.BadRequestError) as caught:
         client.chat.completions.create(model=app.spy.model_info["name"], messages=messages, max_tokens=6,
-                                       extra_body={"pruning_rate": rate})
+                                       extra_body={"pruning_rate": rate, "pruning_method": method})
     return caught.value.body["message"]
 
 
-def through_mcp(app, video: Path | None, question: str, rate: float) -> str:
+def through_mcp(app, video: Path | None, question: str, rate: float, method: str) -> str:
     arguments = {"video": data_url(video) if video else "", "question": question, "pruning_rate": rate,
-                 "max_new_tokens": 6}
+                 "max_new_tokens": 6, "pruning_method": method}
 
     async def call():
         async with streamablehttp_client(f"{app.url}gradio_api/mcp/") as (read, write, _):
@@ -88,8 +94,28 @@ def through_mcp(app, video: Path | None, question: str, rate: float) -> str:
     return content.text
 
 
+def through_sweep(app, video: Path | None, question: str, rate: float, method: str) -> str:
+    file = handle_file(str(video)) if video else None
+    return refusal(lambda: app.client.predict(file, question, str(rate), max_new_tokens=6, methods=method,
+                                              api_name="/sweep"))
+
+
+def through_the_command_line(app, video: Path | None, question: str, rate: float, method: str) -> str:
+    """`python -m engine` in its own process, on the app's model: its sentence is stderr's "error: " line (the
+    engine's log lines go to stderr too)."""
+    args = ["--video", str(video), "--question", question, "--pruning-rate", str(rate), "--pruning-method", method,
+            "--model", app.spy.model_info["name"], "--device", "cpu", "--max-new-tokens", "6"]
+    env = {**os.environ, "EVS_CACHE_DIR": str(app.spy.engine.config.cache_dir)}
+    done = subprocess.run([sys.executable, "-m", "engine", *args], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    return next(line for line in done.stderr.splitlines() if line.startswith("error: ")).removeprefix("error: ")
+
+
 WAYS_IN = {"the page": through_the_page, "/ask": through_ask, "/v1/chat/completions": through_openai,
            "the MCP tool": through_mcp}
+# A bad method also through the sweep and the command line: the other mistakes need no second look there.
+EVERY_WAY_IN = {**WAYS_IN, "/sweep": through_sweep, "python -m engine": through_the_command_line}
 
 
 def expected_sentence(app, case: str) -> str:
@@ -100,6 +126,7 @@ def expected_sentence(app, case: str) -> str:
     question, params = {
         "a question too long": ("x" * (engine.config.max_question_chars + 1), GenerationParams()),
         "a bad pruning rate": (QUESTION, GenerationParams(pruning_rate=BAD_RATE)),
+        "a bad pruning method": (QUESTION, GenerationParams(pruning_method=BAD_METHOD)),
     }[case]
     return refusal(lambda: check_params(question, params, engine.config, engine.frame_sampling_limits))
 
@@ -110,9 +137,19 @@ def test_every_way_in_returns_the_same_sentence(app, clip, case):
     question = "x" * (app.spy.engine.config.max_question_chars + 1) if case == "a question too long" else QUESTION
     rate = BAD_RATE if case == "a bad pruning rate" else defaults(app.spy).pruning_rate
     sentence = expected_sentence(app, case)
-    said = {way: refuse(app, video, question, rate) for way, refuse in WAYS_IN.items()}
+    method = defaults(app.spy).pruning_method
+    said = {way: refuse(app, video, question, rate, method) for way, refuse in WAYS_IN.items()}
     assert said == dict.fromkeys(WAYS_IN, sentence)
     assert not any("Traceback" in text for text in said.values())
+
+
+def test_a_bad_pruning_method_is_one_sentence_every_way_in(app, clip):
+    sentence = expected_sentence(app, "a bad pruning method")
+    assert sentence == "The pruning method must be evs, vidcom2 or uniform; got 'fastvid'."
+    rate = defaults(app.spy).pruning_rate
+    video = clip("moving_object")
+    said = {way: refuse(app, video, QUESTION, rate, BAD_METHOD) for way, refuse in EVERY_WAY_IN.items()}
+    assert said == dict.fromkeys(EVERY_WAY_IN, sentence)
 
 
 # --- loose values ------------------------------------------------------------------------------
@@ -124,6 +161,8 @@ def test_loose_values_become_settings_and_left_out_ones_the_engines_defaults(app
     assert params.frame_sampling.max_frames == 12 and isinstance(params.frame_sampling.max_frames, int)
     assert params.frame_sampling.fps == engine.default_frame_sampling.fps
     assert params.temperature == GenerationParams.temperature
+    assert params.pruning_method == "evs"
+    assert request_params(engine, pruning_method="uniform").pruning_method == "uniform"
     assert request_params(engine) == defaults(engine)
     assert defaults(engine).pruning_rate == engine.model_info["default_pruning_rate"]
     for bad in ("a lot", [], float("inf")):

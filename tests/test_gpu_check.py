@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+import pruning
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -46,6 +48,7 @@ def test_quick_run_passes_and_prints_one_table(quick_run):
     assert "| reading, q = 0 | frames | waiting for a reader s | reading s | rest of TTFT s | TTFT s |" in result.stdout
     assert "| question at q = 0.7 | TTFT s | video tokens (held / upload's) |" in result.stdout
     assert "| live TTFT / the upload's, 30 s recording | <= 0.1 |" in result.stdout
+    assert "| method | kept | mask ms | pruning step ms | share of the vision forward |" in result.stdout
 
 
 def test_quick_run_saves_every_figure(quick_run):
@@ -64,6 +67,13 @@ def test_quick_run_saves_every_figure(quick_run):
         assert row["read_wait_s"] + row["read_s"] + row["rest_s"] == pytest.approx(row["ttft_s"])
     assert report["readers"] >= 1
     assert report["vit"]["videos"] == 8 and report["vit"]["one_forward_s"] > 0
+    methods = report["pruning_methods"]
+    assert list(methods["methods"]) == ["evs", "vidcom2", "uniform"] and methods["vit_forward_s"] > 0
+    T, h, w = methods["grid_thw"]
+    for method, row in methods["methods"].items():
+        assert row["kept"] == pruning.kept_token_count(method, h * w, T, 0.7)
+        assert 0 < row["mask_s"] and 0 < row["prune_s"]
+        assert row["share"] == pytest.approx(row["prune_s"] / methods["vit_forward_s"])
     assert [b["pruning_rate"] for b in report["bursts"]] == [0.0, 0.7]
     assert all(b["users"] == 8 and b["vit_batch_requests_max"] >= 2 for b in report["bursts"])
     arrival = report["arrival_burst"]

@@ -8,10 +8,10 @@ video) or the batch shape changes: measured up to 5.1e-5 on these logits (of mag
 import pytest
 import torch
 
-import evs
+import pruning
 
 from app_harness import wait_until
-from batched_rows import answered_in_one_batch
+from batched_rows import answered_in_one_batch, first_tokens, staggered
 from engine import Engine, EngineConfig, GenerationParams
 from engine.config import FrameSampling
 from engine.state.decode_batch import DecodeBatch
@@ -84,6 +84,20 @@ def test_batched_rows_of_different_lengths_equal_alone(name, tiny_cache_dir, vid
         answers = answered_in_one_batch(engine, videos, WORKLOAD, params)
     for item, answer in answers.items():
         assert_same(answer, alone[(name, *item)], item, logits=name == DENSE)
+
+
+@pytest.mark.parametrize("name", [DENSE, MOE])
+def test_rows_that_outlive_the_batch_equal_alone(name, tiny_cache_dir, videos, alone):
+    """Rows of different prompts, rates and max_new_tokens leave one by one, and every leave splits the batch's
+    recurrent state back into the rows that stay (`LMState.row`): each survivor's logits must go on as alone.
+    Pins a survivor handed another row's recurrent state (row 0's, say) when the state is split at a leave,
+    which rows that all leave together never exercise."""
+    workload = staggered(WORKLOAD, (4, 10, 2, 7, 5))
+    with make_engine(name, tiny_cache_dir) as engine:
+        answers = answered_in_one_batch(engine, videos, workload, params)
+    for (*item, tokens), answer in answers.items():
+        assert answer.stats["generated_tokens"] == tokens
+        assert_same(answer, first_tokens(alone[(name, *item)], tokens), (*item, tokens))
 
 
 def text_after_video(name, tiny_models, question, history) -> int:
@@ -204,7 +218,7 @@ def test_pruned_equals_the_stock_model_on_the_compacted_sequence(name, tiny_mode
         answer = engine.submit(videos[0], "What moves?", params(0.5)).result(120)
     with torch.inference_mode():
         features = family.encode(loaded.model, prompt.pixel_values, prompt.grid_thw_patches[None])[0]
-        retention = evs.compute_retention_mask(features.embeds, prompt.grid_thw, 0.5).cpu()  # the EVS choice alone
+        retention = pruning.compute_retention_mask(features.embeds, prompt.grid_thw, 0.5).cpu()  # the EVS choice alone
         assert 0 < int(retention.sum()) < retention.numel()
         # The compacted prompt, built here from the unpruned one: every text token, the kept video tokens,
         # each at its unpruned MRoPE position; then the answer, teacher-forced.

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import engine.worker.runner
-import evs
+import pruning
 from engine import Engine, EngineConfig, GenerationParams
 from engine.prompt.pruned import pruned_with
 
@@ -45,10 +45,10 @@ def test_q0_live_fed_a_lossless_file_equals_its_upload_at_the_logit_level(live_e
     assert answer.stats["video_tokens_kept"] == answer.stats["video_tokens_total"] == upload.stats["video_tokens_total"]
 
 
-def causal_prune(prompt, features, q):
-    """The engine's pruning of an upload with the live rule instead of the offline one."""
-    dissimilarity = evs.frame_dissimilarity(features.embeds, prompt.grid_thw)
-    return pruned_with(prompt, features, evs.causal_retention_mask_from_dissimilarity(dissimilarity, q), dissimilarity)
+def causal_prune(prompt, features, q, method):
+    """The engine's pruning of an upload with the live rule instead of the request's method (offline EVS)."""
+    dissimilarity = pruning.frame_dissimilarity(features.embeds, prompt.grid_thw)
+    return pruned_with(prompt, features, pruning.causal_retention_mask_from_dissimilarity(dissimilarity, q), dissimilarity)
 
 
 def test_a_question_forked_mid_stream_equals_a_cold_request_over_the_frames_so_far(live_engine, tmp_path,

@@ -2,6 +2,7 @@
 engine is behind, state freed on close and cancel (the hybrid model's too), shutdown, and live groups sharing the
 vision forward with uploads without either starving. docs/live.md."""
 
+import dataclasses
 import math
 import threading
 import time
@@ -77,11 +78,18 @@ def test_too_many_sessions_a_closed_session_and_an_early_question_each_get_a_sen
             call()
     third = engine.open_live(Q)  # a closed session's place is free again
     play(third, clip_frames(1_000_022, fps=2)[:4], fps=2)
-    assert third.ask("What moves?").result(60).stats["generated_tokens"] == 6
+    # a question's method is the session's (causal EVS), whatever its params say, as its rate is
+    answer = third.ask("What moves?", params=dataclasses.replace(Q, pruning_method="uniform")).result(60)
+    assert (answer.stats["generated_tokens"], answer.stats["pruning_method"]) == (6, "evs")
     assert upload.result(60).stats["generated_tokens"] == 6
     first.close(), third.close()
     with pytest.raises(InputError, match="pruning rate"):
         engine.open_live(GenerationParams(pruning_rate=1.5))
+    for method in ("vidcom2", "uniform"):  # no causal form: refused at the door, not pruned another way
+        with pytest.raises(InputError, match=f"^A live session prunes with causal EVS only .*'{method}'\\.$"):
+            engine.open_live(dataclasses.replace(Q, pruning_method=method))
+    with pytest.raises(InputError, match="The pruning method must be evs, vidcom2 or uniform"):
+        engine.open_live(dataclasses.replace(Q, pruning_method="fastvid"))
 
 
 def test_frames_pushed_faster_than_the_engine_takes_them_are_dropped_and_counted(two_sessions_engine):

@@ -41,7 +41,8 @@ def test_the_server_lists_exactly_one_documented_tool(app):
     assert "Efficient Video Sampling" in tool.description and "JSON" in tool.description
     properties = tool.inputSchema["properties"]
     assert list(properties) == ["video", "question", "pruning_rate", "max_new_tokens", "enable_thinking",
-                                "hear_soundtrack"]
+                                "hear_soundtrack", "pruning_method"]
+    assert properties["pruning_method"]["default"] == "evs" and "vidcom2" in properties["pruning_method"]["description"]
     assert all(properties[name].get("description") for name in properties)
     assert "upload" in properties["video"]["description"]
     assert properties["pruning_rate"]["default"] == app.spy.model_info["default_pruning_rate"]  # the model's own
@@ -51,7 +52,8 @@ def test_the_server_lists_exactly_one_documented_tool(app):
 
 def test_the_tool_answers_about_an_uploaded_clip(app, clip):
     link = f"{app.url}gradio_api/file={upload(app, clip('moving_object'))}"
-    arguments = {"video": link, "question": "What moves?", "pruning_rate": 0.5, "max_new_tokens": 5}
+    arguments = {"video": link, "question": "What moves?", "pruning_rate": 0.5, "max_new_tokens": 5,
+                 "pruning_method": "vidcom2"}
     result = mcp_session(app, lambda session: session.call_tool(TOOL, arguments))
     assert not result.isError, result.content
     [content] = result.content
@@ -60,6 +62,7 @@ def test_the_tool_answers_about_an_uploaded_clip(app, clip):
     stats = reply["stats"]
     assert stats["pruning_rate"] == 0.5 and stats["generated_tokens"] == 5
     assert stats["video_tokens_kept"] < stats["video_tokens_total"]
+    assert stats["pruning_method"] == "vidcom2" and min(stats["tokens_kept_per_frame"]) >= 1
 
 
 def test_the_tool_takes_a_data_url_and_refuses_other_paths(app, clip):

@@ -446,7 +446,8 @@ def test_sliders_and_api_defaults_follow_the_engines_device():
     parameters = demo.get_api_info()["named_endpoints"]["/ask"]["parameters"]
     names = [p["parameter_name"] for p in parameters]
     assert names == ["video", "question", "pruning_rate", "fps", "max_frames", "max_pixels_per_frame",
-                     "max_new_tokens", "temperature", "compare", "history", "enable_thinking", "hear_soundtrack"]
+                     "max_new_tokens", "temperature", "compare", "history", "enable_thinking", "hear_soundtrack",
+                     "pruning_method", "compare_methods"]
     defaults = {p["parameter_name"]: p["parameter_default"] for p in parameters}
     assert (defaults["fps"], defaults["max_frames"], defaults["max_pixels_per_frame"]) == (2.0, 128, 200_704)
 

@@ -7,9 +7,12 @@ and where the answer opens) or the batch shape changes: measured up to 1e-5 on t
 state or a wrong token moves them by 1e-2 and more."""
 
 import contextlib
+import re
 
+import numpy as np
 import pytest
 import torch
+from transformers.models.nemotron_h_omni.modeling_nemotron_h_omni import compute_retention_mask
 
 from engine import Engine, EngineConfig, GenerationParams, InputError
 from engine.config import FrameSampling
@@ -17,7 +20,7 @@ from engine.prompt.unpruned import chat_text, unpruned_prompt, processor_inputs
 from engine.prompt.pruned import prune_prompt
 from engine.reading.video import read_video
 
-from batched_rows import answered_in_one_batch
+from batched_rows import answered_in_one_batch, first_tokens, staggered
 
 NAME = "tiny-random-nemotron-omni"
 # 8 frames (4 tubelets) of at most 64 patches: 4 x 3 x 4 = 48 video tokens for the first clip, 4 x 3 x 5 = 60
@@ -83,7 +86,7 @@ def test_per_request_pruning_equals_the_models_own_evs(tiny_models, videos, alon
     """The one EVS in the stack written by someone else: transformers' forward with `video_pruning_rate = q`
     (compute_retention_mask on get_video_features' output, video tokens dropped from the sequence). Fed the
     engine's answer, its logits at every answer position must be the engine's, which prunes per request with
-    evs/ and a per-tubelet grid of its own."""
+    pruning/ and a per-tubelet grid of its own."""
     video, q, question = WORKLOAD[1]
     answer = alone[WORKLOAD[1]]
     loaded, inputs = stock_inputs(tiny_models, videos[video], question)
@@ -96,6 +99,43 @@ def test_per_request_pruning_equals_the_models_own_evs(tiny_models, videos, alon
     assert answer.stats["prompt_tokens"] == kept < inputs["input_ids"].shape[1]
     assert 0 < answer.stats["video_tokens_kept"] < answer.stats["video_tokens_total"]
     torch.testing.assert_close(torch.from_numpy(answer.logits), out.logits[0, kept - 1:].float(), atol=ATOL, rtol=0)
+
+
+def test_the_pruning_picture_is_the_tubelets_the_model_saw(tiny_models, tiny_cache_dir, videos):
+    """The EVS picture of a Nemotron-H Omni answer: one frame per two-frame tubelet, its first; one timestamp per
+    tubelet, the middle of the two frame times the processor wrote for it in the prompt; and the kept mask of the
+    model's own EVS (`compute_retention_mask` on `get_video_features`' output), which the language model was fed
+    (test_per_request_pruning_equals_the_models_own_evs). Pins a family built with one frame per temporal group:
+    the answer does not change (the processor's grid still counts tubelets), but the picture shows frames 0-3
+    and carries 8 timestamps for 4 tubelets."""
+    video_index, q, question = WORKLOAD[1]
+    with make_engine(tiny_cache_dir) as engine:
+        stream = engine.submit(videos[video_index], question, params(q, tokens=1))
+        events = list(stream)
+        answer = stream.result(120)
+    [picture] = [event.evs for event in events if event.kind == "evs"]
+    video = read_video(videos[video_index], FRAME_SAMPLING, max_seconds=60, max_bytes=10**8, timeout_s=60)
+    loaded, inputs = stock_inputs(tiny_models, videos[video_index], question)
+    written = re.findall(r"Frame (\d+) sampled at ([\d.]+) seconds and frame (\d+) sampled at ([\d.]+) seconds",
+                         loaded.processor.tokenizer.decode(inputs["input_ids"][0]))
+    T, h, w = picture.grid_thw
+    assert T == len(written) == inputs["pixel_values_videos"].shape[1] == len(video.frames) // 2
+    assert [(int(first), int(second)) for first, _, second, _ in written] == [(2 * t + 1, 2 * t + 2) for t in range(T)]
+    assert len(picture.frames) == T
+    for tubelet, (first, *_) in enumerate(written):  # the processor numbers frames from 1
+        assert np.array_equal(picture.frames[tubelet], video.frames[int(first) - 1]), \
+            f"tubelet {tubelet} is pictured by another frame than its first, frame {int(first) - 1}"
+    assert len(picture.timestamps_s) == T
+    for got, (_, first_s, _, second_s) in zip(picture.timestamps_s, written):  # the processor writes 2 decimals
+        assert abs(got - (float(first_s) + float(second_s)) / 2) <= 0.005 + 1e-9
+    assert any(event.kind == "status" and event.text.startswith(f"encoding {len(video.frames)} frames")
+               for event in events)
+    with torch.inference_mode():
+        features = loaded.model.get_video_features(inputs["pixel_values_videos"]).pooler_output[0]
+    models_own = compute_retention_mask(features, T, q)
+    assert 0 < int(models_own.sum()) < models_own.numel()
+    assert np.array_equal(picture.kept_mask, models_own.reshape(T, h, w).numpy())
+    assert int(picture.kept_mask.sum()) == answer.stats["video_tokens_kept"]
 
 
 def test_q0_equals_stock_generate(tiny_models, videos, alone):
@@ -114,6 +154,19 @@ def test_batched_rows_of_different_rates_and_lengths_equal_alone(tiny_cache_dir,
         answers = answered_in_one_batch(engine, videos, WORKLOAD, params)
     for item, answer in answers.items():
         assert_same(answer, alone[item], item)
+
+
+def test_rows_that_outlive_the_batch_equal_alone(tiny_cache_dir, videos, alone):
+    """Rows of different prompts, rates and max_new_tokens leave one by one, and every leave splits the batch's
+    Mamba state back into the rows that stay (`LMState.row`): each survivor's logits must go on as alone.
+    Pins a survivor handed another row's recurrent state (row 0's, say) when the state is split at a leave,
+    which rows that all leave together never exercise."""
+    workload = staggered(WORKLOAD, (3, 8, 5, 2))
+    with make_engine(tiny_cache_dir) as engine:
+        answers = answered_in_one_batch(engine, videos, workload, params)
+    for (*item, tokens), answer in answers.items():
+        assert answer.stats["generated_tokens"] == tokens
+        assert_same(answer, first_tokens(alone[tuple(item)], tokens), (*item, tokens))
 
 
 def test_follow_ups_equal_the_same_conversations_asked_cold(tiny_cache_dir, videos):
@@ -150,7 +203,7 @@ def test_a_tubelet_that_keeps_no_token_keeps_its_frame_text(tiny_models, videos)
     prompt = unpruned_prompt(loaded, family, video, "What moves?", [], SYSTEM, FRAME_SAMPLING.max_pixels_per_frame)
     with torch.inference_mode():
         features = family.encode(loaded.model, prompt.pixel_values, prompt.grid_thw_patches[None])[0]
-    pruned = prune_prompt(prompt, features, 0.9)
+    pruned = prune_prompt(prompt, features, 0.9, "evs")
     empty = pruned.tokens_kept_per_group.count(0)
     text = loaded.processor.tokenizer.decode(pruned.input_ids)
     assert empty > 0 and pruned.tokens_kept_per_group[0] == prompt.grid_thw[1] * prompt.grid_thw[2]

@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-import evs
+import pruning
 from app_harness import MAX_FILE_BYTES, MAX_VIDEO_S, launched_app, wait_until
 from engine import STATS_KEYS
 from engine.errors import EXPIRED_VIDEO, NO_VIDEO, InputError
@@ -49,8 +49,8 @@ def video_message(url: str, question: str = QUESTION) -> dict:
 def ask(client, messages, **kwargs):
     kwargs.setdefault("max_tokens", 6)
     kwargs.setdefault("temperature", 0)
-    extra = {key: kwargs.pop(key) for key in ("pruning_rate", "fps", "max_frames", "max_pixels_per_frame")
-             if key in kwargs}
+    extra = {key: kwargs.pop(key) for key in ("pruning_rate", "pruning_method", "fps", "max_frames",
+                                              "max_pixels_per_frame") if key in kwargs}
     return client.chat.completions.create(model=MODEL, messages=messages, extra_body=extra or None, **kwargs)
 
 
@@ -86,11 +86,21 @@ def test_an_answer_carries_usage_and_the_evs_stats(client, clip):
     assert set(STATS_KEYS) <= set(stats)
     assert stats["pruning_rate"] == 0.5 and stats["frames_sampled"] == 8  # 2 s at fps 4
     num_groups, h, w = stats["grid_thw"]
-    assert stats["video_tokens_kept"] == evs.retained_token_count(h * w, num_groups, 0.5) < stats["video_tokens_total"]
+    assert stats["video_tokens_kept"] == pruning.retained_token_count(h * w, num_groups, 0.5) < stats["video_tokens_total"]
     assert reply.usage.prompt_tokens == stats["prompt_tokens"]
     assert reply.usage.completion_tokens == stats["generated_tokens"] == 6
     assert reply.usage.total_tokens == reply.usage.prompt_tokens + 6
     assert api_videos() <= before  # the decoded data: URL is deleted once answered
+
+
+def test_the_pruning_method_is_an_extra_field(client, clip):
+    reply = ask(client, [video_message(data_url(clip("moving_object")))], pruning_rate=0.5, pruning_method="uniform",
+                fps=4.0)
+    stats = reply.usage.evs
+    num_groups, h, w = stats["grid_thw"]
+    assert stats["pruning_method"] == "uniform"
+    assert stats["video_tokens_kept"] == pruning.kept_token_count("uniform", h * w, num_groups, 0.5)
+    assert set(stats["tokens_kept_per_frame"]) == {0, h * w}  # whole groups
 
 
 def test_streaming_sends_openai_chunks_then_usage(client, clip):

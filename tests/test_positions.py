@@ -3,7 +3,7 @@ the unpruned maximum + 1; a Qwen3-VL group that keeps zero tokens keeps its time
 
 import torch
 
-import evs
+import pruning
 from engine.config import FrameSampling
 from engine.families.qwen import Qwen25VL, Qwen3VL
 from engine.prompt.unpruned import unpruned_prompt
@@ -60,7 +60,7 @@ def test_qwen3_groups_each_restart_temporal_position():
 
 
 def check_pruned_positions(prompt, pruned):
-    keep = evs.prompt_keep_mask(prompt.is_video, pruned.retention)
+    keep = pruning.prompt_keep_mask(prompt.is_video, pruned.retention)
     assert torch.equal(pruned.positions[1:], prompt.positions[:, keep])
     assert pruned.positions[0].tolist() == list(range(int(keep.sum())))
     after_video = int(torch.nonzero(prompt.is_video).max()) + 1
@@ -74,7 +74,7 @@ def test_pruned_positions_are_the_unpruned_ones(tiny_models, clip):
     for name in ("tiny-random", "tiny-random-qwen2.5-vl"):
         loaded, family, video, prompt = prepared(tiny_models, name, clip("moving_object"))
         features = family.encode(loaded.model, prompt.pixel_values, prompt.grid_thw_patches[None])[0]
-        pruned = prune_prompt(prompt, features, 0.6)
+        pruned = prune_prompt(prompt, features, 0.6, "evs")
         assert pruned.retention.sum() < prompt.is_video.sum()
         check_pruned_positions(prompt, pruned)
 
@@ -83,7 +83,7 @@ def test_qwen3_empty_group_keeps_its_timestamp(tiny_models, clip):
     loaded, family, video, prompt = prepared(tiny_models, "tiny-random", clip("static"))
     features = family.encode(loaded.model, prompt.pixel_values, prompt.grid_thw_patches[None])[0]
     T, h, w = prompt.grid_thw
-    pruned = prune_prompt(prompt, features, 1 - 1 / T)  # keeps exactly one group's worth
+    pruned = prune_prompt(prompt, features, 1 - 1 / T, "evs")  # keeps exactly one group's worth
     counts = pruned.tokens_kept_per_group
     assert counts[0] == h * w and 0 in counts[1:]
     text = loaded.processor.tokenizer.decode(pruned.input_ids)

@@ -1,5 +1,6 @@
 """One GPU, many users: batched equals alone, dedup, caches, cancellation, the ViT patch budget."""
 
+import dataclasses
 import shutil
 import time
 
@@ -105,6 +106,42 @@ def test_other_rate_misses_the_prefix_cache(tiny_cache_dir, videos):
         engine.submit(videos[1], "What happens?", params(0.6)).result(120)
         other = engine.submit(videos[1], "What happens?", params(0.3)).result(120)
     assert other.stats["vit_cache_hit"] and not other.stats["prefix_cache_hit"]
+
+
+def test_other_method_misses_the_prefix_cache_and_answers_as_cold(tiny_cache_dir, videos):
+    """Two methods at one rate keep as many tokens, but not the same ones: the conversation state of one must
+    not serve the other. On Qwen2.5-VL the video is one run of identical ids (no text between its groups, as
+    Qwen3-VL's timestamps), so both prompts have the very same ids and only the key tells them apart."""
+    vidcom2 = dataclasses.replace(params(0.5), pruning_method="vidcom2")
+
+    def qwen25_engine():
+        return Engine(EngineConfig(model="tiny-random-qwen2.5-vl", device="cpu", cache_dir=tiny_cache_dir,
+                                   frame_sampling=FRAME_SAMPLING))
+
+    with qwen25_engine() as engine:
+        evs = engine.submit(videos[1], "What happens?", params(0.5)).result(120)
+        other = engine.submit(videos[1], "What happens?", vidcom2).result(120)
+        again = engine.submit(videos[1], "What happens?", vidcom2).result(120)
+    with qwen25_engine() as cold_engine:
+        cold = cold_engine.submit(videos[1], "What happens?", vidcom2).result(120)
+    assert evs.stats["prompt_tokens"] == other.stats["prompt_tokens"]
+    assert other.stats["vit_cache_hit"] and not other.stats["prefix_cache_hit"] and again.stats["prefix_cache_hit"]
+    assert (evs.stats["pruning_method"], other.stats["pruning_method"]) == ("evs", "vidcom2")
+    assert_same_answer(other, cold, "vidcom2 after evs against cold")
+
+
+def test_the_methods_on_one_question_batched_equal_alone(tiny_cache_dir, videos):
+    """The page's compare view: one question, every method at one rate, one vision forward, decoding together."""
+    methods = [dataclasses.replace(params(0.7), pruning_method=method) for method in ("evs", "vidcom2", "uniform")]
+    with make_engine(tiny_cache_dir) as engine:
+        with engine.paused():
+            streams = [engine.submit(videos[0], "What happens?", p) for p in methods]
+        answers = [stream.result(120) for stream in streams]
+        assert engine.vision.forwards == 1
+    for p, answer in zip(methods, answers):
+        with make_engine(tiny_cache_dir) as fresh:
+            assert_same_answer(answer, fresh.submit(videos[0], "What happens?", p).result(120), p.pruning_method)
+        assert answer.stats["decode_batch_max"] == 3 and answer.stats["pruning_method"] == p.pruning_method
 
 
 def test_caches_stay_within_their_byte_bounds(tiny_cache_dir, videos):

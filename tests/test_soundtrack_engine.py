@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-import evs
+import pruning
 from engine import Engine, EngineConfig, GenerationParams
 from engine.__main__ import main as engine_main
 from engine.prompt.audio import audio_token_count, processor_audio
@@ -182,9 +182,10 @@ def test_the_command_line_hears_unless_told_not_to(tiny_cache_dir, clips, capsys
         assert json.loads(printed[printed.index("{"):])["soundtrack"] == verdict
 
 
-def test_evs_keeps_every_audio_token(engine, clips):
-    """At q = 0.9 most video tokens go; the audio tokens kept are exactly the audio tower's rows, which go in
-    their place."""
+@pytest.mark.parametrize("method", pruning.PRUNING_METHODS)
+def test_every_pruning_method_keeps_every_audio_token(engine, clips, method):
+    """At q = 0.9 most video tokens go, whichever method chooses them; the audio tokens kept are exactly the audio
+    tower's rows, which go in their place."""
     loaded, family = engine.loaded, engine.family
     video = read_video(clips["speech"], FRAME_SAMPLING, max_seconds=60, max_bytes=10**8, timeout_s=60,
                        soundtrack_rate_hz=RATE_HZ)
@@ -193,7 +194,7 @@ def test_evs_keeps_every_audio_token(engine, clips):
     with torch.inference_mode():
         features = family.encode(loaded.model, prompt.pixel_values, prompt.grid_thw_patches[None])[0]
         features.audio = family.encode_audio(loaded.model, prompt.audio)
-        pruned = prune_prompt(prompt, features, 0.9)
+        pruned = prune_prompt(prompt, features, 0.9, method)
         embeds = embed_prompt(loaded.model, pruned.input_ids, pruned.video_mask, pruned.features, pruned.audio_mask)
     assert int(pruned.retention.sum()) < prompt.is_video.sum()
     assert int(pruned.audio_mask.sum()) == len(pruned.features.audio) == int(prompt.is_audio.sum()) == \
@@ -215,7 +216,7 @@ def test_per_request_pruning_with_the_soundtrack_equals_the_models_own_evs(engin
     audio = processor_audio(loaded.processor, video.soundtrack.samples, video.soundtrack.rate_hz)
     inputs = processor_inputs(loaded, video, text, FRAME_SAMPLING.max_pixels_per_frame, audio)
     T, h, w = answer.stats["grid_thw"]
-    assert evs.retained_token_count(h * w, T, Q) == max(h * w, int(T * h * w * (1 - Q)))  # the counts agree
+    assert pruning.retained_token_count(h * w, T, Q) == max(h * w, int(T * h * w * (1 - Q)))  # the counts agree
     fed = torch.tensor([answer.token_ids[:-1]])
     ids = torch.cat([inputs["input_ids"], fed], dim=1)
     with torch.inference_mode(), builtin_evs(loaded.model, Q):

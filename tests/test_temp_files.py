@@ -80,7 +80,7 @@ def test_a_follow_up_on_a_deleted_upload_asks_for_it_again(short_lived_app, clip
     # (gradio_client would try to upload it again, so the call goes over Gradio's plain HTTP API).
     stale = {"path": str(uploaded), "meta": {"_type": "gradio.FileData"}, "orig_name": uploaded.name}
     data = [stale, "Where does it go next?", 0.7, 2.0, 32, 224 * 224, 4, 0.0, False, [["What moves?", answer]], False,
-            False]
+            False, "evs", False]
     base = client.src.rstrip("/")
     event_id = httpx.post(f"{base}/gradio_api/call/ask", json={"data": data}, timeout=30).json()["event_id"]
     events = httpx.get(f"{base}/gradio_api/call/ask/{event_id}", timeout=60).text

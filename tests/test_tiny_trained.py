@@ -15,6 +15,7 @@ import engine.worker.runner
 from assets.make_examples import EXAMPLES, EXAMPLES_DIR
 from assets.shapes import QUESTIONS, STILL_SECONDS, held_out_seeds, shape_clip, write_shape_clip
 from bench import accuracy as accuracy_bench
+from bench import accuracy_plot
 from engine import Engine, EngineConfig, GenerationParams
 from engine.config import DEFAULT_PRUNING_RATE
 
@@ -93,8 +94,8 @@ def test_positions_renumbered_for_the_pruned_sequence_lose_answers(trained_engin
     held the dropped tokens) instead of keeping the unpruned layout's. Answers at q = 0.7 get worse."""
     original = engine.worker.runner.prune_prompt
 
-    def renumbered(prompt, features, q):
-        pruned = original(prompt, features, q)
+    def renumbered(prompt, features, q, method):
+        pruned = original(prompt, features, q, method)
         length = pruned.input_ids.numel()
         pruned.positions = torch.arange(length).expand(4, length).clone()
         pruned.next_position = length
@@ -123,10 +124,38 @@ def test_the_accuracy_plot_draws_every_question_type_for_every_model():
         return {"0.0": dict.fromkeys(QUESTIONS, 1.0), "0.9": {**dict.fromkeys(QUESTIONS, 0.5),
                                                                "direction": direction_at_09}}
 
-    svg = ElementTree.fromstring(accuracy_bench.svg_plot({"evs": table(0.3), "plain": table(0.25)}, "title"))
+    svg = ElementTree.fromstring(accuracy_plot.svg_plot({"evs": table(0.3), "plain": table(0.25)}, "title"))
     lines = svg.findall("{http://www.w3.org/2000/svg}polyline")
     assert len(lines) == 2 * len(QUESTIONS)
     assert lines[0].get("stroke-dasharray") != lines[len(QUESTIONS)].get("stroke-dasharray")  # models differ
     # the first model's direction: from (q=0, 1.0) to (q=0.9, 0.3); y grows downwards
     (x0, y0), (x1, y1) = (map(float, p.split(",")) for p in lines[1].get("points").split())
     assert x1 > x0 and y1 > y0
+
+
+def test_the_methods_are_measured_at_their_budgets(trained_engine, held_out_clips):
+    """bench/accuracy.py --method: every method through the engine on the same clips, each at its own exact
+    count (8 groups of 2x2 at q = 0.7: EVS and VidCom2 keep 9 of 32, uniform two whole groups, 8)."""
+    clips = dict(list(held_out_clips.items())[:5])
+    kept = {method: accuracy_bench.measured(trained_engine, clips, [Q], method)[str(Q)]
+            for method in ("evs", "vidcom2", "uniform")}
+    assert {method: row["video_tokens_kept"] for method, row in kept.items()} == {"evs": 9, "vidcom2": 9, "uniform": 8}
+    assert all(row["video_tokens_total"] == 32 and set(row["accuracy"]) == set(QUESTIONS) for row in kept.values())
+
+
+def test_the_methods_table_and_plot_put_the_methods_side_by_side():
+    from xml.etree import ElementTree
+
+    def measured(share: float, kept: int) -> dict:
+        return {rate: {"accuracy": dict.fromkeys(QUESTIONS, share), "video_tokens_kept": kept,
+                       "video_tokens_total": 32} for rate in ("0.5", "0.9")}
+
+    by_method = {"evs": measured(1.0, 4), "vidcom2": measured(0.5, 8), "uniform": measured(0.25, 4)}
+    table = accuracy_bench.methods_markdown(by_method)
+    assert "| mean of the four | vidcom2 | **0.50** | **0.50** |" in table
+    assert "| video tokens kept (of 32) | vidcom2 | 8 | 8 |" in table
+    assert "| colour | uniform | 0.25 | 0.25 |" in table
+    svg = ElementTree.fromstring(accuracy_plot.svg_methods_plot({"a": by_method, "b": by_method}, "title"))
+    lines = svg.findall("{http://www.w3.org/2000/svg}polyline")
+    assert len(lines) == 2 * len(QUESTIONS) * 3  # a line per model, question type and method
+    assert [line.get("stroke") for line in lines[:3]] == [accuracy_plot.METHOD_COLOURS[m] for m in by_method]

@@ -29,7 +29,7 @@ from engine.reading.video import (
     OUT_OF_MEMORY,
     TOO_SLOW,
     UNREADABLE,
-    _duration_pair,
+    duration_pair,
     size_pair,
     file_sha256,
     read_video,
@@ -249,12 +249,12 @@ def test_size_and_duration_wording():
     assert size_pair(int(312.4 * 2**20), 200 * 2**20) == ("312.4 MB", "200 MB")
     assert size_pair(200 * 2**20 + 1, 200 * 2**20) == ("200.1 MB", "200 MB")
     assert size_pair(3000, 2048) == ("3 KB", "2 KB")
-    assert _duration_pair(750.0, 600.0) == ("12.5 minutes", "10 minutes")
-    assert _duration_pair(600.5, 600.0) == ("10.1 minutes", "10 minutes")
-    assert _duration_pair(90.0, 60.0) == ("1.5 minutes", "1 minute")
-    assert _duration_pair(2.3, 2.0) == ("2.3 seconds", "2 seconds")
-    assert _duration_pair(12600.0, 10800.0) == ("3.5 hours", "3 hours")
-    assert _duration_pair(3601.0, 3600.0) == ("1.1 hours", "1 hour")
+    assert duration_pair(750.0, 600.0) == ("12.5 minutes", "10 minutes")
+    assert duration_pair(600.5, 600.0) == ("10.1 minutes", "10 minutes")
+    assert duration_pair(90.0, 60.0) == ("1.5 minutes", "1 minute")
+    assert duration_pair(2.3, 2.0) == ("2.3 seconds", "2 seconds")
+    assert duration_pair(12600.0, 10800.0) == ("3.5 hours", "3 hours")
+    assert duration_pair(3601.0, 3600.0) == ("1.1 hours", "1 hour")
 
 
 def test_timeout(clips):

@@ -2,7 +2,7 @@
 
     python -m train.causal_rules [--clips 80] [--rates 0.5,0.7,0.9] [--threads 1]
 
-A live stream never ends, so its tokens are chosen group by group (evs/causal.py). This compares, with the
+A live stream never ends, so its tokens are chosen group by group (pruning/causal.py). This compares, with the
 committed `tiny-trained` (trained on the offline rule's masks):
 - upload: the offline rule, the global top-K over each clip alone (what an upload of it gets; not causal);
 - window: exact K over consecutive windows of 8 groups (causal only with 8 groups of latency);
@@ -24,7 +24,7 @@ from fractions import Fraction
 
 import torch
 
-import evs
+import pruning
 from assets.shapes import QUESTIONS, SECONDS, held_out_seeds, shape_clip
 from engine.families.registry import family_for
 from engine.loading.load import load_model
@@ -33,7 +33,7 @@ from engine.prompt.unpruned import unpruned_prompt
 
 from .tiny_trained import FRAME_SAMPLING, UploadedClips, answer_ids, teacher_forced_logits
 
-WINDOW = evs.WINDOW_GROUPS
+WINDOW = pruning.WINDOW_GROUPS
 STRETCH_GROUPS = 32
 CLIP_GROUPS = round(SECONDS * FRAME_SAMPLING.fps) // 2  # temporal groups of one clip: 8
 NOISE = 0.02  # feature noise, as a share of a feature's norm per dimension
@@ -82,10 +82,10 @@ def per_clip(rule, groups: int):
 
 
 RULES = {
-    "upload": per_clip(evs.retention_mask_from_dissimilarity, CLIP_GROUPS),
+    "upload": per_clip(pruning.retention_mask_from_dissimilarity, CLIP_GROUPS),
     f"window of {WINDOW}": windowed_exact_k,
     "bucket": token_bucket,
-    "trailing": evs.causal_retention_mask_from_dissimilarity,
+    "trailing": pruning.causal_retention_mask_from_dissimilarity,
 }
 
 
@@ -109,7 +109,7 @@ def accuracy(loaded, family, prompts, features, seeds, rule, q) -> dict[str, dic
     for pair in zip(seeds[0::2], seeds[1::2]):
         embeds = torch.cat([features[seed].embeds for seed in pair])
         groups, h, w = len(pair) * prompts[pair[0], "colour"].grid_thw[0], *prompts[pair[0], "colour"].grid_thw[1:]
-        dissimilarity = evs.frame_dissimilarity(embeds, (groups, h, w))
+        dissimilarity = pruning.frame_dissimilarity(embeds, (groups, h, w))
         mask = rule(dissimilarity, q)
         per_clip = groups // len(pair)
         for index, seed in enumerate(pair):
@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> None:
         noisy = embeds + NOISE * embeds.norm(dim=-1, keepdim=True) / embeds.shape[-1] ** 0.5 * noise
         grid = (embeds.shape[0] // math.prod(prompts[seeds[0], "colour"].grid_thw[1:]),
                 *prompts[seeds[0], "colour"].grid_thw[1:])
-        streams = {label: evs.frame_dissimilarity(e, grid) for label, e in (("as read", embeds), ("noisy", noisy))}
+        streams = {label: pruning.frame_dissimilarity(e, grid) for label, e in (("as read", embeds), ("noisy", noisy))}
         print(f"{len(seeds) // 2} streams of two held-out clips; accuracy colour / direction / shape / start; kept "
               f"share of all {len(seeds)} clips as one stream of {grid[0]} groups (range over {STRETCH_GROUPS}-group "
               "stretches)\n")

@@ -137,7 +137,7 @@ def served_prompts(loaded: LoadedModel, family: Family, videos: list[SampledVide
                for video, question in zip(videos, questions)]
     features = family.encode(loaded.model, torch.cat([p.pixel_values for p in prompts]),
                              torch.stack([p.grid_thw_patches for p in prompts]))
-    return [prune_prompt(prompt, feats, q) for prompt, feats, q in zip(prompts, features, rates)]
+    return [prune_prompt(prompt, feats, q, "evs") for prompt, feats, q in zip(prompts, features, rates)]
 
 
 def answer_ids(loaded: LoadedModel, answer: str) -> torch.Tensor:

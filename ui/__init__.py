@@ -14,7 +14,7 @@ API endpoint `/ask` (gradio_client: `client.submit(..., api_name="/ask")`)
 Inputs, in order (all after the first three have defaults):
     video                 file (gradio_client.handle_file(path)); required
     question              str; required
-    pruning_rate          float q, at least 0 and below 1: the fraction of video tokens EVS drops (default: the
+    pruning_rate          float q, at least 0 and below 1: the fraction of video tokens dropped (default: the
                           model's, engine.model_info["default_pruning_rate"])
     fps                   float, frames sampled per second of video (default 2.0)
     max_frames            int, cap on sampled frames (default by device: 32 on a CPU, 128 on a GPU)
@@ -32,6 +32,8 @@ Inputs, in order (all after the first three have defaults):
     hear_soundtrack       bool, give the model the video's soundtrack beside its frames (default: on for a model
                           with an audio tower, engine.model_info["hears"]: Nemotron-H Omni); others ignore it,
                           and the stats say "unsupported"
+    pruning_method        str, which video tokens are dropped: "evs" (default), "vidcom2" or "uniform"
+    compare_methods       bool, also answer with the other pruning methods at the same q (default False)
 
 Outputs, streamed as a tuple (answer, stats, figures, frames):
     answer   str: the answer so far at `pruning_rate`.
@@ -39,7 +41,9 @@ Outputs, streamed as a tuple (answer, stats, figures, frames):
              thinks, {"status": "thinking", "thinking": "<the thinking so far>"}); in the final update the stats
              dict with the docs/architecture.md keys (engine.stats.STATS_KEYS). With enable_thinking=True it has
              one more key, "thinking": str, what the model thought before the answer; with compare=True,
-             "compare": {"pruning_rate": 0.0, "answer": str, "stats": {...same keys...}}.
+             "compare": {"pruning_rate": 0.0, "answer": str, "stats": {...same keys...}}; with
+             compare_methods=True, "compare_methods": {method: {"answer": str, "stats": {...}}} for every
+             method (pruning.PRUNING_METHODS order), the chosen one included.
     figures  dict of two plotly figures as JSON, {"tokens_per_group": ..., "dissimilarity": ...}
              (rebuild with plotly.io.from_json(json.dumps(...))); sent once, before the first token.
     frames   gallery: one image per temporal group, pruned patches dimmed and tinted, captioned
@@ -51,14 +55,17 @@ other way in gives for the same mistake (engine/front/door.py); the numbers have
 
 API endpoint `/sweep` (gradio_client: `client.predict(video, question, api_name="/sweep")`)
 --------------------------------------------------------------------------------------------
-The question answered at several pruning rates as one burst (one read of the video, one ViT forward,
-the answers decoding together). Inputs: video, question, then with defaults rates ("0, 0.3, 0.5, 0.7, 0.9",
-or a list of numbers; at most 8), fps, max_frames, max_pixels_per_frame (None: the device's defaults),
-max_new_tokens (128), temperature (0.0), enable_thinking (False: a model that can think does so first at
-every rate), hear_soundtrack (as for `/ask`: every rate hears it). Streams (table, figure, answers_html); the final result holds:
-    table         {"headers": [...], "data": [[q, answer, video tokens kept, video tokens total, prompt
-                  tokens, TTFT (s), prefill (s), ViT (s), requests in the ViT forward, total (s)], ...]}
-    figure        the plot of kept tokens and TTFT against q ({"type": "plotly", "plot": "<json>"})
+The question answered at several pruning rates, with one pruning method or several (each at every rate), as
+one burst (one read of the video, one ViT forward, the answers decoding together). Inputs: video, question,
+then with defaults rates ("0, 0.3, 0.5, 0.7, 0.9", or a list of numbers; at most 8), fps, max_frames,
+max_pixels_per_frame (None: the device's defaults), max_new_tokens (128), temperature (0.0), enable_thinking
+(False: a model that can think does so first at every rate), hear_soundtrack (as for `/ask`: every rate hears
+it), methods ("evs", or "evs, vidcom2, uniform" or a list of names; rates times methods at most 16). Streams
+(table, figure, answers_html); the final result holds:
+    table         {"headers": [...], "data": [[q, method, answer, video tokens kept, video tokens total,
+                  prompt tokens, TTFT (s), prefill (s), ViT (s), requests in the ViT forward, total (s)], ...]}
+    figure        the plot of kept tokens and TTFT against q, per method when there are several
+                  ({"type": "plotly", "plot": "<json>"})
     answers_html  the answers side by side, as shown on the page
 """
 

@@ -139,6 +139,8 @@ def _base_layout() -> dict:
 
 
 TTFT_COLOR = "#334155"  # slate: time, on the second axis
+# One colour per pruning method when a sweep runs several (EVS keeps the kept-token teal).
+METHOD_COLORS = {"evs": KEPT_COLOR, "vidcom2": "#6366f1", "uniform": "#d97706"}
 
 
 def sweep_figure(rows: list[dict]) -> go.Figure:
@@ -147,39 +149,56 @@ def sweep_figure(rows: list[dict]) -> go.Figure:
     In a sweep the requests queue for prefill behind each other (shortest first), so TTFT also holds the
     wait for the others; the prefill line is each rate's own cost.
 
-    rows: one stats dict per rate (the engine's keys), in any order; plotted by increasing q. The x axis
-    is categorical so that each rate gets its own bar however close the rates are.
+    rows: one stats dict per request (the engine's keys), in any order; plotted by increasing q. The x axis
+    is categorical so that each rate gets its own bar however close the rates are. Rows of several pruning
+    methods get a bar and a TTFT line per method, in the method's colour (and no prefill lines).
     """
     rows = sorted(rows, key=lambda stats: stats["pruning_rate"])
-    labels = [f"{stats['pruning_rate']:g}" for stats in rows]
-    kept = np.array([stats["video_tokens_kept"] for stats in rows], dtype=np.int32)
-    ttft_s = np.array([stats["ttft_s"] for stats in rows], dtype=np.float32)
-    prefill_s = np.array([stats["prefill_s"] for stats in rows], dtype=np.float32)
+    methods = list(dict.fromkeys(stats["pruning_method"] for stats in rows))
     total = max((stats["video_tokens_total"] for stats in rows), default=0)
-    fig = go.Figure(
-        [
-            go.Bar(x=labels, y=kept, name="video tokens kept", marker_color=KEPT_COLOR,
-                   hovertemplate="q=%{x}: %{y} tokens kept<extra></extra>"),
-            go.Scatter(x=labels, y=ttft_s, name="TTFT", yaxis="y2", mode="lines+markers",
-                       line=dict(color=TTFT_COLOR, width=2), marker=dict(size=8),
-                       hovertemplate="q=%{x}: TTFT %{y:.3f} s<extra></extra>"),
-            go.Scatter(x=labels, y=prefill_s, name="prefill", yaxis="y2", mode="lines+markers",
-                       line=dict(color=PRUNED_COLOR, width=2, dash="dot"), marker=dict(size=6),
-                       hovertemplate="q=%{x}: prefill %{y:.3f} s<extra></extra>"),
-        ]
-    )
+    if len(methods) == 1:
+        traces = _rate_traces(rows, "video tokens kept", "TTFT", KEPT_COLOR, TTFT_COLOR)
+        traces.append(_line(rows, "prefill_s", "prefill", PRUNED_COLOR, "dot", 6))
+    else:
+        traces = []
+        for method in methods:
+            of_method = [stats for stats in rows if stats["pruning_method"] == method]
+            colour = METHOD_COLORS.get(method, TTFT_COLOR)
+            traces += _rate_traces(of_method, f"kept · {method}", f"TTFT · {method}", colour, colour)
+        traces = traces[0::2] + traces[1::2]  # bars first, then lines, for the legend
+    fig = go.Figure(traces)
     layout = _base_layout()
     # Under the plot: beside the title it would cover it on a phone.
     layout["legend"] = dict(orientation="h", yanchor="top", y=-0.28, xanchor="left", x=0.0)
     layout["margin"] = dict(layout["margin"], b=96)
     fig.update_layout(
-        title=dict(text=f"Kept tokens (of {total:,}), TTFT and prefill against q", x=0.0, xanchor="left",
+        title=dict(text=f"Kept tokens (of {total:,}), TTFT and prefill against q" if len(methods) == 1 else
+                   f"Kept tokens (of {total:,}) and TTFT against q, per method", x=0.0, xanchor="left",
                    font=dict(size=14)),
         xaxis=dict(title="pruning rate q", type="category", automargin=True),
         yaxis=dict(title="video tokens kept", rangemode="tozero", gridcolor=_GRID_COLOR, automargin=True),
         yaxis2=dict(title="seconds", overlaying="y", side="right", rangemode="tozero", showgrid=False,
                     automargin=True),
         plot_bgcolor="rgba(0,0,0,0)",
+        barmode="group",
         **layout,
     )
     return fig
+
+
+def _rate_traces(rows: list[dict], kept_name: str, ttft_name: str, bar_colour: str, line_colour: str) -> list:
+    """[kept tokens as bars, TTFT as a line] of rows against q (category labels)."""
+    labels = [f"{stats['pruning_rate']:g}" for stats in rows]
+    kept = np.array([stats["video_tokens_kept"] for stats in rows], dtype=np.int32)
+    return [go.Bar(x=labels, y=kept, name=kept_name, marker_color=bar_colour,
+                   hovertemplate=f"{kept_name}, q=%{{x}}: %{{y}} tokens<extra></extra>"),
+            _line(rows, "ttft_s", ttft_name, line_colour, "solid", 8)]
+
+
+def _line(rows: list[dict], key: str, name: str, colour: str, dash: str, marker_px: int) -> go.Scatter:
+    """Seconds of `key` against q on the right axis."""
+    labels = [f"{stats['pruning_rate']:g}" for stats in rows]
+    seconds = np.array([stats[key] for stats in rows], dtype=np.float32)
+    return go.Scatter(x=labels, y=seconds, name=name, yaxis="y2", mode="lines+markers",
+                      line=dict(color=colour, width=2, dash=dash), marker=dict(size=marker_px),
+                      hovertemplate=f"{name}, q=%{{x}}: %{{y:.3f}} s<extra></extra>")

@@ -1,8 +1,9 @@
 """Async generator handlers that bridge Gradio events to the one engine, through its front door
 (engine/front/door.py: settings, sentences, the merged stream).
 
-Each question becomes one engine request (two in compare mode: q=0 and the chosen q, submitted together
-so they share the ViT forward and decode steps). With "Think first" on, the model's thinking streams into a
+Each question becomes one engine request; in compare mode more, submitted as one burst (as the sweep's) so
+they share the read, one ViT forward and the decode steps: q = 0 beside the chosen q, and the other pruning
+methods at the chosen q beside the chosen one. With "Think first" on, the model's thinking streams into a
 collapsed block of its own above the answer; with "Hear the soundtrack" on, a model that hears is given the
 video's sound beside its frames. Engine events are read with `Stream.aevents()`, so a
 waiting request holds no thread. When Gradio stops iterating a handler (Stop button, closed tab, API
@@ -18,43 +19,18 @@ from engine.config import GenerationParams
 from engine.errors import NO_VIDEO, InputError
 from engine.front.door import follow, history_pairs, request_params
 from engine.front.serving import Serving
-from engine.stream import Event, EvsPicture
+from pruning import PRUNING_METHODS
 from ui import figures, frame_files, overlays, stats_panel
 from ui.gradio_errors import raises_gradio_errors
+from ui.runs import RunView, answer_cards
 
 THINKING_TITLE = "Thinking"  # the title of the block that holds the model's thinking in the chat
 # Output order of the chat (browser) handler; layout.py wires components by these names.
 CHAT_OUTPUTS = (
     "chat", "question", "status", "stats_html", "stats_json", "bars", "heatmap", "gallery",
-    "compare_full", "compare_pruned", "compare_summary", "turns",
+    "compare_cards", "compare_pictures", "compare_summary", "turns",
 )
-
-
-@dataclasses.dataclass
-class RunView:
-    """What is known so far about one engine request."""
-
-    pruning_rate: float
-    status: str = "queued"
-    thinking: str = ""
-    answer: str = ""
-    picture: EvsPicture | None = None
-    stats: dict | None = None
-
-    def apply(self, event: Event) -> None:
-        if event.kind == "status":
-            self.status = event.text
-        elif event.kind == "evs":
-            self.picture = event.evs
-        elif event.kind == "thinking":
-            self.thinking += event.text
-            self.status = "thinking"
-        elif event.kind == "text":
-            self.answer += event.text
-            self.status = "answering"
-        elif event.kind == "done":
-            self.stats = event.stats
-            self.status = f"done in {stats_panel.format_seconds(event.stats.get('total_s'))}"
+BASELINE_TITLE = "q = 0 · all tokens"
 
 
 def not_an_mcp_tool(fn):
@@ -69,11 +45,19 @@ def not_an_mcp_tool(fn):
     return fn
 
 
-def _params_for(compare: bool, params: GenerationParams) -> list[GenerationParams]:
-    """Compare mode puts the unpruned baseline first; the chosen q is always the last request."""
-    if not compare:
-        return [params]
-    return [dataclasses.replace(params, pruning_rate=0.0), params]
+def _params_for(compare: bool, compare_methods: bool, params: GenerationParams) -> list[GenerationParams]:
+    """The requests of one question: the unpruned baseline first (compare), then the other pruning methods at
+    the chosen q (compare_methods); the chosen settings are always the last request."""
+    baseline = [dataclasses.replace(params, pruning_rate=0.0)] if compare else []
+    others = [dataclasses.replace(params, pruning_method=method) for method in PRUNING_METHODS
+              if method != params.pruning_method] if compare_methods else []
+    return [*baseline, *others, params]
+
+
+def _titles(runs: list[RunView], compare: bool, compare_methods: bool) -> list[str]:
+    """Each request's title in the compare view: the baseline's, else its q (and method, comparing them)."""
+    return [BASELINE_TITLE if compare and index == 0 else run.label(with_method=compare_methods)
+            for index, run in enumerate(runs)]
 
 
 class Handlers:
@@ -98,23 +82,26 @@ class Handlers:
         history: list | None = None,
         enable_thinking: bool = False,
         hear_soundtrack: bool | None = None,
+        pruning_method: str | None = None,
+        compare_methods: bool = False,
     ) -> AsyncIterator[tuple]:
         """The `/ask` API endpoint: streams (answer, stats, figures, frames); see ui/__init__.py.
 
         A setting left out (None) takes the engine's default (door.defaults), as the sliders do. With
         enable_thinking, the thinking so far rides in the stats output. hear_soundtrack: None hears it on a
-        model that can.
+        model that can. compare_methods: also answer with the other pruning methods at the same q.
         """
-        params = request_params(self.engine, pruning_rate=pruning_rate, fps=fps, max_frames=max_frames,
-                                max_pixels_per_frame=max_pixels_per_frame, max_new_tokens=max_new_tokens,
-                                temperature=temperature, enable_thinking=enable_thinking,
-                                hear_soundtrack=hear_soundtrack)
-        params_list = _params_for(bool(compare), params)
-        runs = [RunView(p.pruning_rate) for p in params_list]
+        params = request_params(self.engine, pruning_rate=pruning_rate, pruning_method=pruning_method, fps=fps,
+                                max_frames=max_frames, max_pixels_per_frame=max_pixels_per_frame,
+                                max_new_tokens=max_new_tokens, temperature=temperature,
+                                enable_thinking=enable_thinking, hear_soundtrack=hear_soundtrack)
+        params_list = _params_for(bool(compare), bool(compare_methods), params)
+        runs = [RunView.of(p) for p in params_list]
         chosen = runs[-1]
         figures_json, frames = gr.skip(), gr.skip()
         yield "", {"status": chosen.status}, figures_json, frames
-        async for index, event in follow(self.engine, video, question, params_list, history_pairs(history)):
+        async for index, event in follow(self.engine, video, question, params_list, history_pairs(history),
+                                         burst=len(params_list) > 1):
             runs[index].apply(event)
             if index != len(runs) - 1:
                 continue
@@ -133,6 +120,10 @@ class Handlers:
             stats["thinking"] = chosen.thinking
         if compare:
             stats["compare"] = {"pruning_rate": 0.0, "answer": runs[0].answer, "stats": runs[0].stats}
+        if compare_methods:
+            stats["compare_methods"] = {run.pruning_method: {"answer": run.answer, "stats": run.stats}
+                                        for run in sorted(runs[bool(compare):],
+                                                          key=lambda run: PRUNING_METHODS.index(run.pruning_method))}
         # The final update repeats every output so that a client's result holds all four values.
         yield chosen.answer, stats, figures_json, frames
 
@@ -142,12 +133,14 @@ class Handlers:
         video: str | None,
         question: str,
         pruning_rate: float,
+        pruning_method: str,
         fps: float,
         max_frames: int,
         max_pixels_per_frame: int,
         max_new_tokens: int,
         temperature: float,
         compare: bool,
+        compare_methods: bool,
         enable_thinking: bool,
         hear_soundtrack: bool,
         turns: list,
@@ -156,16 +149,18 @@ class Handlers:
 
         turns: the earlier [question, answer, thinking] of this video's conversation.
         """
-        params = request_params(self.engine, pruning_rate=pruning_rate, fps=fps, max_frames=max_frames,
-                                max_pixels_per_frame=max_pixels_per_frame, max_new_tokens=max_new_tokens,
-                                temperature=temperature, enable_thinking=enable_thinking,
-                                hear_soundtrack=hear_soundtrack)
+        params = request_params(self.engine, pruning_rate=pruning_rate, pruning_method=pruning_method, fps=fps,
+                                max_frames=max_frames, max_pixels_per_frame=max_pixels_per_frame,
+                                max_new_tokens=max_new_tokens, temperature=temperature,
+                                enable_thinking=enable_thinking, hear_soundtrack=hear_soundtrack)
         if not video:  # before the question shows up in the chat
             raise InputError(NO_VIDEO)
         turns = list(turns or [])
-        params_list = _params_for(bool(compare), params)
-        runs = [RunView(p.pruning_rate) for p in params_list]
+        params_list = _params_for(bool(compare), bool(compare_methods), params)
+        runs = [RunView.of(p) for p in params_list]
         chosen = runs[-1]
+        comparing = len(runs) > 1
+        titles = _titles(runs, bool(compare), bool(compare_methods))
 
         def chat_view() -> list[dict]:
             earlier = [m for q, a, thought in turns for m in _turn(q, thought, a, thinking_done=True)]
@@ -174,38 +169,40 @@ class Handlers:
         def update(**changes) -> tuple:
             return tuple(changes.get(name, gr.skip()) for name in CHAT_OUTPUTS)
 
-        def compare_panels() -> dict:
-            if not compare:
-                return {}
-            return dict(compare_full=_compare_panel("q = 0 · all tokens", runs[0]),
-                        compare_pruned=_compare_panel(f"q = {chosen.pruning_rate:.2f}", chosen))
+        def compare_cards() -> dict:
+            return dict(compare_cards=answer_cards(runs, titles)) if comparing else {}
 
-        yield update(chat=chat_view(), question="", status=_status_line(runs), **compare_panels(),
+        def status() -> str:
+            return _status_line(runs, titles)
+
+        yield update(chat=chat_view(), question="", status=status(), **compare_cards(), compare_pictures=None,
                      compare_summary="")
         history = [(q, a) for q, a, _ in turns]
-        async for index, event in follow(self.engine, video, question, params_list, history):
+        async for index, event in follow(self.engine, video, question, params_list, history, burst=comparing):
             runs[index].apply(event)
             is_chosen = index == len(runs) - 1
-            if event.kind == "evs" and is_chosen:
-                yield update(status=_status_line(runs), bars=figures.tokens_per_group_figure(event.evs),
-                             heatmap=figures.dissimilarity_figure(event.evs),
-                             gallery=frame_files.saved(overlays.frame_gallery(event.evs)))
+            if event.kind == "evs":
+                pictures = dict(compare_pictures=_compare_pictures(runs, titles)) if comparing else {}
+                chosen_picture = dict(bars=figures.tokens_per_group_figure(event.evs),
+                                      heatmap=figures.dissimilarity_figure(event.evs),
+                                      gallery=frame_files.saved(overlays.frame_gallery(event.evs))) if is_chosen else {}
+                yield update(status=status(), **chosen_picture, **pictures)
             elif event.kind in ("thinking", "text"):
                 shown_answer = dict(chat=chat_view()) if is_chosen else {}
-                yield update(**shown_answer, status=_status_line(runs), **compare_panels())
-            elif event.kind == "status" or (event.kind == "done" and compare):
-                yield update(status=_status_line(runs), **compare_panels())
+                yield update(**shown_answer, status=status(), **compare_cards())
+            elif event.kind == "status" or (event.kind == "done" and comparing):
+                yield update(status=status(), **compare_cards())
         summary = stats_panel.compare_summary(runs[0].stats, chosen.stats) if compare else ""
-        yield update(chat=chat_view(), status=_status_line(runs), stats_html=stats_panel.stats_html(chosen.stats),
+        yield update(chat=chat_view(), status=status(), stats_html=stats_panel.stats_html(chosen.stats),
                      stats_json=chosen.stats, compare_summary=summary,
                      turns=[*turns, [question, chosen.answer, chosen.thinking]],
-                     **compare_panels())
+                     **compare_cards())
 
     @staticmethod
     def new_video() -> tuple:
         """A different video starts a new conversation: clear everything shown about the old one."""
         cleared = dict(chat=[], status="", stats_html=stats_panel.stats_html(None), stats_json=None,
-                       bars=None, heatmap=None, gallery=None, compare_full="", compare_pruned="",
+                       bars=None, heatmap=None, gallery=None, compare_cards="", compare_pictures=None,
                        compare_summary="", turns=[])
         return tuple(cleared.get(name, gr.skip()) for name in CHAT_OUTPUTS)
 
@@ -223,13 +220,19 @@ def _turn(question: str, thinking: str, answer: str, thinking_done: bool) -> lis
     return messages
 
 
-def _status_line(runs: list[RunView]) -> str:
+def _status_line(runs: list[RunView], titles: list[str]) -> str:
     """Markdown status: what the engine is doing for each request of this question."""
     if len(runs) == 1:
         return f"**Status:** {runs[0].status}"
-    return " · ".join(f"**q={run.pruning_rate:.2f}:** {run.status}" for run in runs)
+    return " · ".join(f"**{title}:** {run.status}" for run, title in zip(runs, titles))
 
 
-def _compare_panel(title: str, run: RunView) -> str:
-    answer = run.answer or f"*{run.status}…*"
-    return f"#### {title}\n\n{answer}\n\n{stats_panel.compare_line(run.stats)}"
+def _compare_pictures(runs: list[RunView], titles: list[str]) -> list[tuple[str, str]]:
+    """The compare view's pruning pictures: each request's frames in one image, captioned with its title and
+    the tokens it kept, for the requests whose picture has come."""
+    shown = []
+    for run, title in zip(runs, titles):
+        if run.picture is not None:
+            kept, total = int(run.picture.kept_mask.sum()), run.picture.kept_mask.size
+            shown.append((overlays.pruning_montage(run.picture), f"{title} · kept {kept:,}/{total:,}"))
+    return frame_files.saved(shown)

@@ -1,6 +1,6 @@
-"""The Gradio Blocks page and its wiring: inputs on the left, conversation and numbers on the right,
-the pruning picture and the q sweep underneath; the `/ask` and `/sweep` API endpoints and the MCP tool on
-hidden components."""
+"""The Gradio Blocks page and its wiring. The Video tab: inputs on the left, conversation and numbers on the
+right, the pruning picture and the q sweep underneath; the Live tab (ui/live_tab.py); the `/ask` and `/sweep`
+API endpoints and the MCP tool on hidden components."""
 
 import math
 from dataclasses import dataclass
@@ -10,13 +10,17 @@ from pathlib import Path
 import gradio as gr
 
 from assets.make_examples import example_questions
-from engine.config import MAX_FILE_BYTES, FrameSamplingLimits, GenerationParams
+from engine.config import MAX_FILE_BYTES, EngineConfig, FrameSamplingLimits, GenerationParams
 from engine.front.door import defaults
 from engine.front.serving import Serving
+from pruning import PRUNING_METHODS
 from ui import stats_panel
 from ui.handlers import CHAT_OUTPUTS, Handlers
+from ui.live_tab import HEAD_PATH as LIVE_HEAD_PATH, live_tab
 from ui.mcp_tool import TOOL_MAX_NEW_TOKENS, VideoQuestionTool
+from ui.runs import METHOD_LABELS
 from ui.sweep import (
+    DEFAULT_METHODS,
     DEFAULT_RATES_TEXT,
     PLACEHOLDER_HTML as SWEEP_PLACEHOLDER_HTML,
     TABLE_HEADERS,
@@ -39,8 +43,9 @@ HEADER_HTML = """
 <div class="evs-header">
   <h1>EVS Video Chat</h1>
   <p>Upload a video and ask about it. <b>Efficient Video Sampling</b> drops the video tokens that barely
-  changed since the previous frame before the language model reads them; the slider sets how many.
-  Below the answer: token counts, time to first token, and which patches of each frame were kept.</p>
+  changed since the previous frame before the language model reads them; the slider sets how many, and
+  two other pruning methods can take its place or stand beside it. Below the answer: token counts, time to
+  first token, and which patches of each frame were kept.</p>
 </div>
 """
 
@@ -80,7 +85,9 @@ class Controls:
     video: gr.Video
     question: gr.Textbox
     pruning_rate: gr.Slider
+    pruning_method: gr.Dropdown
     compare: gr.Checkbox
+    compare_methods: gr.Checkbox
     think: gr.Checkbox
     hear: gr.Checkbox
     ask: gr.Button
@@ -92,6 +99,7 @@ class Controls:
     max_new_tokens: gr.Slider
     temperature: gr.Slider
     sweep_rates: gr.Textbox
+    sweep_methods: gr.CheckboxGroup
 
 
 @dataclass
@@ -107,23 +115,30 @@ class SweepView:
 
 
 def build_demo(engine: Serving, *, banner: str | None = None, delete_cache: tuple[int, int] | None = None,
-               max_file_bytes: int = MAX_FILE_BYTES, fetch_video_urls: bool = False) -> gr.Blocks:
+               max_file_bytes: int = MAX_FILE_BYTES, fetch_video_urls: bool = False, live_urls: bool = False,
+               limits: EngineConfig | None = None) -> gr.Blocks:
     """The whole page for one engine; `banner` is an extra warning (see default_banner).
 
     delete_cache: (every_s, older_than_s): uploads and generated images older than `older_than_s` seconds
     are deleted every `every_s` seconds (None keeps them until the server stops).
     max_file_bytes, fetch_video_urls: what the MCP tool accepts as its video (ui/video_inputs.py), as for
-    openai_routes.
+    openai_routes. live_urls: whether the Live tab reads stream URLs, under `limits` (the engine's limits for
+    uploads; None: EngineConfig's defaults).
     """
     handlers = Handlers(engine)
     settings = defaults(engine)
+    policy = video_policy(max_file_bytes, fetch_video_urls, live_urls)
     with gr.Blocks(title="EVS Video Chat", delete_cache=delete_cache) as demo:
         _header(default_banner(engine.model_info, banner))
-        with gr.Row(equal_height=False):
-            controls = _controls(engine, settings)
-            answer, compare_row = _answer_column()
-        pictures = _what_the_model_sees()
-        sweep_view = _sweep_section()
+        with gr.Tabs(elem_id="evs-tabs"):
+            with gr.Tab("Video", id="video", elem_id="evs-tab-video"):
+                with gr.Row(equal_height=False):
+                    controls = _controls(engine, settings)
+                    answer, compare_row = _answer_column()
+                pictures = _what_the_model_sees()
+                sweep_view = _sweep_section()
+            with gr.Tab("Live", id="live", elem_id="evs-tab-live"):
+                live_feeds = live_tab(policy, settings.frame_sampling, limits or EngineConfig())
         turns = gr.State([])  # the earlier [question, answer, thinking] turns about the current video
         shown = {**answer, **pictures, "question": controls.question, "turns": turns}
         q_sweep = Sweep(engine)
@@ -131,9 +146,11 @@ def build_demo(engine: Serving, *, banner: str | None = None, delete_cache: tupl
         # private event the name "sweep" and this endpoint "sweep_1".
         _ask_endpoint(handlers, controls, settings)
         _sweep_endpoint(q_sweep, controls, settings)
-        _tool_endpoint(VideoQuestionTool(engine, video_policy(max_file_bytes, fetch_video_urls)), settings,
+        _tool_endpoint(VideoQuestionTool(engine, policy), settings,
                        engine.model_info["hears"])
         _wire_page(handlers, q_sweep, controls, shown, compare_row, sweep_view)
+        demo.unload(live_feeds.close_session)
+    demo.live_feeds = live_feeds  # the Live tab's open feeds, for the tests now and the live stats to come
     demo.queue(default_concurrency_limit=None, max_size=QUEUE_MAX_SIZE)
     return demo
 
@@ -151,9 +168,14 @@ def _controls(engine: Serving, settings: GenerationParams) -> Controls:
         question = gr.Textbox(label="Question", placeholder="What happens in this video?", lines=2,
                               max_lines=6, elem_id="evs-question")
         pruning_rate = gr.Slider(0.0, 0.95, value=settings.pruning_rate, step=0.05, label="Pruning rate q",
-                                 info="Fraction of video tokens EVS drops; 0 keeps them all.",
+                                 info="Fraction of video tokens dropped; 0 keeps them all.",
                                  elem_id="evs-pruning-rate")
+        pruning_method = gr.Dropdown([(METHOD_LABELS[name], name) for name in PRUNING_METHODS],
+                                     value=settings.pruning_method, label="Pruning method",
+                                     info="Which tokens go: the same number, chosen three ways.",
+                                     elem_id="evs-pruning-method")
         compare = gr.Checkbox(label="Compare with q = 0 side by side", elem_id="evs-compare")
+        compare_methods = gr.Checkbox(label="Compare the pruning methods side by side", elem_id="evs-compare-methods")
         # Off, as the smaller Qwen3.5 templates default: thinking costs many tokens before the answer.
         think = gr.Checkbox(settings.enable_thinking, label="Think first", visible=engine.model_info["thinks"],
                             elem_id="evs-think",
@@ -173,8 +195,9 @@ def _controls(engine: Serving, settings: GenerationParams) -> Controls:
                     if (EXAMPLES_DIR / name).is_file()]
         if examples:
             gr.Examples(examples, inputs=[video, question, pruning_rate], label="Examples", elem_id="evs-examples")
-    return Controls(video=video, question=question, pruning_rate=pruning_rate, compare=compare, think=think,
-                    hear=hear, ask=ask, sweep=sweep, stop=stop, **advanced)
+    return Controls(video=video, question=question, pruning_rate=pruning_rate, pruning_method=pruning_method,
+                    compare=compare, compare_methods=compare_methods, think=think, hear=hear, ask=ask, sweep=sweep,
+                    stop=stop, **advanced)
 
 
 def _advanced(settings: GenerationParams, limits: FrameSamplingLimits) -> dict:
@@ -197,24 +220,29 @@ def _advanced(settings: GenerationParams, limits: FrameSamplingLimits) -> dict:
         sweep_rates = gr.Textbox(DEFAULT_RATES_TEXT, label="Sweep rates",
                                  info="The values of q that Sweep answers at, separated by commas.",
                                  elem_id="evs-sweep-rates")
+        sweep_methods = gr.CheckboxGroup([(name, name) for name in PRUNING_METHODS], value=list(DEFAULT_METHODS),
+                                         label="Sweep methods", info="Sweep answers with each at every rate.",
+                                         elem_id="evs-sweep-methods")
     return dict(fps=fps, max_frames=max_frames, max_pixels=max_pixels, max_new_tokens=max_new_tokens,
-                temperature=temperature, sweep_rates=sweep_rates)
+                temperature=temperature, sweep_rates=sweep_rates, sweep_methods=sweep_methods)
 
 
-def _answer_column() -> tuple[dict, gr.Row]:
+def _answer_column() -> tuple[dict, gr.Column]:
     """The right column: status, conversation, the side-by-side comparison and the numbers; returns the
-    chat outputs it holds by name, and the comparison's row (shown in compare mode)."""
+    chat outputs it holds by name, and the comparison (shown in compare mode)."""
     with gr.Column(scale=6, min_width=360):
         status = gr.Markdown(elem_id="evs-status")
         chat = gr.Chatbot(label="Conversation", height=360, elem_id="evs-chat",
                           placeholder="Upload a video, type a question and press **Ask**.",
                           feedback_options=None, buttons=["copy"])
-        with gr.Row(visible=False, elem_id="evs-compare-row") as compare_row:
-            compare_full = gr.Markdown(elem_classes="evs-compare-panel", elem_id="evs-compare-full")
-            compare_pruned = gr.Markdown(elem_classes="evs-compare-panel", elem_id="evs-compare-pruned")
+        with gr.Column(visible=False, elem_id="evs-compare-row") as compare_row:
+            compare_cards = gr.HTML(elem_id="evs-compare-cards")
+            compare_pictures = gr.Gallery(label="What each kept: every group's frame, pruned patches dimmed",
+                                          columns=4, height="auto", object_fit="contain",
+                                          elem_id="evs-compare-pictures")
         compare_summary = gr.Markdown(elem_id="evs-compare-summary")
         stats_html = gr.HTML(stats_panel.stats_html(None), elem_id="evs-stats")
-    return dict(status=status, chat=chat, compare_full=compare_full, compare_pruned=compare_pruned,
+    return dict(status=status, chat=chat, compare_cards=compare_cards, compare_pictures=compare_pictures,
                 compare_summary=compare_summary, stats_html=stats_html), compare_row
 
 
@@ -234,7 +262,7 @@ def _what_the_model_sees() -> dict:
 
 def _sweep_section() -> SweepView:
     """The q sweep under the picture: the answers side by side, the plot and the per-rate table."""
-    gr.Markdown("### q sweep: the same question at several pruning rates", elem_classes="evs-section")
+    gr.Markdown("### q sweep: the same question at several pruning rates (and methods)", elem_classes="evs-section")
     cards = gr.HTML(SWEEP_PLACEHOLDER_HTML, elem_id="evs-sweep-answers")
     with gr.Row(equal_height=False):
         plot = gr.Plot(label="Kept tokens, TTFT and prefill time against q", show_label=False,
@@ -244,14 +272,15 @@ def _sweep_section() -> SweepView:
     return SweepView(table, plot, cards)
 
 
-def _wire_page(handlers: Handlers, q_sweep: Sweep, controls: Controls, shown: dict, compare_row: gr.Row,
+def _wire_page(handlers: Handlers, q_sweep: Sweep, controls: Controls, shown: dict, compare_row: gr.Column,
                sweep_view: SweepView) -> None:
     """The browser's events: Ask (button or Enter), Sweep, Stop, a new video, the compare switch."""
     c = controls
     chat_outputs = [shown[name] for name in CHAT_OUTPUTS]
     asked = [
-        trigger(handlers.chat, inputs=[c.video, c.question, c.pruning_rate, c.fps, c.max_frames, c.max_pixels,
-                                       c.max_new_tokens, c.temperature, c.compare, c.think, c.hear, shown["turns"]],
+        trigger(handlers.chat, inputs=[c.video, c.question, c.pruning_rate, c.pruning_method, c.fps, c.max_frames,
+                                       c.max_pixels, c.max_new_tokens, c.temperature, c.compare, c.compare_methods,
+                                       c.think, c.hear, shown["turns"]],
                 outputs=chat_outputs, api_visibility="private", concurrency_limit=None, show_progress="hidden")
         for trigger in (c.ask.click, c.question.submit)
     ]
@@ -259,14 +288,15 @@ def _wire_page(handlers: Handlers, q_sweep: Sweep, controls: Controls, shown: di
         question_to_sweep, inputs=[c.question, shown["turns"]], outputs=c.question, api_visibility="private",
         queue=False,
     ).then(q_sweep.sweep, inputs=[c.video, c.question, c.sweep_rates, c.fps, c.max_frames, c.max_pixels,
-                                  c.max_new_tokens, c.temperature, c.think, c.hear],
+                                  c.max_new_tokens, c.temperature, c.think, c.hear, c.sweep_methods],
            outputs=sweep_view.outputs(), api_visibility="private", concurrency_limit=None, show_progress="hidden")
     c.stop.click(None, cancels=[*asked, swept])
     c.video.change(handlers.new_video, outputs=chat_outputs, api_visibility="private", queue=False)
     c.video.change(lambda: (None, None, SWEEP_PLACEHOLDER_HTML), outputs=sweep_view.outputs(),
                    api_visibility="private", queue=False)
-    c.compare.change(lambda on: gr.Row(visible=on), inputs=c.compare, outputs=compare_row,
-                     api_visibility="private", queue=False)
+    for switch in (c.compare, c.compare_methods):
+        switch.change(lambda baseline, methods: gr.Column(visible=baseline or methods),
+                      inputs=[c.compare, c.compare_methods], outputs=compare_row, api_visibility="private", queue=False)
 
 
 def _api_numbers(settings: GenerationParams, *names: str) -> list[gr.Number]:
@@ -279,10 +309,16 @@ def _api_numbers(settings: GenerationParams, *names: str) -> list[gr.Number]:
     return [gr.Number(values[name], label=name, visible=False) for name in names]
 
 
+def _api_method(settings: GenerationParams, label: str) -> gr.Textbox:
+    """A hidden text input for an API endpoint's pruning method, at the engine's default and without the page's
+    choices, so that a name the engine does not take gets its sentence, as on every other way in."""
+    return gr.Textbox(settings.pruning_method, label=label, visible=False)
+
+
 def _ask_endpoint(handlers: Handlers, controls: Controls, settings: GenerationParams) -> None:
     """`/ask`, a public API endpoint but not an MCP tool (handlers.not_an_mcp_tool), on hidden components:
     API clients get plain values while the page stays a chat. It takes the page's video, question and
-    switches, and numbers of its own."""
+    switches, and numbers and a pruning method of its own."""
     numbers = _api_numbers(settings, "pruning_rate", "fps", "max_frames", "max_pixels_per_frame", "max_new_tokens",
                            "temperature")
     history = gr.JSON([], visible=False)
@@ -290,19 +326,19 @@ def _ask_endpoint(handlers: Handlers, controls: Controls, settings: GenerationPa
                gr.JSON(label="figures", visible=False), gr.Gallery(label="frames", visible=False)]
     gr.Button(visible=False).click(
         handlers.ask, inputs=[controls.video, controls.question, *numbers, controls.compare, history, controls.think,
-                              controls.hear],
+                              controls.hear, _api_method(settings, "pruning_method"), controls.compare_methods],
         outputs=outputs, api_name="ask", concurrency_limit=None, show_progress="hidden")
 
 
 def _sweep_endpoint(q_sweep: Sweep, controls: Controls, settings: GenerationParams) -> None:
     """`/sweep`, public but not an MCP tool either, on hidden outputs like `/ask`: the page's video, question,
-    rates, Think first and Hear the soundtrack, and numbers of its own."""
+    rates, Think first and Hear the soundtrack, and numbers and methods (as text) of its own."""
     numbers = _api_numbers(settings, "fps", "max_frames", "max_pixels_per_frame", "max_new_tokens", "temperature")
     view = SweepView(gr.Dataframe(headers=TABLE_HEADERS, label="table", visible=False),
                      gr.Plot(label="figure", visible=False), gr.HTML(label="answers_html", visible=False))
     gr.Button(visible=False).click(
         q_sweep.sweep, inputs=[controls.video, controls.question, controls.sweep_rates, *numbers, controls.think,
-                               controls.hear],
+                               controls.hear, gr.Textbox(", ".join(DEFAULT_METHODS), label="methods", visible=False)],
         outputs=view.outputs(), api_name="sweep", concurrency_limit=None, show_progress="hidden")
 
 
@@ -313,19 +349,20 @@ def _tool_endpoint(tool: VideoQuestionTool, settings: GenerationParams, hears: b
               gr.Number(settings.pruning_rate, label="pruning_rate", visible=False),
               gr.Number(TOOL_MAX_NEW_TOKENS, label="max_new_tokens", precision=0, visible=False),
               gr.Checkbox(settings.enable_thinking, label="enable_thinking", visible=False),
-              gr.Checkbox(hears, label="hear_soundtrack", visible=False)]
+              gr.Checkbox(hears, label="hear_soundtrack", visible=False), _api_method(settings, "pruning_method")]
     gr.Button(visible=False).click(tool.answer_video_question, inputs=inputs,
                                    outputs=gr.Textbox(label="answer", visible=False),
                                    api_name="answer_video_question", concurrency_limit=None, show_progress="hidden")
 
 
 def launch_kwargs(max_file_bytes: int) -> dict:
-    """Keyword arguments for `demo.launch(...)`: upload size limit, stylesheets, the example clips' folder,
-    and Gradio's MCP server (streamable HTTP at /gradio_api/mcp/)."""
+    """Keyword arguments for `demo.launch(...)`: upload size limit, stylesheets, the Live tab's script, the
+    example clips' folder, and Gradio's MCP server (streamable HTTP at /gradio_api/mcp/)."""
     return dict(
         mcp_server=True,
         max_file_size=max_file_bytes,
         css_paths=[CSS_PATH, PAGE_CSS_PATH],
+        head_paths=[LIVE_HEAD_PATH],
         theme=gr.themes.Soft(primary_hue="teal", secondary_hue="rose", neutral_hue="slate"),
         allowed_paths=[str(EXAMPLES_DIR)],
     )

@@ -18,7 +18,7 @@ from engine.config import DEFAULT_PRUNING_RATE
 from engine.front.door import follow, request_params
 from engine.front.serving import Serving
 from ui.gradio_errors import raises_gradio_errors
-from ui.handlers import RunView
+from ui.runs import RunView
 from ui.video_inputs import VideoPolicy, local_video
 
 TOOL_MAX_NEW_TOKENS = 256
@@ -40,6 +40,7 @@ class VideoQuestionTool:
         max_new_tokens: int = TOOL_MAX_NEW_TOKENS,
         enable_thinking: bool = False,
         hear_soundtrack: bool | None = None,
+        pruning_method: str | None = None,
     ) -> str:
         """Answer a question about a video with a vision-language model that first drops the video tokens
         that barely change between frames (Efficient Video Sampling, EVS).
@@ -51,15 +52,17 @@ class VideoQuestionTool:
             max_new_tokens: The most tokens the answer may have, thinking included (default {max_new_tokens}).
             enable_thinking: Think first: the model reasons before it answers, which takes more tokens and time and may answer better; only models that can think do (default false).
             hear_soundtrack: Hear the video's soundtrack (speech, music, sounds) beside its frames; only models with an audio tower do, and they hear it unless this is false.
+            pruning_method: Which video tokens are dropped: "evs" drops those that barely changed since the previous frame (the default), "vidcom2" keeps those most unlike the rest of the video, giving unusual frames more, "uniform" keeps whole frames evenly spaced.
 
         Returns:
-            A JSON object: "answer", the model's answer (greedy decoding); with enable_thinking, "thinking", what the model thought first; and "stats", the request's numbers (video_tokens_total and video_tokens_kept, audio_tokens and soundtrack: whether it was heard, prompt_tokens, generated_tokens with thinking_tokens and answer_tokens, ttft_s: time to first token, and the time of each stage).
+            A JSON object: "answer", the model's answer (greedy decoding); with enable_thinking, "thinking", what the model thought first; and "stats", the request's numbers (pruning_method, video_tokens_total and video_tokens_kept, audio_tokens and soundtrack: whether it was heard, prompt_tokens, generated_tokens with thinking_tokens and answer_tokens, ttft_s: time to first token, and the time of each stage).
         """
-        params = request_params(self.engine, pruning_rate=pruning_rate, max_new_tokens=max_new_tokens,
-                                enable_thinking=enable_thinking, hear_soundtrack=hear_soundtrack)
+        params = request_params(self.engine, pruning_rate=pruning_rate, pruning_method=pruning_method,
+                                max_new_tokens=max_new_tokens, enable_thinking=enable_thinking,
+                                hear_soundtrack=hear_soundtrack)
         local = await local_video(video, self.policy)
         try:
-            run = RunView(params.pruning_rate)
+            run = RunView.of(params)
             async for _, event in follow(self.engine, str(local.path), question, [params], []):
                 run.apply(event)
             thinking = {"thinking": run.thinking} if params.enable_thinking else {}

@@ -3,7 +3,8 @@
 The same engine as the page answers: a conversation about one video (a `video_url` content part in the
 first user message, text parts, earlier user/assistant turns as the engine's history, so a follow-up hits
 the feature and KV caches), streamed as server-sent `chat.completion.chunk` events or answered whole.
-Extra body fields choose EVS per request: `pruning_rate`, `fps`, `max_frames`, `max_pixels_per_frame`;
+Extra body fields choose the pruning per request: `pruning_rate`, `pruning_method` ("evs", "vidcom2" or
+"uniform"), `fps`, `max_frames`, `max_pixels_per_frame`;
 `chat_template_kwargs: {"enable_thinking": true}` makes a model that can think do so first (as vLLM and
 SGLang take it), its thinking returned as `reasoning_content` beside `content`; `hear_soundtrack: false` keeps
 the video's soundtrack from a model that hears (it does by default). `usage` holds the token
@@ -98,6 +99,7 @@ class ChatRequest(BaseModel):
     seed: int | None = None
     n: int | None = None
     pruning_rate: float | None = None
+    pruning_method: Any = None  # taken as sent, so that anything but a method's name gets the engine's sentence
     fps: float | None = None
     max_frames: int | None = None
     max_pixels_per_frame: int | None = None
@@ -292,8 +294,8 @@ class ChatCompletions:
         max_tokens = next((n for n in (chat.max_completion_tokens, chat.max_tokens) if n is not None),
                           DEFAULT_MAX_TOKENS)
         return request_params(
-            self.engine, pruning_rate=chat.pruning_rate, fps=chat.fps, max_frames=chat.max_frames,
-            max_pixels_per_frame=chat.max_pixels_per_frame, max_new_tokens=max_tokens,
+            self.engine, pruning_rate=chat.pruning_rate, pruning_method=chat.pruning_method, fps=chat.fps,
+            max_frames=chat.max_frames, max_pixels_per_frame=chat.max_pixels_per_frame, max_new_tokens=max_tokens,
             temperature=DEFAULT_TEMPERATURE if chat.temperature is None else chat.temperature, top_p=chat.top_p,
             # Without a seed, sampling differs from call to call, as OpenAI clients expect.
             seed=secrets.randbits(31) if chat.seed is None else chat.seed, enable_thinking=enable_thinking(chat),

@@ -1,5 +1,7 @@
 """Sampled frames with the pruned patches dimmed and tinted, so a person sees what the model kept."""
 
+import math
+
 import numpy as np
 
 from engine.stream import EvsPicture
@@ -41,3 +43,22 @@ def frame_gallery(picture: EvsPicture) -> list[tuple[np.ndarray, str]]:
         (dim_pruned(frame, kept_hw), frame_caption(t_s, int(kept_hw.sum()), h * w))
         for frame, kept_hw, t_s in zip(picture.frames, picture.kept_mask, picture.timestamps_s)
     ]
+
+
+def pruning_montage(picture: EvsPicture, side_px: int = 96) -> np.ndarray:
+    """Every group's dimmed frame in one picture, (H, W, 3) uint8: a grid of ceil(sqrt(T)) columns, each frame
+    scaled (nearest pixel) to fit side_px x side_px, in time order, with a white gap; for the compare view,
+    where each request gets one picture."""
+    frames = [dim_pruned(frame, kept_hw) for frame, kept_hw in zip(picture.frames, picture.kept_mask)]
+    height, width = frames[0].shape[:2]
+    scale = side_px / max(height, width)
+    cell_h, cell_w = max(1, round(height * scale)), max(1, round(width * scale))
+    rows_px, cols_px = np.arange(cell_h) * height // cell_h, np.arange(cell_w) * width // cell_w
+    columns = math.ceil(math.sqrt(len(frames)))
+    rows = math.ceil(len(frames) / columns)
+    gap = 2
+    out = np.full((rows * (cell_h + gap) - gap, columns * (cell_w + gap) - gap, 3), 255, dtype=np.uint8)
+    for index, frame in enumerate(frames):
+        top, left = (index // columns) * (cell_h + gap), (index % columns) * (cell_w + gap)
+        out[top:top + cell_h, left:left + cell_w] = frame[np.ix_(rows_px, cols_px)]
+    return out

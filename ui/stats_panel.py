@@ -53,13 +53,13 @@ def stats_html(stats: dict | None) -> str:
     vit = "cached" if stats["vit_cache_hit"] else format_seconds(stats["vit_s"])
     cards = [
         ("Video tokens", f"{stats['video_tokens_total']:,} → {stats['video_tokens_kept']:,}",
-         f"{pruned_percent(stats):.0f}% pruned at q={stats['pruning_rate']:.2f}"),
+         f"{pruned_percent(stats):.0f}% pruned at q={stats['pruning_rate']:.2f} by {stats['pruning_method']}"),
         ("Prompt tokens", f"{stats['prompt_tokens']:,}",
          f"{_frames(stats)} · grid {' × '.join(str(n) for n in stats['grid_thw'])}"),
         ("Generated", f"{stats['generated_tokens']:,} tokens",
          " · ".join([*_thinking_and_answer(stats), "—" if speed is None else f"{speed:.1f} tokens/s decode"])),
         ("Time to first token", format_seconds(stats["ttft_s"]), f"total {format_seconds(stats['total_s'])}"),
-        ("Stages", f"ViT {vit} · EVS {format_seconds(stats['evs_s'])}",
+        ("Stages", f"ViT {vit} · pruning {format_seconds(stats['evs_s'])}",
          f"video {format_seconds(stats['read_video_s'])}{_reading(stats)}"
          f" · prefill {format_seconds(stats['prefill_s'])} · decode {format_seconds(stats['decode_s'])}"),
         ("Batching", f"ViT × {stats['vit_batch_requests']} · decode × {stats['decode_batch_max']}",
@@ -71,15 +71,6 @@ def stats_html(stats: dict | None) -> str:
     if soundtrack := _soundtrack(stats):
         cards.insert(1, soundtrack)
     return '<div class="evs-stats">' + "".join(_card(*card) for card in cards) + "</div>"
-
-
-def compare_line(stats: dict | None) -> str:
-    """One markdown line under a compare-mode answer: TTFT and token counts."""
-    if stats is None:
-        return "*waiting for the answer…*"
-    return (f"**TTFT {format_seconds(stats['ttft_s'])}** · video tokens {stats['video_tokens_kept']:,}"
-            f"/{stats['video_tokens_total']:,} · prompt {stats['prompt_tokens']:,} · "
-            f"generated {stats['generated_tokens']:,} · total {format_seconds(stats['total_s'])}")
 
 
 def compare_summary(full: dict, pruned: dict) -> str:

@@ -59,6 +59,8 @@ class VideoPolicy:
     upload_dir: Gradio's upload folder (named paths must lie under it; decoded data: URLs go there too).
     max_bytes: the upload size limit, for data: URLs and fetched files alike.
     fetch_urls: whether http(s) URLs of other hosts are fetched at all.
+    live_urls: whether stream URLs (RTSP, RTMP, SRT, HLS, MPEG-TS over HTTP) are read as live feeds at all
+    (ui/live_urls.py).
     address_allowed: which resolved addresses may be fetched from (public ones; tests widen it to reach
     a server on the loopback).
     """
@@ -66,14 +68,17 @@ class VideoPolicy:
     upload_dir: Path
     max_bytes: int
     fetch_urls: bool = False
+    live_urls: bool = False
     address_allowed: Callable[[str], bool] = field(default=is_public_address)
 
 
-def video_policy(max_file_bytes: int = MAX_FILE_BYTES, fetch_video_urls: bool = False) -> VideoPolicy:
-    """The policy of this server: Gradio's upload folder (GRADIO_TEMP_DIR), the upload limit, the fetch flag."""
+def video_policy(max_file_bytes: int = MAX_FILE_BYTES, fetch_video_urls: bool = False,
+                 live_urls: bool = False) -> VideoPolicy:
+    """The policy of this server: Gradio's upload folder (GRADIO_TEMP_DIR), the upload limit, the fetch and
+    live-URL flags."""
     import gradio as gr  # only here: the rest of this module does not need Gradio
 
-    return VideoPolicy(Path(gr.utils.get_upload_folder()), max_file_bytes, fetch_video_urls)
+    return VideoPolicy(Path(gr.utils.get_upload_folder()), max_file_bytes, fetch_video_urls, live_urls)
 
 
 @dataclass
@@ -182,14 +187,21 @@ class _PinnedTransport(httpx.AsyncHTTPTransport):
 async def _checked_address(url: httpx.URL, policy: VideoPolicy) -> str:
     if url.scheme not in ("http", "https") or not url.host:
         raise InputError(NOT_A_VIDEO_URL)
+    return await allowed_address(url.host, url.port, policy, "video URL", "fetches videos from")
+
+
+async def allowed_address(host: str, port: int | None, policy: VideoPolicy, noun: str, verb: str) -> str:
+    """The first address `host` resolves to, when every one of them is allowed (`policy.address_allowed`);
+    else one sentence, "The <noun>'s host ... could not be found." or "This server only <verb> public
+    internet addresses."."""
     try:
-        infos = await asyncio.get_running_loop().getaddrinfo(url.host, url.port or None, type=socket.SOCK_STREAM)
+        infos = await asyncio.get_running_loop().getaddrinfo(host, port or None, type=socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError):
-        raise InputError(f"The video URL's host {url.host} could not be found.") from None
+        raise InputError(f"The {noun}'s host {host} could not be found.") from None
     addresses = [info[4][0] for info in infos]
     # Every address must pass: a name with one public and one private address could be steered to either.
     if not addresses or not all(policy.address_allowed(a) for a in addresses):
-        raise InputError("This server only fetches videos from public internet addresses.")
+        raise InputError(f"This server only {verb} public internet addresses.")
     return addresses[0]
 
 

@@ -4,7 +4,7 @@ engine asks a family (prompt markers, positions, the processor's output, the tow
 language model sits in the checkpoint). The families themselves are in qwen.py and nemotron.py; the
 registry picks one for a loaded model.
 
-Everything here works on one unpruned prompt; EVS (evs/) then selects columns from it.
+Everything here works on one unpruned prompt; EVS (pruning/) then selects columns from it.
 """
 
 from dataclasses import dataclass

@@ -5,10 +5,11 @@ request refused behind --replicas reads as it would on one engine, before it tra
 import math
 import re
 
-import evs
+import pruning
 from engine.config import EngineConfig, FrameSamplingLimits, GenerationParams
 from engine.errors import BAD_HISTORY, NO_VIDEO, InputError
 
+LIVE_PRUNING_METHOD = "evs"  # the one method with a causal form (pruning/causal.py)
 CONTROL_TOKEN = re.compile(r"<\|[a-z_]+\|>")
 
 
@@ -47,7 +48,8 @@ def check_settings(params: GenerationParams, config: EngineConfig, limits: Frame
     """Raise InputError for any setting of params a user could have got wrong (a live session's, which has no
     question yet, as well as a request's)."""
     try:
-        evs.validate_pruning_rate(params.pruning_rate)
+        pruning.validate_pruning_rate(params.pruning_rate)
+        pruning.validate_pruning_method(params.pruning_method)
     except ValueError as error:
         raise InputError(str(error)) from None
     if not isinstance(params.max_new_tokens, int) or not 1 <= params.max_new_tokens <= config.max_new_tokens:
@@ -71,6 +73,16 @@ def check_settings(params: GenerationParams, config: EngineConfig, limits: Frame
                                   ("pixels per frame", sampling.max_pixels_per_frame, limits.max_pixels_per_frame)]:
             if asked > most:
                 raise InputError(f"{asked:,} {what} were asked for; this server samples at most {most:,}.")
+
+
+def check_live_settings(params: GenerationParams, config: EngineConfig, limits: FrameSamplingLimits) -> None:
+    """check_settings for a live session's params, whose pruning method must be EVS: only EVS has a causal form
+    (pruning/causal.py). VidCom2 budgets each frame by its uniqueness across the whole video and uniform spaces
+    its groups over the whole video; a stream's end is unknown to both (docs/live.md)."""
+    check_settings(params, config, limits)
+    if params.pruning_method != LIVE_PRUNING_METHOD:
+        raise InputError(f"A live session prunes with causal EVS only (the other methods need the whole video); "
+                         f"got pruning method {params.pruning_method!r}.")
 
 
 def check_request(video, question: str, params: GenerationParams, history, config: EngineConfig,

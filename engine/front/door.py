@@ -31,14 +31,14 @@ def defaults(engine: Serving) -> GenerationParams:
                             frame_sampling=engine.default_frame_sampling)
 
 
-def request_params(engine: Serving, *, pruning_rate=None, fps=None, max_frames=None, max_pixels_per_frame=None,
-                   max_new_tokens=None, temperature=None, top_p=None, seed=None,
+def request_params(engine: Serving, *, pruning_rate=None, pruning_method=None, fps=None, max_frames=None,
+                   max_pixels_per_frame=None, max_new_tokens=None, temperature=None, top_p=None, seed=None,
                    enable_thinking=None, hear_soundtrack=None) -> GenerationParams:
     """GenerationParams from loose values: numbers or their text, None for the default.
 
     Whole numbers are rounded, since a slider sends 128.0. Raises InputError(BAD_NUMBERS) for a value that
     is not a number; whether a number is in range is the engine's to say, with its own sentence. The switches
-    pass through as given: a switch that is not a bool gets the engine's own sentence.
+    and the pruning method's name pass through as given: one the engine does not take gets its own sentence.
     """
     base = defaults(engine)
     try:
@@ -49,6 +49,7 @@ def request_params(engine: Serving, *, pruning_rate=None, fps=None, max_frames=N
         return dataclasses.replace(
             base, frame_sampling=sampling,
             pruning_rate=_number(pruning_rate, float, base.pruning_rate),
+            pruning_method=base.pruning_method if pruning_method is None else pruning_method,
             max_new_tokens=_number(max_new_tokens, int, base.max_new_tokens),
             temperature=_number(temperature, float, base.temperature),
             top_p=_number(top_p, float, base.top_p),

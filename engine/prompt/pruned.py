@@ -1,11 +1,11 @@
-"""Apply EVS to one prepared prompt: the retention mask, the pruned token layout and its positions. EVS prunes
-video tokens only: text and audio tokens are all kept."""
+"""Prune one prepared prompt: the retention mask of the request's method, the pruned token layout and its
+positions. Only video tokens are pruned: text and audio tokens are all kept."""
 
 from dataclasses import dataclass
 
 import torch
 
-import evs
+import pruning
 from engine.families.base import VideoFeatures
 
 from .unpruned import UnprunedPrompt
@@ -23,7 +23,8 @@ class PrunedPrompt:
     [system + video (+ soundtrack)]. reply_start:
     kept tokens before the answer's opening (UnprunedPrompt.reply_start; all of it is text, so all kept).
     next_position: MRoPE position of the first generated token (unpruned maximum + 1).
-    retention: (T*h*w,) bool EVS mask. dissimilarity: (T, h, w) float32.
+    retention: (T*h*w,) bool mask of the pruning method. dissimilarity: (T, h, w) float32, EVS's change since the
+    previous group (shown in the pruning picture whichever method chose the tokens).
     """
 
     input_ids: torch.Tensor
@@ -40,26 +41,28 @@ class PrunedPrompt:
     @property
     def tokens_kept_per_group(self) -> list[int]:
         T = self.dissimilarity.shape[0]
-        return evs.tokens_kept_per_group(self.retention, (T, *self.dissimilarity.shape[1:])).tolist()
+        return pruning.tokens_kept_per_group(self.retention, (T, *self.dissimilarity.shape[1:])).tolist()
 
 
-def prune_prompt(prompt: UnprunedPrompt, features: VideoFeatures, q: float) -> PrunedPrompt:
-    """Keep the EVS-selected video tokens of prompt at rate q; every text and audio token stays."""
-    dissimilarity = evs.frame_dissimilarity(features.embeds, prompt.grid_thw)
-    return pruned_with(prompt, features, evs.retention_mask_from_dissimilarity(dissimilarity, q), dissimilarity)
+def prune_prompt(prompt: UnprunedPrompt, features: VideoFeatures, q: float, method: str) -> PrunedPrompt:
+    """Keep the video tokens `method` (one of pruning.PRUNING_METHODS) selects at rate q; every text and audio
+    token stays."""
+    dissimilarity = pruning.frame_dissimilarity(features.embeds, prompt.grid_thw)
+    retention = pruning.retention_mask(features.embeds, prompt.grid_thw, q, method, dissimilarity)
+    return pruned_with(prompt, features, retention, dissimilarity)
 
 
 def pruned_with(prompt: UnprunedPrompt, features: VideoFeatures, retention: torch.Tensor,
                 dissimilarity: torch.Tensor) -> PrunedPrompt:
     """The pruned prompt that keeps the video tokens where retention (T*h*w,) bool is True, whichever rule chose
-    them (the global EVS mask, or the causal one a live stream is pruned with: evs/causal.py); dissimilarity:
-    (T, h, w), as the EVS picture shows it."""
+    them (a request's pruning method, or the causal EVS a live stream is pruned with: pruning/causal.py);
+    dissimilarity: (T, h, w), as the EVS picture shows it."""
     retention = retention.cpu()
-    keep = evs.prompt_keep_mask(prompt.is_video, retention)
+    keep = pruning.prompt_keep_mask(prompt.is_video, retention)
     full_rows = torch.cat([torch.arange(prompt.input_ids.numel())[None], prompt.positions])
     return PrunedPrompt(
         input_ids=prompt.input_ids[keep],
-        positions=evs.select_positions(full_rows, keep),
+        positions=pruning.select_positions(full_rows, keep),
         video_mask=prompt.is_video[keep],
         audio_mask=prompt.is_audio[keep],
         features=features.select(retention.to(features.embeds.device)),

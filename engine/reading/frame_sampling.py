@@ -62,3 +62,12 @@ def fit_pixels(height: int, width: int, max_pixels: int) -> tuple[int, int]:
         else:
             new_w = max(1, max_pixels // new_h)
     return new_h, new_w
+
+
+def next_due_s(taken_s: float, fps: float) -> float:
+    """Sampling a live feed at `fps` as its frames arrive: after a frame taken at taken_s (seconds from the
+    feed's start), the next frame taken is the first at or after this time, the next multiple of 1 / fps.
+    Over any stretch at least as dense as fps this takes one frame per 1 / fps slot, at the slot's first
+    frame; a sparser feed gives every frame (a frame that arrives late in its slot does not push the next
+    one later)."""
+    return (math.floor(taken_s * fps + 1e-9) + 1) / fps

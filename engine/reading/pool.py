@@ -59,6 +59,14 @@ READY_TIMEOUT_S = 120.0  # a reader's start-up (importing PyAV and numpy): ~0.3 
 KILLED = "killed"
 
 
+def start_reader() -> ReaderPipe:
+    """A new reader process (READER_PROGRAM), not yet ready: its first line says so. Linux kills it when the
+    thread that called this ends, so only a thread that outlives the reader may (OSError when it cannot
+    start)."""
+    command = [sys.executable, "-c", READER_PROGRAM, str(_ENGINE_DIR), str(os.getpid())]
+    return ReaderPipe(subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0))
+
+
 def default_size() -> int:
     """Readers for this host: one per core this process may run on."""
     try:
@@ -301,16 +309,14 @@ class ReaderPool:
             with self._lock:
                 if self._closed:
                     return
-            command = [sys.executable, "-c", READER_PROGRAM, str(_ENGINE_DIR), str(os.getpid())]
             try:
-                process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
+                reader = start_reader()
             except OSError:
                 log.exception("could not start a video reader")
                 timer = threading.Timer(self._retry_delay_s(), self._order)
                 timer.daemon = True
                 timer.start()
                 continue
-            reader = ReaderPipe(process)
             with self._lock:
                 if self._closed:
                     reader.kill()

@@ -194,7 +194,7 @@ def with_fresh_decoder(path: str, stored_hw: tuple[int, int], fit_hw: tuple[int,
     with open_unprobed(path, decoding=True) as container:
         stream = container.streams.video[0]
         open_decoder(stream, stored_hw, fit_hw, threads)
-        return decode(container, stream, _converter(*fit_hw))
+        return decode(container, stream, rgb_converter(*fit_hw))
 
 
 def open_unprobed(path: str, *, decoding: bool):
@@ -373,7 +373,7 @@ def decode_everything(path: str, frame_indices: list[int], fit_hw: tuple[int, in
     with av.open(path) as container:
         stream = container.streams.video[0]
         open_decoder(stream, stored_hw, fit_hw)
-        taken, work = decode_in_order(container, stream, timeline, wanted, _converter(*fit_hw))
+        taken, work = decode_in_order(container, stream, timeline, wanted, rgb_converter(*fit_hw))
     return np.stack([taken[pts][1] for pts in wanted]), work
 
 
@@ -409,7 +409,7 @@ def _frames_from_here(container, stream, wanted: set[int] | None):
         yield from decoded
 
 
-def _converter(fit_h: int, fit_w: int):
+def rgb_converter(fit_h: int, fit_w: int):
     """frame -> (H, W, 3) uint8 RGB scaled to fit_h x fit_w as stored, then turned upright by the display
     matrix (a portrait phone clip is stored landscape with a 90 or 270 degree rotation)."""
 

@@ -21,6 +21,11 @@ answers each request on its stdout pipe; anything the native decoder prints goes
   (no audio stream) or {"status": "unreadable"} (it did not decode: the frames are answered all the same). A
   split read's soundtrack is asked of the first segment, which reads it while the other readers decode theirs.
 - Statuses that end a read: "too_long", "too_many_pixels", "out_of_memory", "unreadable".
+- {"op": "stream", url, fps, max_pixels_per_frame, max_source_pixels, memory_bytes, timeout_s, threads}: one
+  connection to a live stream (engine/reading/pyav_stream.py): {"status": "frame", t_s, shape} and its
+  (H, W, 3) uint8 frame for every frame taken, as it is taken, then one last header: {"status": "ended",
+  frames}, "open_failed" (with a reason), "too_many_pixels", "out_of_memory" or "unreadable". The reader
+  exits after it: a stream's reader reads that stream only (engine/reading/live_stream.py starts it).
 An answer with "retire": true is the reader's last: after running out of memory, or once its heap has
 grown past RETIRE_GROWTH_BYTES, it exits and the pool starts a fresh one.
 """
@@ -30,12 +35,14 @@ import os
 import resource
 import signal
 import sys
+from contextlib import contextmanager
 
 import numpy as np
 
 from engine.config import FrameSampling
 
 from .pyav_soundtrack import read_soundtrack
+from .pyav_stream import stream_frames
 from .pyav_video import Plan, plan_file, read_targets, timeline_from_message, timeline_message
 from .segments import units, worth_splitting
 from .soundtrack import soundtrack_message
@@ -61,6 +68,9 @@ def serve(parent_pid: int) -> None:
     while line := requests.readline():  # EOF: the pool closed the pipe, or the engine's process is gone
         request = json.loads(line)
         payload = requests.read(request.get("payload_bytes", 0))
+        if request["op"] == "stream":  # a stream's reader serves that stream only, then ends
+            _stream(request, answers)
+            return
         header, body = _answer(request, payload)
         if header["status"] == "out_of_memory" or _data_bytes() > baseline + RETIRE_GROWTH_BYTES:
             header["retire"] = True
@@ -74,20 +84,51 @@ def _answer(request: dict, payload: bytes) -> tuple[dict, np.ndarray | bytes | l
     RLIMIT_DATA (heap and private writable mappings) rather than RLIMIT_AS: the address space also counts
     the 64 MB malloc arena each decoder thread reserves but barely touches, so a cap on it would track the
     core count rather than the memory used. Only the soft limit is set, so the next file may set another."""
+    with _memory_cap(request["memory_bytes"]):
+        try:
+            header, body = _segment(request, payload) if request["op"] == "segment" else _read(request)
+            if header["status"] == "ok" and request.get("soundtrack"):
+                return _with_soundtrack(request, header, body)
+            return header, body
+        except _OUT_OF_MEMORY:
+            return {"status": "out_of_memory"}, None
+        except Exception:  # the decoder reports broken input as its own errors
+            return {"status": "unreadable"}, None
+
+
+@contextmanager
+def _memory_cap(memory_bytes: int):
+    """RLIMIT_DATA's soft limit at memory_bytes (at most the hard limit) inside the block, lifted after."""
     _, hard = resource.getrlimit(resource.RLIMIT_DATA)
-    cap = request["memory_bytes"] if hard == resource.RLIM_INFINITY else min(request["memory_bytes"], hard)
+    cap = memory_bytes if hard == resource.RLIM_INFINITY else min(memory_bytes, hard)
     resource.setrlimit(resource.RLIMIT_DATA, (cap, hard))
     try:
-        header, body = _segment(request, payload) if request["op"] == "segment" else _read(request)
-        if header["status"] == "ok" and request.get("soundtrack"):
-            return _with_soundtrack(request, header, body)
-        return header, body
-    except _OUT_OF_MEMORY:
-        return {"status": "out_of_memory"}, None
-    except Exception:  # the decoder reports broken input as its own errors
-        return {"status": "unreadable"}, None
+        yield
     finally:
         resource.setrlimit(resource.RLIMIT_DATA, (hard, hard))
+
+
+def _stream(request: dict, answers) -> None:
+    """The "stream" op: every frame taken answered as it comes, under the memory cap; then, the cap lifted
+    (answering must not fail for want of the memory that ended the stream), the stream's last header. A pipe
+    closed by the engine (it stopped the stream) ends the reader quietly."""
+    def send(header: dict, frame: np.ndarray) -> None:
+        _write(answers, header, frame)
+
+    try:
+        with _memory_cap(request["memory_bytes"]):
+            try:
+                last = stream_frames(request["url"], request["fps"], request["max_pixels_per_frame"],
+                                     request["max_source_pixels"], request["timeout_s"], send, request["threads"])
+            except _OUT_OF_MEMORY:
+                last = {"status": "out_of_memory"}
+            except BrokenPipeError:
+                raise
+            except Exception:  # the decoder reports a broken stream as its own errors
+                last = {"status": "unreadable"}
+        _write(answers, last)
+    except BrokenPipeError:
+        pass
 
 
 def _read(request: dict) -> tuple[dict, np.ndarray | bytes | None]:

@@ -127,13 +127,10 @@ def read_video(
     if status == "too_slow":
         raise InputError(TOO_SLOW)
     if status == "too_long":
-        length_text, limit_text = _duration_pair(header["duration_s"], max_seconds)
+        length_text, limit_text = duration_pair(header["duration_s"], max_seconds)
         raise InputError(f"The video is {length_text} long; the limit is {limit_text}.")
     if status == "too_many_pixels":
-        width, height = header["size"]
-        megapixels = _number(width * height / 1e6, round_up=True)
-        raise InputError(f"The video's frames are {width}x{height} ({megapixels} megapixels); "
-                         f"the limit is {_number(max_source_pixels / 1e6)} megapixels.")
+        raise InputError(too_many_pixels("The video's frames are", *header["size"], max_source_pixels))
     if status == "out_of_memory":
         raise InputError(OUT_OF_MEMORY)
     assembled = _frames_in_order(header, read.parts) if status == "ok" else None
@@ -186,7 +183,14 @@ def size_pair(size_bytes: int, limit_bytes: int) -> tuple[str, str]:
     return f"{size} {unit}", f"{_number(limit_bytes / unit_bytes)} {unit}"
 
 
-def _duration_pair(length_s: float, limit_s: float) -> tuple[str, str]:
+def too_many_pixels(subject: str, width: int, height: int, limit_pixels: int) -> str:
+    """"<subject> 5000x4000 (20 megapixels); the limit is 8.8 megapixels.": the sentence for frames larger
+    than the cap, an upload's or a live frame's; the size rounds up so it never reads as equal."""
+    megapixels = _number(width * height / 1e6, round_up=True)
+    return f"{subject} {width}x{height} ({megapixels} megapixels); the limit is {_number(limit_pixels / 1e6)} megapixels."
+
+
+def duration_pair(length_s: float, limit_s: float) -> tuple[str, str]:
     """("3.5 hours", "3 hours"), ("12.5 minutes", "10 minutes"): the unit follows the limit (hours from an
     hour, minutes from a minute, else seconds); the length rounds up so it never reads as equal."""
     unit_s, unit = (3600.0, "hour") if limit_s >= 3600 else (60.0, "minute") if limit_s >= 60 else (1.0, "second")

@@ -20,9 +20,11 @@ from engine.lru import ByteLRU
 from .lm_state import LMState, Snapshot, cache_of, snapshot_nbytes
 
 
-def prefix_key(feature_key: tuple, pruning_rate: float, prefix_ids: torch.Tensor) -> tuple:
+def prefix_key(feature_key: tuple, pruning_method: str, pruning_rate: float, prefix_ids: torch.Tensor) -> tuple:
+    """The key of a conversation's state: the video's features, which of its tokens were kept (method and rate:
+    two methods at one rate keep as many tokens, so the same ids, but not the same ones) and the prefix ids."""
     digest = hashlib.sha256(prefix_ids.to(torch.int64).cpu().numpy().tobytes()).hexdigest()
-    return (feature_key, pruning_rate, digest)
+    return (feature_key, pruning_method, pruning_rate, digest)
 
 
 def common_prefix_len(a: torch.Tensor, b: torch.Tensor) -> int:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-import evs
+import pruning
 from engine.families.base import Family, VideoFeatures
 from engine.live.layout import GroupTokens, LiveLayout
 from engine.live.session import FAILED, MAX_GROUPS_BEHIND, LiveGroup, LiveSession
@@ -51,7 +51,7 @@ class LiveStream:
 
     def __init__(self, session: LiveSession, layout: LiveLayout):
         self.session, self.layout = session, layout
-        self.rule = evs.CausalEVS(session.params.pruning_rate)
+        self.rule = pruning.CausalEVS(session.params.pruning_rate)
         self.waiting: collections.deque[LiveGroup] = collections.deque()
         self.decided: collections.deque[LiveGroup] = collections.deque()
         self.held: collections.deque[HeldGroup] = collections.deque()

@@ -58,7 +58,8 @@ class ModelRunner:
 
     def prune(self, request: Request) -> None:
         start = time.perf_counter()
-        request.pruned = prune_prompt(request.prompt, request.features, request.params.pruning_rate)
+        params = request.params
+        request.pruned = prune_prompt(request.prompt, request.features, params.pruning_rate, params.pruning_method)
         request.stats.evs_s = time.perf_counter() - start
 
     def prefill(self, request: Request) -> torch.Tensor:
@@ -74,9 +75,8 @@ class ModelRunner:
         pruned = request.pruned
         length = pruned.input_ids.numel()
         if request.live is None:
-            request.prefix_key = prefix_key(
-                request.feature_key, request.params.pruning_rate, pruned.input_ids[: pruned.prefix_len]
-            )
+            request.prefix_key = prefix_key(request.feature_key, request.params.pruning_method,
+                                            request.params.pruning_rate, pruned.input_ids[: pruned.prefix_len])
             cache, begin, request.snapshots = self.prefix.lookup(request.prefix_key, pruned.input_ids, pruned.prefix_len)
         hit = cache is not None and request.live is None
         if cache is None:

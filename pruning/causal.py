@@ -1,6 +1,6 @@
 """Causal EVS for live video: each temporal group's tokens are chosen when the group arrives, never revised.
 
-The offline rule (evs/core.py) keeps the K most changed tokens of the whole video, which needs the whole video.
+The offline rule (pruning/evs.py) keeps the K most changed tokens of the whole video, which needs the whole video.
 A live stream has no end, so each group is judged against the recent past only (docs/live.md, "Causal EVS",
 has the rules measured against each other):
 
@@ -23,7 +23,8 @@ from fractions import Fraction
 
 import torch
 
-from evs.core import frame_dissimilarity, parse_grid, validate_pruning_rate
+from pruning.evs import frame_dissimilarity
+from pruning.inputs import parse_grid, validate_pruning_rate
 
 WINDOW_GROUPS = 8  # the trailing window: 8 s at the default 2 fps, the length of clip the shapes models learned
 

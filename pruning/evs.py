@@ -5,27 +5,22 @@ Qwen models two video frames form one group). Features are rows in `(t, h, w)` r
 """
 
 import math
-import numbers
 from fractions import Fraction
 
 import torch
+
+from pruning.inputs import check_counts, check_features, parse_grid, validate_pruning_rate
 
 # Norms are clamped to this so a zero feature vector normalises to zero instead of 0/0 = NaN.
 _NORM_EPS = 1e-12
 
 
-def validate_pruning_rate(q) -> float:
-    """Check that the pruning rate `q` is a real number in [0, 1) and return it as a float.
+def unit_vectors(features: torch.Tensor) -> torch.Tensor:
+    """features (..., D), any float dtype -> float32 (..., D) scaled to unit length; a zero row stays zero.
 
-    Raises ValueError (one sentence meant for a user) for anything else: negative, >= 1, NaN, inf,
-    bool, str, None, tensors.
-    """
-    is_real = isinstance(q, numbers.Real) and not isinstance(q, bool)
-    # Huge integers overflow float(); they are out of range anyway.
-    rate = float(q) if is_real and abs(q) < 2 else math.nan
-    if not 0.0 <= rate < 1.0:
-        raise ValueError(f"The pruning rate must be a number at least 0 and below 1; got {q!r}.")
-    return rate
+    Float32 before the norms: squaring float16 activations of a few hundred already overflows."""
+    rows = features.to(torch.float32)
+    return rows / rows.norm(dim=-1, keepdim=True).clamp_min(_NORM_EPS)
 
 
 def retained_token_count(tokens_per_frame: int, num_frames: int, q: float) -> int:
@@ -36,31 +31,14 @@ def retained_token_count(tokens_per_frame: int, num_frames: int, q: float) -> in
     T=10 this keeps 200 (float arithmetic gives 199).
     """
     q = validate_pruning_rate(q)
-    for name, value in (("tokens_per_frame", tokens_per_frame), ("num_frames", num_frames)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-            raise ValueError(f"{name} must be a positive integer; got {value!r}.")
-    total_tokens = int(tokens_per_frame) * int(num_frames)
-    kept_tokens = math.floor(total_tokens * (1 - Fraction(repr(q))))
-    return max(int(tokens_per_frame), kept_tokens)
+    tokens_per_frame, num_frames = check_counts(tokens_per_frame, num_frames)
+    return max(tokens_per_frame, share_of(tokens_per_frame * num_frames, q))
 
 
-def parse_grid(grid_thw) -> tuple[int, int, int]:
-    """`(T, h, w)` as Python ints from a tuple, list or tensor of three positive integers."""
-    values = grid_thw.reshape(-1).tolist() if isinstance(grid_thw, torch.Tensor) else list(grid_thw)
-    if len(values) != 3 or any(
-        isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1 for v in values
-    ):
-        raise ValueError(f"grid_thw must be three positive integers (T, h, w); got {grid_thw!r}.")
-    t, h, w = (int(v) for v in values)
-    return t, h, w
-
-
-def _check_features(features: torch.Tensor, t: int, h: int, w: int) -> None:
-    if features.dim() != 2 or features.shape[0] != t * h * w:
-        raise ValueError(
-            f"features must have shape (T*h*w, D) = ({t * h * w}, D) for grid ({t}, {h}, {w}); "
-            f"got {tuple(features.shape)}."
-        )
+def share_of(total_tokens: int, q) -> int:
+    """`floor(total_tokens * (1 - q))`, exactly: q is read from its shortest decimal repr (0.8 is 4/5)."""
+    q = validate_pruning_rate(q)
+    return math.floor(total_tokens * (1 - Fraction(repr(q))))
 
 
 def frame_dissimilarity(features: torch.Tensor, grid_thw) -> torch.Tensor:
@@ -74,10 +52,8 @@ def frame_dissimilarity(features: torch.Tensor, grid_thw) -> torch.Tensor:
     and a non-zero vector give 0.5; never NaN.
     """
     t, h, w = parse_grid(grid_thw)
-    _check_features(features, t, h, w)
-    # Float32 before the norms: squaring float16 activations of a few hundred already overflows.
-    groups = features.to(torch.float32).reshape(t, h * w, -1)
-    unit = groups / groups.norm(dim=-1, keepdim=True).clamp_min(_NORM_EPS)
+    check_features(features, t, h, w)
+    unit = unit_vectors(features.reshape(t, h * w, -1))
     # For unit vectors 1 - cos(u, v) = |u - v|^2 / 2. This form is exactly 0 for identical tokens
     # (1 - u.u is not, so static tokens would tie-break on rounding noise) and never negative.
     change = 0.5 * (unit[1:] - unit[:-1]).square().sum(dim=-1)
@@ -97,7 +73,7 @@ def compute_retention_mask(features: torch.Tensor, grid_thw, q) -> torch.Tensor:
     """
     q = validate_pruning_rate(q)
     t, h, w = parse_grid(grid_thw)
-    _check_features(features, t, h, w)
+    check_features(features, t, h, w)
     if retained_token_count(h * w, t, q) == t * h * w:
         return torch.ones(t * h * w, dtype=torch.bool, device=features.device)
     return retention_mask_from_dissimilarity(frame_dissimilarity(features, (t, h, w)), q)

@@ -1,4 +1,4 @@
-"""Causal EVS (evs/causal.py): a group decided when it arrives equals the rule applied to the stream so far;
+"""Causal EVS (pruning/causal.py): a group decided when it arrives equals the rule applied to the stream so far;
 counts against a brute-force reading of the rule; q = 0; the first group; the kept share over long streams."""
 
 import math
@@ -9,8 +9,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import evs
-from evs.causal import newest_group_mask
+import pruning
+from pruning.causal import newest_group_mask
 
 FAST = settings(max_examples=60, deadline=None)
 
@@ -43,10 +43,10 @@ def brute_force(dissimilarity: torch.Tensor, q: float, window_groups: int) -> to
     return torch.tensor(mask).reshape(-1)
 
 
-def streamed(features: torch.Tensor, grid, q: float, window_groups: int = evs.WINDOW_GROUPS):
+def streamed(features: torch.Tensor, grid, q: float, window_groups: int = pruning.WINDOW_GROUPS):
     """Each group through CausalEVS as it would arrive: (masks, dissimilarities) concatenated."""
     t, h, w = grid
-    rule = evs.CausalEVS(q, window_groups)
+    rule = pruning.CausalEVS(q, window_groups)
     decided = [rule.add(group, (h, w)) for group in features.reshape(t, h * w, -1)]
     return torch.cat([mask for mask, _ in decided]), torch.stack([d for _, d in decided])
 
@@ -59,17 +59,17 @@ def test_streamed_decisions_equal_the_rule_on_every_prefix_and_the_brute_force_r
         seed, t, h, w, q, window_groups, still_every):
     features = stream_features(seed, t, h, w, still_every=still_every)
     masks, dissimilarity = streamed(features, (t, h, w), q, window_groups)
-    assert torch.equal(dissimilarity, evs.frame_dissimilarity(features, (t, h, w)))
+    assert torch.equal(dissimilarity, pruning.frame_dissimilarity(features, (t, h, w)))
     assert torch.equal(masks, brute_force(dissimilarity, q, window_groups))
     for groups in range(1, t + 1):  # the rule on a prefix decides that prefix's groups as the stream did
-        prefix = evs.causal_retention_mask(features[: groups * h * w], (groups, h, w), q, window_groups)
+        prefix = pruning.causal_retention_mask(features[: groups * h * w], (groups, h, w), q, window_groups)
         assert torch.equal(prefix, masks[: groups * h * w])
 
 
 def test_the_first_group_is_kept_whole_and_q_zero_keeps_everything():
     features = stream_features(1, 6, 2, 3, still_every=2)
-    assert torch.equal(evs.causal_retention_mask(features, (6, 2, 3), 0.0), torch.ones(36, dtype=torch.bool))
-    assert evs.causal_retention_mask(features, (6, 2, 3), 0.99)[:6].all()
+    assert torch.equal(pruning.causal_retention_mask(features, (6, 2, 3), 0.0), torch.ones(36, dtype=torch.bool))
+    assert pruning.causal_retention_mask(features, (6, 2, 3), 0.99)[:6].all()
 
 
 def test_a_group_never_keeps_more_than_the_window_allows_nor_an_unchanged_token():
@@ -87,10 +87,10 @@ def test_a_group_never_keeps_more_than_the_window_allows_nor_an_unchanged_token(
 
 def test_decisions_are_never_revised_by_later_groups():
     features = stream_features(7, 12, 2, 2)
-    early = evs.causal_retention_mask(features[: 5 * 4], (5, 2, 2), 0.7)
+    early = pruning.causal_retention_mask(features[: 5 * 4], (5, 2, 2), 0.7)
     changed_later = features.clone()
     changed_later[5 * 4:] = torch.randn(7 * 4, features.shape[1]) * 100  # the future, utterly different
-    assert torch.equal(evs.causal_retention_mask(changed_later, (12, 2, 2), 0.7)[: 5 * 4], early)
+    assert torch.equal(pruning.causal_retention_mask(changed_later, (12, 2, 2), 0.7)[: 5 * 4], early)
 
 
 @pytest.mark.parametrize("q", [0.3, 0.5, 0.7, 0.9])
@@ -98,7 +98,7 @@ def test_over_a_long_changing_stream_the_kept_share_stays_close_to_one_minus_q(q
     """Changes spread like a camera's noise: over 600 groups, and over every stretch of 64, about 1 - q kept."""
     h = w = 4
     features = stream_features(3, 600, h, w)
-    per_group = evs.causal_retention_mask(features, (600, h, w), q).reshape(600, h * w).sum(dim=1).double()
+    per_group = pruning.causal_retention_mask(features, (600, h, w), q).reshape(600, h * w).sum(dim=1).double()
     assert abs(float(per_group[1:].mean()) / (h * w) - (1 - q)) < 0.02
     stretches = per_group[1:].unfold(0, 64, 1).mean(dim=1) / (h * w)
     assert float((stretches - (1 - q)).abs().max()) < 0.06
@@ -106,16 +106,16 @@ def test_over_a_long_changing_stream_the_kept_share_stays_close_to_one_minus_q(q
 
 def test_a_still_stream_keeps_only_its_first_group():
     features = stream_features(4, 20, 2, 2, still_every=10_000)
-    mask = evs.causal_retention_mask(features, (20, 2, 2), 0.5).reshape(20, 4)
+    mask = pruning.causal_retention_mask(features, (20, 2, 2), 0.5).reshape(20, 4)
     assert mask[0].all() and not mask[1:].any()
 
 
 def test_the_stream_refuses_a_group_of_another_grid_and_bad_settings():
-    rule = evs.CausalEVS(0.5)
+    rule = pruning.CausalEVS(0.5)
     rule.add(torch.randn(4, 8), (2, 2))
     with pytest.raises(ValueError, match="same grid"):
         rule.add(torch.randn(6, 8), (2, 3))
     with pytest.raises(ValueError, match="pruning rate"):
-        evs.CausalEVS(1.0)
+        pruning.CausalEVS(1.0)
     with pytest.raises(ValueError, match="window_groups"):
-        evs.CausalEVS(0.5, window_groups=0)
+        pruning.CausalEVS(0.5, window_groups=0)

@@ -3,7 +3,7 @@ positions, and MRoPE position ids taken from the unpruned layout."""
 
 import torch
 
-from evs.core import parse_grid
+from pruning.inputs import parse_grid
 
 
 def tokens_kept_per_group(mask: torch.Tensor, grid_thw) -> torch.Tensor:

@@ -1,0 +1,124 @@
+"""The Live tab in a real browser: Debian's Chromium with a fake camera (a Y4M that Debian's ffmpeg makes from a
+shapes clip) and its fake screen, streaming frames to the launched app's handler."""
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import sync_playwright
+
+from app_harness import wait_until
+from assets.shapes import held_out_seeds, write_shape_clip
+from test_browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, PHONE, TIMEOUT_MS, horizontal_extent
+
+CAMERA_SIZE = (320, 240)
+
+pytestmark = [
+    pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium (apt-get install chromium)"),
+    pytest.mark.skipif(shutil.which("ffmpeg") is None, reason="needs Debian's ffmpeg (apt-get install ffmpeg)"),
+]
+
+
+@pytest.fixture(scope="module")
+def camera(tmp_path_factory) -> Path:
+    """A held-out shapes clip as Chromium's fake camera: 320x240 at its own 8 fps."""
+    folder = tmp_path_factory.mktemp("camera")
+    clip = write_shape_clip(folder / "shapes.mp4", held_out_seeds(1, 1)[0])
+    y4m = folder / "camera.y4m"
+    width, height = CAMERA_SIZE
+    subprocess.run(["ffmpeg", "-loglevel", "error", "-y", "-i", str(clip), "-vf",
+                    f"scale={height}:{height}:flags=neighbor,pad={width}:{height}:(ow-iw)/2:0", "-pix_fmt",
+                    "yuv420p", str(y4m)], check=True)
+    return y4m
+
+
+@pytest.fixture(scope="module")
+def browser(camera):
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=[
+            *CHROMIUM_ARGS, "--use-fake-device-for-media-stream", "--use-fake-ui-for-media-stream",
+            f"--use-file-for-fake-video-capture={camera}"])
+        yield browser
+        browser.close()
+
+
+def open_live_tab(page, url: str) -> None:
+    page.set_default_timeout(TIMEOUT_MS)
+    page.goto(url)
+    page.click("#evs-tabs button[role=tab]:has-text('Live')")
+    page.wait_for_selector("#evs-live-status")
+
+
+def stream_until(page, source: str, frames: int) -> str:
+    """Allow the source, press Record, and wait until the status counts `frames`; the status then."""
+    box = f"#evs-live-{source}"
+    page.click(f"{box} [title='grant webcam access'] button")
+    page.click(f"{box} button[aria-label='capture photo']")  # Gradio's label for its Record button
+    page.wait_for_function(
+        "n => { const m = document.querySelector('#evs-live-status').innerText.match(/(\\d+) frames/);"
+        " return m && Number(m[1]) >= n; }", arg=frames, timeout=TIMEOUT_MS)
+    return page.locator("#evs-live-status").inner_text()
+
+
+def test_the_camera_streams_frames_to_the_server(browser, app):
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    try:
+        open_live_tab(page, app.url)
+        # the app was started without --live-urls: no Stream URL source
+        assert page.locator("#evs-live-source label").all_inner_texts() == ["Camera", "Screen"]
+        status = stream_until(page, "camera", 12)
+        assert re.search(r"\d+ frames · \d+\.\d per second · 320×240", status), status
+        rate = float(re.search(r"(\d+\.\d) per second", status).group(1))
+        assert 3 <= rate <= 11  # a frame every 0.1 s at most (STREAM_EVERY_S), on a busy 2-core host fewer
+    finally:
+        page.close()
+
+
+def test_a_closed_tab_closes_its_feed(browser, app):
+    """Gradio's unload event, when the tab's connection ends, closes the tab's feed at once (a gr.State
+    would outlive a closed tab by an hour)."""
+    page = browser.new_page()
+    open_live_tab(page, app.url)
+    stream_until(page, "camera", 3)
+    feeds = app.demo.live_feeds
+    before = feeds.open_feeds()
+    assert before and not any(feed.closed for feed in before)
+    page.close()
+    assert wait_until(lambda: len(feeds.open_feeds()) == len(before) - 1, timeout_s=30)
+    (gone,) = set(before) - set(feeds.open_feeds())
+    assert gone.closed
+
+
+def test_a_shared_screen_streams_through_the_same_input(browser, app):
+    """Chromium's fake screen answers getDisplayMedia (headless, it shows the page itself): with Screen chosen,
+    the page's script asks for it instead of the camera, whose frames are 320x240."""
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    try:
+        open_live_tab(page, app.url)
+        page.click("#evs-live-source label:has-text('Screen')")
+        page.wait_for_selector("#evs-live-screen [title='grant webcam access'] button")
+        status = stream_until(page, "screen", 5)
+        width, height = map(int, re.search(r"(\d+)×(\d+)", status).groups())
+        assert (width, height) != CAMERA_SIZE and width > height >= 480, status
+    finally:
+        page.close()
+
+
+def test_the_live_tab_fits_a_phone_and_streams_there(browser, app):
+    context = browser.new_context(**PHONE)
+    phone = context.new_page()
+    try:
+        open_live_tab(phone, app.url)
+        width = PHONE["viewport"]["width"]
+        assert phone.evaluate("document.documentElement.scrollWidth") <= width
+        stream_until(phone, "camera", 5)
+        assert phone.evaluate("document.documentElement.scrollWidth") <= width
+        for selector in ("#evs-live-source", "#evs-live-camera", "#evs-live-camera video", "#evs-live-status"):
+            left, right = horizontal_extent(phone, selector)
+            assert 0 <= left and right <= width, (selector, left, right)
+        ARTIFACTS.mkdir(exist_ok=True)
+        phone.screenshot(path=str(ARTIFACTS / "screenshot-live-phone.png"), full_page=True)
+    finally:
+        context.close()
