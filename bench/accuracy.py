@@ -3,19 +3,22 @@ family.
 
     python bench/accuracy.py [--model tiny-trained [--model tiny-trained-plain ...]] [--method evs,vidcom2,uniform]
                              [--seed 0] [--per-type 100] [--rates 0,0.3,0.5,0.7,0.9] [--plot assets/accuracy.svg]
-                             [--json]
+                             [--json] [--live]
     (`python -m bench.accuracy ...` from the repository root is the same.)
 
 Each held-out clip (assets/shapes.py, never trained on) is written as an H.264 MP4 and asked every
 question type through the Engine, greedy, at each rate with each method (default evs alone); an answer counts
 when it is exactly the expected answer ("blue", "left", "3"). The "pair" type asks about two clips at once: each
 held-out clip and the next one of another colour (clip_pair), "Which clip has the blue shape, first or
-second?", each clip pruned on its own. Prints one markdown table per model: question type x rate for one
-method; for several, a row per question type and method, the mean of the four single-clip types, and the video
-tokens each method kept of one clip's (of how many). --plot draws every model in one chart (one method), or a
-panel per model and question type with a line per method (several); --json also prints one JSON object as the
-last line: {"tiny-trained": {"evs": {"0.0": {"accuracy": {"colour": 1.0, ...}, "video_tokens_kept": 32.0,
-"video_tokens_total": 32.0}, ...}, ...}, ...}.
+second?", each clip pruned on its own. With --live (EVS alone: the one method with a causal form), each clip is
+also played into a live session (docs/live.md), its frames pushed at their 8 fps capture times, and asked every
+single-clip question type at the end: a second table per model, "<model> live". Prints one markdown table per
+model: question type x rate for one method; for several, a row per question type and method, the mean of the
+four single-clip types, and the video tokens each method kept of one clip's (of how many). --plot draws every
+model in one chart (one method), or a panel per model and question type with a line per method (several);
+--json also prints one JSON object as the last line: {"tiny-trained": {"evs": {"0.0": {"accuracy": {"colour":
+1.0, ...}, "video_tokens_kept": 32.0, "video_tokens_total": 32.0}, ...}, ...}, ...} (a live table has
+"accuracy" alone).
 """
 
 import argparse
@@ -27,7 +30,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
-from assets.shapes import PAIR, QUESTIONS, asked, clip_pair, held_out_seeds, write_shape_clip  # noqa: E402
+from assets.shapes import FPS, PAIR, QUESTIONS, asked, clip_pair, held_out_seeds, shape_clip, write_shape_clip  # noqa: E402
 from bench.accuracy_plot import DASHES, KINDS, kinds_of, svg_methods_plot, svg_plot  # noqa: E402
 from engine import Engine, EngineConfig, GenerationParams  # noqa: E402
 from pruning import PRUNING_METHODS  # noqa: E402
@@ -80,6 +83,26 @@ def measured(engine: Engine, clips: dict[int, Path], rates: list[float], method:
     return table
 
 
+def live_accuracy(engine: Engine, seeds: list[int], rates: list[float]) -> dict[str, dict[str, float]]:
+    """The single-clip table through live sessions: each clip's frames pushed at their capture times (waiting for
+    the session rather than dropping a frame), then every single-clip question type asked of the stream at once."""
+    table: dict[str, dict[str, float]] = {}
+    for rate in rates:
+        params = GenerationParams(pruning_rate=rate, max_new_tokens=MAX_NEW_TOKENS)
+        right = {kind: 0 for kind in QUESTIONS}
+        for seed in seeds:
+            clip = shape_clip(seed)
+            with engine.open_live(params) as live:
+                for index, frame in enumerate(clip.frames):
+                    live.push(frame, index / FPS)
+                    live.wait(60)
+                streams = {kind: live.ask(QUESTIONS[kind]) for kind in QUESTIONS}
+                for kind, stream in streams.items():
+                    right[kind] += stream.result().text.strip() == clip.answer(kind)
+        table[str(rate)] = {kind: right[kind] / len(seeds) for kind in QUESTIONS}
+    return table
+
+
 def accuracy(engine: Engine, clips: dict[int, Path], rates: list[float], seeds: list[int],
              method: str = GenerationParams.pruning_method, kinds: tuple[str, ...] = KINDS) -> dict[str, dict[str, float]]:
     """{str(rate): {question type: share of seeds answered exactly}} with one pruning method."""
@@ -92,8 +115,9 @@ def accuracy_of(table: dict[str, dict]) -> dict[str, dict[str, float]]:
 
 
 def run(models: list[str], seed: int, per_type: int, rates: list[float], device: str = "cpu",
-        methods: tuple[str, ...] = (GenerationParams.pruning_method,)) -> dict:
-    """{model: {method: measured(...)}} on the same held-out clips."""
+        methods: tuple[str, ...] = (GenerationParams.pruning_method,), live: bool = False) -> dict:
+    """{model: {method: measured(...)}} on the same held-out clips; with live, also {model + " live": {"evs":
+    {rate: {"accuracy": the live table's row}}}} (a live session prunes with causal EVS)."""
     with tempfile.TemporaryDirectory() as folder:
         seeds = held_out_seeds(seed, per_type)
         clips = clip_files(Path(folder), seeds)
@@ -103,6 +127,9 @@ def run(models: list[str], seed: int, per_type: int, rates: list[float], device:
             # (the conversation state is kept per method and rate).
             with Engine(EngineConfig(model=model, device=device, max_queue=len(seeds) * len(KINDS))) as engine:
                 results[model] = {method: measured(engine, clips, rates, method, seeds) for method in methods}
+                if live:
+                    results[f"{model} live"] = {"evs": {rate: {"accuracy": row} for rate, row in
+                                                        live_accuracy(engine, seeds, rates).items()}}
         return results
 
 
@@ -156,11 +183,14 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"pruning methods, comma-separated: {', '.join(PRUNING_METHODS)} (default evs)")
     parser.add_argument("--plot", type=Path, help="also draw the table as an SVG line chart to this file")
     parser.add_argument("--json", action="store_true", help="also print the table as one JSON line, last")
+    parser.add_argument("--live", action="store_true", help="also ask every clip through a live session")
     args = parser.parse_args(argv)
     models = args.model or ["tiny-trained"]
-    if len(models) > len(DASHES) and len(args.method) == 1:
-        parser.error(f"at most {len(DASHES)} models")
-    results = run(models, args.seed, args.per_type, args.rates, args.device, tuple(args.method))
+    if args.live and args.method != ["evs"]:
+        parser.error("--live measures causal EVS, the one method a live session prunes with: use --method evs")
+    if len(models) * (2 if args.live else 1) > len(DASHES) and len(args.method) == 1:
+        parser.error(f"at most {len(DASHES)} tables (models, and their live twins with --live)")
+    results = run(models, args.seed, args.per_type, args.rates, args.device, tuple(args.method), args.live)
     for model, by_method in results.items():
         print(f"{model}: {args.per_type} held-out clips per question type from seed {args.seed}, greedy, exact match\n")
         if len(args.method) == 1:

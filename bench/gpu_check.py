@@ -19,6 +19,9 @@ Prints one table and writes it as JSON (--out):
     the burst is admitted (one vision forward); and 8 users at q = 0 admitted as each video is read, as in
     serving, against the pipelined ideal of bench/users.py (the TTFT table's q = 0 stages), with each user's
     stages by first token;
+  - live sessions (bench/live.py) at the device's default frame size: TTFT of a question 10, 60 and 600 s into
+    a stream against the same question on an upload of the 600 s recording, and the most sessions kept in real
+    time (2 fps, p95 lag under 1 s) at q = 0 and q = 0.7;
   - peak GPU memory, the memory plan (a hybrid model's recurrent state per sequence beside its KV per
     token), the attention kernel of each tower (and of a hybrid model's linear-attention layers), the
     driver and CUDA versions.
@@ -47,6 +50,8 @@ import pruning  # noqa: E402
 from assets.clips import write_clip  # noqa: E402
 from bench.bursts import engine_burst  # noqa: E402
 from bench.environment import machine, versions  # noqa: E402
+from bench.live import LiveWork, live_scenario, markdown as live_markdown  # noqa: E402
+from bench.targets import live_target_rows, markdown as targets_markdown  # noqa: E402
 from bench.pruning_time import markdown as pruning_markdown, pruning_times  # noqa: E402
 from bench.reading import reading_rows  # noqa: E402
 from bench.summary import burst_summary  # noqa: E402
@@ -91,6 +96,17 @@ def workload(quick: bool, engine: Engine) -> dict:
                     frame_sampling=FrameSampling(fps=2.0, max_frames=8, max_pixels_per_frame=112 * 112))
     return dict(seconds=120.0, fps=24, size=(1280, 720), short_seconds=8.0, short_size=(640, 480),
                 frame_sampling=engine.default_frame_sampling)
+
+
+def live_work(quick: bool, engine: Engine, new_tokens: int) -> LiveWork:
+    """The live scenario at the device's default frame size (a 480p recording, scaled to the default cap), as
+    many sessions as the memory plan allows, up to 64; with --quick a CPU-sized stand-in."""
+    if quick:
+        return LiveWork(moments_s=(5, 10, 30), size=(160, 120), max_pixels_per_frame=112 * 112, session_s=4,
+                        max_sessions=min(2, engine.memory_plan.max_live_sessions), new_tokens=new_tokens, repeats=1)
+    return LiveWork(moments_s=(10, 60, 600), size=(854, 480),
+                    max_pixels_per_frame=engine.default_frame_sampling.max_pixels_per_frame, session_s=20,
+                    max_sessions=min(64, engine.memory_plan.max_live_sessions), new_tokens=new_tokens)
 
 
 def make_clips(folder: Path, work: dict) -> list[Path]:
@@ -211,6 +227,8 @@ def print_table(report: dict) -> None:
     for rank, u in enumerate(arrival["per_user"], 1):
         print(f"| {rank} | {u['ttft_s']:.3f} | {u['read_video_s']:.3f} ({u['read_wait_s']:.3f}) | "
               f"{u['vit_s']:.3f} ({u['vit_batch_requests']}) | {u['prefill_s']:.3f} |")
+    print(f"\n## Live sessions\n\n{live_markdown(report['live'])}\n")
+    print(targets_markdown(live_target_rows(report["live"])))
     print(f"\npeak GPU memory: {report['peak_gpu_memory_gib']} GiB" if report["peak_gpu_memory_gib"] is not None
           else "\npeak GPU memory: n/a (CPU)")
     plan = report["memory_plan"]
@@ -222,7 +240,7 @@ def print_table(report: dict) -> None:
 def run(args: argparse.Namespace) -> tuple[dict, list[str]]:
     host = probe_host()
     config = EngineConfig(model=args.model, device=args.device, feature_cache_bytes=0, prefix_cache_bytes=0,
-                          frame_cache_bytes=0, max_video_seconds=3600)
+                          frame_cache_bytes=0, max_video_seconds=3600, max_live_sessions=64)
     start = time.perf_counter()
     engine = Engine(config)
     load_s = time.perf_counter() - start
@@ -252,6 +270,7 @@ def run(args: argparse.Namespace) -> tuple[dict, list[str]]:
                 bursts.append(summary)
                 problems += [f"burst q={q}: {p}" for a in answers for p in evs_problems(a)]
             arrival = arrival_burst(engine, clips, rows[PRUNING_RATES.index(0.0)], work, args.new_tokens)
+            live = live_scenario(engine, Path(folder), live_work(args.quick, engine, args.new_tokens), QUESTION)
         peak = round(torch.cuda.max_memory_allocated(device) / GIB, 2) if device.type == "cuda" else None
     finally:
         engine.shutdown()
@@ -272,6 +291,7 @@ def run(args: argparse.Namespace) -> tuple[dict, list[str]]:
         "pruning_methods": pruning_methods,
         "bursts": bursts,
         "arrival_burst": arrival,
+        "live": live,
         "peak_gpu_memory_gib": peak,
     }
     return report, problems

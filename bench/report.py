@@ -3,7 +3,7 @@
 import json
 from pathlib import Path
 
-from . import concurrency, decoding_hook, follow_up, reading, targets, ttft_by_rate, users, vit_batching
+from . import concurrency, decoding_hook, follow_up, live, reading, targets, ttft_by_rate, users, vit_batching
 
 # (report key, heading, table maker), in printing order.
 SECTIONS = (
@@ -15,6 +15,7 @@ SECTIONS = (
     ("vit_batching", "ViT batching", vit_batching.markdown),
     ("reading", "Reading the video vs the rest of TTFT, one request alone (q = 0)", reading.markdown),
     ("decoding", "Video reading", decoding_hook.markdown),
+    ("live", "Live sessions: a question into a stream against an upload; sessions kept in real time", live.markdown),
     ("targets", "Targets", targets.markdown),
 )
 

@@ -14,6 +14,7 @@ from .concurrency import concurrency_rows
 from .decoding import long_gop_file
 from .decoding_hook import decoding_results
 from .follow_up import follow_up_rows
+from .live import live_scenario
 from .reading import reading_rows
 from .targets import target_rows
 from .ttft_by_rate import ttft_by_rate
@@ -67,9 +68,15 @@ def run(work: Workload, device: str, mode: str, command: str, keep: Path | None 
         log("follow-up vs cold")
         with Engine(EngineConfig(model=work.model, device=device, frame_sampling=work.frame_sampling)) as engine:
             report["follow_up"] = follow_up_rows(engine, clips, work.burst_rates, work.new_tokens)
+        log("live sessions: TTFT into a stream against an upload, sessions kept in real time")
+        config = EngineConfig(model=work.model, device=device, frame_sampling=work.frame_sampling,
+                              max_live_sessions=work.live.max_sessions, **NO_CACHES)
+        with Engine(config) as engine:
+            report["live"] = live_scenario(engine, Path(folder), work.live, QUESTION)
         log("video reading")
         report["decoding"] = decoding_results(mode == "quick", long_file.parent)
-    report["targets"] = target_rows(report["users"], report["concurrency"], report["reading"], report["decoding"])
+    report["targets"] = target_rows(report["users"], report["concurrency"], report["reading"], report["decoding"],
+                                    report["live"])
     report["workload"] = {**asdict(work), "clips": "224x224, 8 fps, 4-4.75 s, distinct per user"}
     report["duration_s"] = time.perf_counter() - start
     return report

@@ -14,10 +14,15 @@ THROUGHPUT_FLOOR = 1.0
 # file through a warm pool of one reader per core over a reader started for it, as every upload was read.
 SHORT_READ_S = 0.1
 LONG_READ_RATIO = 0.55
+# Live sessions (issue 30): a question 600 s into a stream against one 10 s in, and against the same question on an
+# upload of the recording; sessions kept in real time at q = 0.7 against q = 0.
+LIVE_TTFT_GROWTH = 1.2
+LIVE_OVER_UPLOAD = 0.1
+LIVE_SESSIONS_GAIN = 1.5
 
 
 def target_rows(users_rows: list[dict], concurrency_rows: list[dict], reading_rows: list[dict] = (),
-                decoding: dict | None = None) -> list[dict]:
+                decoding: dict | None = None, live: dict | None = None) -> list[dict]:
     largest = max(row["users"] for row in users_rows)
     at_q0 = next(row for row in users_rows if row["users"] == largest and row["pruning_rate"] == 0)
     rows = [{"measure": f"{name} ({largest} users, q = 0)", "target": f"<= {limit}", "measured": at_q0[key],
@@ -37,6 +42,23 @@ def target_rows(users_rows: list[dict], concurrency_rows: list[dict], reading_ro
         rows.append({"measure": f"long-GOP read, warm pool of {decoding['warm_readers']} readers / a reader "
                                 f"started for it ({decoding['file']})",
                      "target": f"<= {LONG_READ_RATIO}", "measured": ratio, "met": ratio <= LONG_READ_RATIO})
+    if live:
+        rows += live_target_rows(live)
+    return rows
+
+
+def live_target_rows(live: dict) -> list[dict]:
+    """The live scenario's three ratios (bench/live.py) against their targets."""
+    moments, ratios = live["ttft"]["moments"], live["ratios"]
+    first, last = moments[0]["seconds"], moments[-1]["seconds"]
+    checks = [(f"live TTFT {last:g} s into a stream / {first:g} s in", "ttft_last_over_first", "<=", LIVE_TTFT_GROWTH),
+              (f"live TTFT / the upload's, {last:g} s recording", "live_over_upload", "<=", LIVE_OVER_UPLOAD),
+              ("sessions kept in real time, q = 0.7 / q = 0", "sessions_pruned_over_q0", ">=", LIVE_SESSIONS_GAIN)]
+    rows = []
+    for measure, key, sign, limit in checks:
+        value = ratios[key]
+        met = value is not None and (value <= limit if sign == "<=" else value >= limit)
+        rows.append({"measure": measure, "target": f"{sign} {limit}", "measured": value, "met": met})
     return rows
 
 

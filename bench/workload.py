@@ -6,6 +6,8 @@ from pathlib import Path
 from assets.clips import write_clip
 from engine import FrameSampling, GenerationParams
 
+from .live import LiveWork
+
 QUESTION = "What happens in this video?"
 FOLLOW_UP_QUESTION = "And then?"
 CLIP_KINDS = ("moving_object", "pan", "scene_cut", "static")
@@ -33,6 +35,7 @@ class Workload:
     repeats: int
     vit_videos: int
     vit_repeats: int
+    live: LiveWork
     frame_sampling: FrameSampling = FRAME_SAMPLING
 
     @property
@@ -47,10 +50,14 @@ class Workload:
 
 
 FULL = Workload(model="random-qwen3-vl-50m", new_tokens=32, rates=(0.0, 0.3, 0.5, 0.7, 0.9), users=(1, 2, 4, 8),
-                concurrency=(1, 4, 8, 16), burst_rates=(0.0, 0.7), repeats=3, vit_videos=8, vit_repeats=3)
-# Every scenario's code path, peer included, on the tiny model: about a minute on two cores.
+                concurrency=(1, 4, 8, 16), burst_rates=(0.0, 0.7), repeats=3, vit_videos=8, vit_repeats=3,
+                live=LiveWork(moments_s=(10, 60, 600), size=(224, 224), max_pixels_per_frame=224 * 224,
+                              session_s=20, max_sessions=32, new_tokens=32))
+# Every scenario's code path, peer included, on the tiny model: about a minute and a half on two cores.
 QUICK = Workload(model="tiny-random", new_tokens=8, rates=FULL.rates, users=(1, 2, 4), concurrency=(1, 4),
-                 burst_rates=FULL.burst_rates, repeats=1, vit_videos=4, vit_repeats=1)
+                 burst_rates=FULL.burst_rates, repeats=1, vit_videos=4, vit_repeats=1,
+                 live=LiveWork(moments_s=(5, 10, 30), size=(160, 120), max_pixels_per_frame=160 * 120,
+                               session_s=4, max_sessions=2, new_tokens=8, repeats=1))
 
 
 def make_clips(folder: Path, count: int) -> list[Path]:

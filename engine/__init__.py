@@ -16,6 +16,14 @@ The path of one request, by the types it passes through, and the room (sub-packa
       -> worker/      token choice (token_choice.py), then events (events.py) onto the request's
       -> Stream       status, the pruning picture, thinking and answer text, and the done event's stats
 
+A live session (Engine.open_live; docs/live.md) takes the same rooms another way: live/ checks and samples each
+pushed frame by capture time and makes each temporal group's pixels on the caller's thread (session.py,
+frames.py); worker/ encodes the groups in the shared vision forward, prunes each with causal EVS as it arrives
+(pruning/causal.py: the one method with a causal form, so front/ refuses a session another method) and prefills
+it into the session's own state (live.py), laid out as the upload of the same frames would be
+(live/layout.py); a question forks that state (scheduling/ admits it once its groups are in) and decodes with
+everyone else. live_sessions.py, at the top, opens sessions and turns their questions into requests.
+
 Beside the path: memory/ plans how much fits on the device, loading/ picks the device and kernels and loads a
 model by name, checkpoints/ builds models without the Hub (tiny and random-weight ones). At the top of the
 package: the public names below and the small modules every room shares (config, errors, stats, stream, lru,
@@ -26,6 +34,7 @@ from .config import EngineConfig, FrameSampling, GenerationParams
 from .engine import Engine
 from .errors import BusyError, InputError
 from .stats import STATS_KEYS
+from .live.session import LiveSession
 from .stream import Answer, Event, EvsPicture, Stream
 
 __all__ = [
@@ -38,6 +47,7 @@ __all__ = [
     "FrameSampling",
     "GenerationParams",
     "InputError",
+    "LiveSession",
     "STATS_KEYS",
     "Stream",
 ]

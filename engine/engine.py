@@ -26,6 +26,8 @@ from .errors import QUEUE_FULL, RESTARTING, BusyError, InputError
 from .families.registry import family_for, video_geometry
 from .front.checks import check_markup, check_request, media_paths, model_markup
 from .front.metrics import Metrics
+from .live_sessions import LiveSessions
+from .live.session import LiveSession
 from .loading.load import load_model
 from .memory.plan import Plan, engine_plan
 from .prepare import Preparer
@@ -80,7 +82,7 @@ class Engine:
         def tokens_of(sampling: FrameSampling) -> int:
             return video_tokens(sampling.max_frames, sampling.max_pixels_per_frame, patch, merge, temporal)
 
-        planned_video_tokens = tokens_of(self._default_frame_sampling)
+        planned_video_tokens = self._planned_video_tokens = tokens_of(self._default_frame_sampling)
         # A model that hears is planned with the longest soundtrack it may be given.
         planned_audio_tokens = audio_token_count(
             self.loaded.processor, int(self.config.max_soundtrack_seconds * self._soundtrack_rate_hz)
@@ -104,6 +106,7 @@ class Engine:
             system_prompt=self.system_prompt, hears=self._hears, soundtrack_rate_hz=self._soundtrack_rate_hz,
             think_end=self._think_end, enqueue=self._worker.enqueue,
         )
+        self._live = LiveSessions(self)
         self._worker.start()
 
     @property
@@ -254,6 +257,18 @@ class Engine:
         self._preparer.submit(request)
         return stream
 
+    def open_live(self, params: GenerationParams | None = None) -> LiveSession:
+        """A live session: push frames as they are captured, ask about the stream so far (docs/live.md). params:
+        its pruning rate and frame sampling (fps, pixels per frame), and its questions' default settings; None:
+        the defaults at the checkpoint's pruning rate. InputError for bad settings; BusyError when
+        max_live_sessions are open or the engine is shutting down."""
+        return self._live.open(params or GenerationParams(pruning_rate=self._default_pruning_rate))
+
+    @property
+    def planned_video_tokens(self) -> int:
+        """Video tokens of one request at the device's default frame sampling, as the memory plan sizes rows."""
+        return self._planned_video_tokens
+
     @contextlib.contextmanager
     def paused(self, timeout_s: float = 120.0):
         """Hold admission while the block submits a burst; on exit wait until every submitted request
@@ -276,6 +291,7 @@ class Engine:
         """Stop taking requests, let accepted ones reach the worker, then end every stream still open."""
         with self._submit_lock:
             self._closed = True
+        self._live.shutdown()
         self._preparer.shutdown()
         self._readers.shutdown()
         self._worker.stop()

@@ -4,10 +4,17 @@ Pure torch; imports nothing else of this project. One interface for every method
 grid_thw, q, method)` (`methods.py`); the methods, one module each: `evs.py`, Efficient Video Sampling (drop
 the tokens that barely changed since the previous temporal group), `vidcom2.py` (VidCom2: a budget per frame
 from its uniqueness, then the most unique tokens in it) and `uniform.py` (whole temporal groups, evenly
-spaced: fewer frames instead of fewer tokens per frame). `inputs.py` checks what every method is given;
+spaced: fewer frames instead of fewer tokens per frame). `causal.py` is EVS for a live stream: each temporal
+group's tokens chosen when it arrives, never revised (`CausalEVS`). `inputs.py` checks what every method is given;
 `layout.py` turns a retention mask into the pruned prompt's layout and positions.
 """
 
+from pruning.causal import (
+    WINDOW_GROUPS,
+    CausalEVS,
+    causal_retention_mask,
+    causal_retention_mask_from_dissimilarity,
+)
 from pruning.evs import (
     compute_retention_mask,
     frame_dissimilarity,
@@ -25,6 +32,10 @@ from pruning.methods import (
 
 __all__ = [
     "PRUNING_METHODS",
+    "WINDOW_GROUPS",
+    "CausalEVS",
+    "causal_retention_mask",
+    "causal_retention_mask_from_dissimilarity",
     "compute_retention_mask",
     "frame_dissimilarity",
     "kept_token_count",

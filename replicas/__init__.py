@@ -5,7 +5,8 @@ Layering: app -> ui -> replicas -> engine. The UI never imports this package; th
 through the same interface. Importing this package imports Ray; the single-engine path never does.
 
     client.py      ReplicatedEngine: submit -> engine.stream.Stream, fed from the deployment handle
-    deployment.py  the Serve deployment: one Engine per replica, events streamed as plain data
+    deployment.py  the Serve deployment: one Engine per replica, events streamed as plain data, live sessions
+    live.py        a live session held by one replica (every call pinned to it)
     router.py      the Ray Serve request router, keyed by the video's content digest
     routing.py     the routing rule itself (rendezvous hashing, the spill threshold), without Ray
     videos.py      a video's way to its replica: the path on one machine, bytes in the object store across
@@ -13,5 +14,8 @@ through the same interface. Importing this package imports Ray; the single-engin
 """
 
 from .client import REPLICA_LOST, Placement, ReplicasUnavailable, ReplicatedEngine, ReplicaLost
+from .live import RemoteLiveSession
+from .wire import LIVE_SESSION_LOST, SessionLost
 
-__all__ = ["REPLICA_LOST", "Placement", "ReplicaLost", "ReplicasUnavailable", "ReplicatedEngine"]
+__all__ = ["LIVE_SESSION_LOST", "REPLICA_LOST", "Placement", "RemoteLiveSession", "ReplicaLost", "ReplicasUnavailable",
+           "ReplicatedEngine", "SessionLost"]

@@ -31,7 +31,7 @@ from ray import serve
 from ray.exceptions import RayActorError
 from ray.serve.exceptions import RequestCancelledError
 
-from engine.front.checks import check_request, media_paths
+from engine.front.checks import check_live_settings, check_request, media_paths
 from engine.config import EngineConfig, FrameSampling, FrameSamplingLimits, GenerationParams
 from engine.errors import QUEUE_FULL, RESTARTING, SERVER_FAULT, SHUTTING_DOWN, BusyError, InputError
 from engine.memory.plan import Plan
@@ -40,9 +40,10 @@ from engine.stats import Stats
 from engine.stream import Event, Stream
 
 from .deployment import DEPLOYMENT_NAME, engine_app
+from .live import RemoteLiveSession
 from .routing import DEFAULT_SPILL_AFTER
 from .videos import VideoSender
-from .wire import ERROR, HELLO, error_from_wire, event_from_wire
+from .wire import ERROR, HELLO, LIVE_SESSION_LOST, SessionLost, error_from_wire, event_from_wire
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 CANCEL_POLL_S = 0.1
 # Bytes of shipped videos kept in the object store for follow-up questions (when videos go as bytes).
 SHIPPED_VIDEO_CACHE_BYTES = 2 << 30
+LIVE_OPEN_TIMEOUT_S = 60.0
 
 
 class ReplicaLost(BusyError):
@@ -140,6 +142,7 @@ class ReplicatedEngine:
         self._held: list[_Job] | None = None  # jobs submitted inside paused(), sent on its exit
         self._open: dict[asyncio.Task, int] = {}  # calls under way -> their requests
         self._placements: OrderedDict[int, Placement] = OrderedDict()  # request id -> where, recent ones
+        self._live_turn = itertools.count()  # which replica the next live session is offered to first
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="evs-replica-calls", daemon=True)
         self._thread.start()
@@ -164,6 +167,7 @@ class ReplicatedEngine:
         except Exception as error:
             why = _deploy_failure(self.app_name, error)
             raise ReplicasUnavailable(f"The engine replicas did not start: {why}") from None
+        self.handle = handle  # unary calls (a live session's); answers stream through _calls
         self._calls = handle.options(stream=True)
         self._about = handle.describe.remote().result()
         self._videos = VideoSender(ship_bytes=not local if ship_bytes is None else ship_bytes,
@@ -234,6 +238,20 @@ class ReplicatedEngine:
         the ones that need the model's tokenizer (question and history length in tokens) run on the
         replica, and their InputError arrives through the stream.
         """
+        paths, params, history = self._admit(video, question, params, history, media)
+        with self._lock:
+            job = _Job(Stream(next(self._ids), on_end=self.metrics.ended), str(paths[0]), question.strip(), params,
+                       history)
+            if self._held is not None:
+                self._held.append(job)
+                return job.stream
+        self._send([job])
+        return job.stream
+
+    def _admit(self, video, question: str, params: GenerationParams | None, history,
+               media=None) -> tuple[list, GenerationParams, list]:
+        """(upload paths, params, history) of a request checked as Engine.submit checks it, with an admission slot
+        taken; the refusal counted and raised otherwise."""
         try:
             params = params or GenerationParams()
             paths = media_paths(video, media)
@@ -249,14 +267,7 @@ class ReplicatedEngine:
         except (InputError, BusyError):
             self.metrics.refused()
             raise
-        with self._lock:
-            job = _Job(Stream(next(self._ids), on_end=self.metrics.ended), str(paths[0]), question.strip(), params,
-                       history)
-            if self._held is not None:
-                self._held.append(job)
-                return job.stream
-        self._send([job])
-        return job.stream
+        return paths, params, history
 
     @contextlib.contextmanager
     def paused(self, timeout_s: float = 120.0):
@@ -298,7 +309,8 @@ class ReplicatedEngine:
                 return
             requests = [{"question": j.question, "params": j.params, "history": j.history} for j in jobs]
             for attempt in range(2):
-                started = await self._call(digest, video, requests, streams)
+                response = self._calls.answer.remote(digest=digest, video=video, requests=requests)
+                started = await self._call(response, streams)
                 if started or all(s.finished or s.cancelled for s in streams):
                     break
                 log.warning("a replica died before starting a call; sending it again")
@@ -314,15 +326,15 @@ class ReplicatedEngine:
             self._open.pop(task, None)
             _end_cancelled(streams)
 
-    async def _call(self, digest: str, video: dict, requests: list[dict], streams: list[Stream]) -> bool:
-        """One deployment call, its messages pushed to `streams`. Returns whether a replica started on it
-        (said hello); False only when it failed before that, so that sending it again is safe.
+    async def _call(self, response, streams: list[Stream]) -> bool:
+        """One deployment call (`response`, the streaming handle's answer to it), its messages pushed to
+        `streams`. Returns whether a replica started on it (said hello); False only when it failed before that,
+        so that sending it again is safe.
 
         The call's last ending message (done or error) is held until the call has ended on its replica:
         a caller that asks again as soon as its answer is complete then finds that replica's queue
         without it (Ray Serve counts a call against its replica until the replica's generator returns).
         """
-        response = self._calls.answer.remote(digest=digest, video=video, requests=requests)
         placement = None
         last = None  # (stream, message) of the call's last ending message, until the call ends
 
@@ -369,6 +381,65 @@ class ReplicatedEngine:
         # A call that ended without ending a request is a bug on the replica's side.
         _fail_unfinished(streams, RuntimeError(SERVER_FAULT))
         return True
+
+    # --- live sessions (replicas/live.py) --------------------------------------------------------------
+    def open_live(self, params: GenerationParams | None = None) -> RemoteLiveSession:
+        """Engine.open_live's contract: a session on one replica, which every later call of the session reaches.
+        The replicas take turns (each holds its own state and its own max_live_sessions); a replica with all its
+        sessions open passes to the next. BusyError when every one is full (or the engine is shutting down),
+        InputError for bad settings."""
+        params = params or GenerationParams()
+        try:
+            check_live_settings(params, self.config, self.frame_sampling_limits)
+            with self._lock:
+                if self._closed:
+                    raise BusyError(RESTARTING)
+            ids = self.replicas()
+            first = next(self._live_turn) % max(1, len(ids))
+            full = None
+            for replica in ids[first:] + ids[:first]:
+                # pinned there by the router, as every later call of the session will be
+                reply = self.handle.open_live.remote(session=f"{replica}/", params=params).result(
+                    timeout_s=LIVE_OPEN_TIMEOUT_S)
+                if reply.get("kind") != ERROR:
+                    break
+                error = error_from_wire(reply)
+                if not isinstance(error, BusyError):
+                    raise error
+                full = full if isinstance(error, SessionLost) else error  # SessionLost: that replica is gone
+            else:
+                raise full or BusyError(RESTARTING)
+        except (InputError, BusyError):
+            self.metrics.refused()
+            raise
+        return RemoteLiveSession(self, reply["session"], reply["replica"], params, self.config.max_video_source_pixels)
+
+    def ask_live(self, session: str, question: str, history=(), params: GenerationParams | None = None) -> Stream:
+        """A question about a live session, streamed from its replica as an upload's answer (LiveSession.ask)."""
+        _, params, history = self._admit(f"live session {session}", question, params, history)
+        stream = Stream(next(self._ids), on_end=self.metrics.ended)
+        future = asyncio.run_coroutine_threadsafe(
+            self._serve_live(session, question.strip(), history, params, stream), self._loop)
+        future.add_done_callback(lambda _: self._admission.release())
+        return stream
+
+    async def _serve_live(self, session: str, question: str, history, params, stream: Stream) -> None:
+        task = asyncio.current_task()
+        self._open[task] = 1
+        try:
+            response = self._calls.live_ask.remote(session=session, question=question, history=history,
+                                                   params=params)
+            if not await self._call(response, [stream]):  # failed before its replica said hello: that one is gone
+                _fail_unfinished([stream], SessionLost(LIVE_SESSION_LOST))
+        except asyncio.CancelledError:  # shutdown
+            _fail_unfinished([stream], RuntimeError(SHUTTING_DOWN))
+            raise
+        except Exception:
+            log.exception("a live question failed")
+            _fail_unfinished([stream], RuntimeError(SERVER_FAULT))
+        finally:
+            self._open.pop(task, None)
+            _end_cancelled([stream])
 
     def _remember(self, streams: list[Stream], placement: Placement) -> None:
         for stream in streams:

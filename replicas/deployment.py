@@ -20,13 +20,13 @@ from ray import serve
 from ray.serve.config import RequestRouterConfig
 from ray.serve.schema import LoggingConfig
 
-from engine import Engine, EngineConfig
+from engine import Engine, EngineConfig, LiveSession
 from engine.front.door import cancel_unfinished, merged, request_params
 from engine.stream import Stream
 
 from .router import VideoAffinityRouter
 from .videos import VideoFiles
-from .wire import HELLO, error_to_wire, event_to_wire
+from .wire import HELLO, LIVE_SESSION_LOST, SessionLost, error_to_wire, event_to_wire
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +66,7 @@ class EngineReplica:
         self.pid = os.getpid()
         self.node = ray.get_runtime_context().get_node_id()
         self.files = VideoFiles()
+        self.live: dict[str, LiveSession] = {}  # the live sessions this replica holds, by "<replica>/<id>"
 
     def describe(self) -> dict:
         """What the client's `model_info`, `default_frame_sampling` and the other read-only properties return."""
@@ -121,6 +122,69 @@ class EngineReplica:
             if submitting is not None and not submitting.done():
                 submitting.add_done_callback(lambda _: cancel_unfinished(streams))
             self.files.release(digest, video)
+
+    # --- live sessions (docs/live.md, "Past one GPU"): every call names its session, which the router pins here
+    def open_live(self, session: str, params) -> dict:
+        """Open a live session here (session: "<this replica>/", which pinned the call here): {"session":
+        "<replica>/<id>", "replica", "pid", "node"}, or an error message."""
+        try:
+            if session.split("/")[0] != self.name:  # meant for a replica that is gone: the client tries another
+                raise SessionLost(LIVE_SESSION_LOST)
+            opened = self.engine.open_live(params)
+        except Exception as error:  # InputError / BusyError: their sentence to the client
+            return error_to_wire(0, error)
+        key = f"{self.name}/{opened.id}"
+        self.live[key] = opened
+        return {"session": key, "replica": self.name, "pid": self.pid, "node": self.node}
+
+    async def live_push(self, session: str, frame, t_s: float) -> dict | None:
+        """LiveSession.push on the session's thread pool (the HF processor runs there); None, or an error."""
+        return await self._on_session(session, lambda live: live.push(frame, t_s))
+
+    async def live_stats(self, session: str) -> dict:
+        """{"stats": LiveSession.stats()}, or an error."""
+        return await self._on_session(session, lambda live: {"stats": live.stats()})
+
+    async def live_wait(self, session: str, timeout_s: float | None) -> dict:
+        """{"caught_up": LiveSession.wait(timeout_s)}, or an error."""
+        return await self._on_session(session, lambda live: {"caught_up": live.wait(timeout_s)})
+
+    async def live_close(self, session: str) -> None:
+        """Close the session (its state is freed at the engine's next step); nothing when it is not here."""
+        live = self.live.pop(session, None)
+        if live is not None:
+            live.close()
+
+    async def _on_session(self, session: str, call):
+        """call(LiveSession) in a thread, its result returned; an error (the session's sentence, or SessionLost
+        where this replica does not hold it: a replacement, or the call came after its holder died) as a
+        message."""
+        try:
+            live = self.live.get(session)
+            if live is None:
+                raise SessionLost(LIVE_SESSION_LOST)
+            return await asyncio.to_thread(call, live)
+        except Exception as error:
+            return error_to_wire(0, error)
+
+    async def live_ask(self, session: str, question: str, history: list, params):
+        """LiveSession.ask, streamed as `answer` streams an upload's request (index 0)."""
+        yield {"kind": HELLO, "replica": self.name, "pid": self.pid, "node": self.node}
+        streams: dict[int, Stream] = {}
+        try:
+            live = self.live.get(session)
+            if live is None:
+                raise SessionLost(LIVE_SESSION_LOST)
+            streams[0] = await asyncio.to_thread(live.ask, question, history, params)
+        except Exception as error:
+            yield error_to_wire(0, error)
+            return
+        try:
+            async with contextlib.aclosing(merged(streams)) as events:
+                async for index, event, error in events:
+                    yield error_to_wire(index, error) if error is not None else event_to_wire(index, event, self.name)
+        finally:
+            cancel_unfinished(streams)
 
     def _submit(self, path: str, requests: list[dict], streams: dict, failed: list) -> None:
         """Submit every request (under paused() when there are several), filling `streams` as it goes;

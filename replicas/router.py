@@ -20,11 +20,15 @@ log = logging.getLogger(__name__)
 
 # The handle call's keyword argument that names the video (the upload's sha256 hex digest).
 DIGEST_KWARG = "digest"
+# The keyword argument that names a live session, "<replica id>/<session>": its calls go to that replica alone.
+SESSION_KWARG = "session"
 
 
 class VideoAffinityRouter(RequestRouter):
     """Routes by the `digest` keyword of the call; `spill_after` (request_router_kwargs) is the home
-    replica's ongoing requests past which the least-loaded replica takes the request instead."""
+    replica's ongoing requests past which the least-loaded replica takes the request instead. A call about a
+    live session (the `session` keyword) goes to the replica holding its state and nowhere else; when that
+    replica is gone, to any, which answers that it does not hold the session."""
 
     def initialize_state(self, spill_after: int = DEFAULT_SPILL_AFTER, **_) -> None:
         self.spill_after = int(spill_after)
@@ -36,6 +40,10 @@ class VideoAffinityRouter(RequestRouter):
     ) -> list[list[RunningReplica]]:
         by_id = {replica.replica_id.unique_id: replica for replica in candidate_replicas}
         kwargs = pending_request.kwargs if pending_request is not None else None
+        session = kwargs.get(SESSION_KWARG) if kwargs else None
+        if session is not None:
+            holder = by_id.get(session.split("/")[0])
+            return [[holder]] if holder is not None else [list(by_id.values())]
         digest = kwargs.get(DIGEST_KWARG) if kwargs else None
         home_queue = None
         if digest is not None and len(by_id) > 1:

@@ -46,6 +46,8 @@ def test_quick_run_passes_and_prints_one_table(quick_run):
     assert "| 8 users at once |" in result.stdout
     assert "| 8 users at once, q = 0, admitted as read | mean TTFT s | pipelined ideal s |" in result.stdout
     assert "| reading, q = 0 | frames | waiting for a reader s | reading s | rest of TTFT s | TTFT s |" in result.stdout
+    assert "| question at q = 0.7 | TTFT s | video tokens (held / upload's) |" in result.stdout
+    assert "| live TTFT / the upload's, 30 s recording | <= 0.1 |" in result.stdout
     assert "| method | kept | mask ms | pruning step ms | share of the vision forward |" in result.stdout
 
 
@@ -85,3 +87,7 @@ def test_quick_run_saves_every_figure(quick_run):
     assert {"attn_vision", "attn_text", "attn_linear", "dtype"} <= set(report["model"])
     assert (report["model"]["attn_linear"] is not None) == ("qwen3.5" in report["model"]["name"])
     assert report["versions"]["transformers"] and report["peak_gpu_memory_gib"] is None
+    live = report["live"]
+    assert [row["seconds"] for row in live["ttft"]["moments"]] == [5, 10, 30]
+    assert all(row["ttft_s"] > 0 for row in live["ttft"]["moments"]) and live["ttft"]["upload_ttft_s"] > 0
+    assert [row["pruning_rate"] for row in live["sessions"]] == [0.0, 0.7]

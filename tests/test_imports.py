@@ -35,9 +35,10 @@ ROOM_MAY_IMPORT = {
     "checkpoints": {"families"},
     "loading": {"checkpoints", "families"},
     "prompt": {"families", "reading"},
+    "live": {"families", "prompt", "reading"},
     "memory": {"checkpoints", "families", "prompt", "state"},
-    "scheduling": {"families", "prompt", "reading", "state"},
-    "worker": {"families", "prompt", "scheduling", "state"},
+    "scheduling": {"families", "live", "prompt", "reading", "state"},
+    "worker": {"families", "live", "prompt", "scheduling", "state"},
 }
 # Third-party packages a room never loads when it runs: reading runs inside the reader processes, which load
 # a bare engine package without torch (seconds and hundreds of MB each); scheduling is bookkeeping over

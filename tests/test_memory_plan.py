@@ -12,7 +12,7 @@ from transformers.cache_utils import DynamicCache, LinearAttentionCacheLayerMixi
 from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5TextModel
 from transformers.video_utils import VideoMetadata
 
-from engine import Engine, EngineConfig, GenerationParams, InputError
+from engine import BusyError, Engine, EngineConfig, GenerationParams, InputError
 from engine.config import (
     CPU_FRAME_SAMPLING_LIMITS,
     DEFAULT_PRUNING_RATE,
@@ -353,9 +353,10 @@ def test_the_command_line_prints_a_checkpoints_plan_without_a_gpu(capsys):
     assert engine_main(["--model", f"random:{QWEN35_9B}", "--plan-gib", "40", "130"]) == 0
     out = capsys.readouterr().out
     assert "memory plan: 40.0 GiB free, state 49.5 MiB/sequence + KV 32768 bytes/token (8 of 32 layers), " \
-           "at most 12,544 video tokens per request, 15 requests decoding together" in out
-    assert "at most 53,477 video tokens per request, 16 requests decoding together" in out
-    assert "56 requests of 12,544 video tokens fit, capped at the configured 16" in out
+           "at most 12,544 video tokens per request, 14 requests decoding together, 4 live sessions" in out
+    assert "live sessions: 4 of the 4 configured, 0.56 GiB each" in out
+    assert "at most 52,313 video tokens per request, 16 requests decoding together" in out
+    assert "54 requests of 12,544 video tokens fit, capped at the configured 16" in out
     assert engine_main(["--model", "random:no/such-checkpoint", "--plan-gib", "40"]) == 2
     assert "error: cannot plan 'random:no/such-checkpoint': " in capsys.readouterr().err
 
@@ -380,7 +381,7 @@ def small_plan_engine(tiny_cache_dir):
     4,096-patch budget takes 55 MB (float32 pixels): 3 rows fit, 16 rows of anything more do not."""
     budget = int((2 * GIB + 100 * 1024**2) / 0.9)
     config = EngineConfig(model="tiny-random", device="cpu", cache_dir=tiny_cache_dir, frame_sampling=FRAME_SAMPLING,
-                          memory_budget_bytes=budget)
+                          memory_budget_bytes=budget, max_live_sessions=0)
     with Engine(config) as engine:
         yield engine
 
@@ -484,3 +485,34 @@ def test_an_engine_without_room_for_a_small_request_refuses_to_start(tiny_cache_
     with pytest.raises(InsufficientMemory, match=r"GPU has 1\.0 GiB free, room for 0 video tokens per request, "
                                                  r"fewer than the 80 of a small clip"):
         Engine(config)
+
+
+def test_live_sessions_are_planned_first_and_only_as_many_as_leave_room_for_one_request(qwen3_4b):
+    """Each live session keeps its window's KV once, outside the batch: 4 sessions of 12,544 video tokens on
+    Qwen3-VL-4B (147,456 bytes a token, with 4,096 text and 256 spare) take 2.3 GiB before the rows are planned;
+    with too little memory, fewer sessions are allowed so that one request still fits."""
+    live_row = 147_456 * (12_544 + 4096 + 256)
+    none = plan_memory(qwen3_4b, 40 * GIB, settings())
+    four = plan_memory(qwen3_4b, 40 * GIB, settings(live_sessions=4, live_window_tokens=12_544))
+    assert four.max_live_sessions == 4 and none.max_live_sessions == 0
+    assert four.max_running == plan_memory(qwen3_4b, 40 * GIB - round(4 * live_row / 0.9), settings()).max_running
+    assert four.max_running < none.max_running
+    tight = plan_memory(qwen3_4b, 20 * GIB, settings(live_sessions=4, live_window_tokens=12_544))
+    assert 0 < tight.max_live_sessions < 4 and tight.max_running >= 1
+    assert any(f"live sessions: {tight.max_live_sessions} of the 4 configured" in r for r in tight.reasons)
+
+
+def test_a_forced_plan_refuses_the_session_past_what_it_allows_with_a_sentence(tiny_cache_dir):
+    """The small plan's engine with a window of 80 video tokens: each session 3.4 MB of KV (768 bytes x (80 +
+    4,096 + 256)); the configured 1,000 cannot fit, the plan allows what leaves room for one request."""
+    budget = int((2 * GIB + 100 * 1024**2) / 0.9)
+    config = EngineConfig(model="tiny-random", device="cpu", cache_dir=tiny_cache_dir, frame_sampling=FRAME_SAMPLING,
+                          memory_budget_bytes=budget, max_live_sessions=1000)
+    with Engine(config) as engine:
+        allowed = engine.memory_plan.max_live_sessions
+        assert 0 < allowed < 1000 and engine.memory_plan.max_running == 1
+        sessions = [engine.open_live() for _ in range(allowed)]
+        with pytest.raises(BusyError, match=f"already has {allowed} live sessions open"):
+            engine.open_live()
+        for session in sessions:
+            session.close()

@@ -48,14 +48,14 @@ def test_describe_gives_the_published_size_and_the_active_parameters():
 def test_the_memory_plan_counts_the_mamba_state():
     """23 Mamba-2 layers keep a conv state (x, B and C: 4,096 + 2 x 8 x 128 channels x 4 taps, bf16) and a
     float32 SSM state (64 heads x 64 x 128) per sequence; 6 of 52 layers keep KV. On an 80 GiB GPU the bf16
-    weights (61.5 GiB) leave about 18.5 GiB: room for 10 requests, each with 10 minutes of soundtrack
-    (tests/test_memory_plan.py)."""
+    weights (61.5 GiB) leave about 18.5 GiB: room for 9 requests, each with 10 minutes of soundtrack, beside the
+    configured 4 live sessions (tests/test_memory_plan.py)."""
     config = spec_config(checkpoint_spec(f"random:{CHECKPOINT}"))
     plan = checkpoint_plan(config, int(18.5 * GIB))
     assert plan.state_bytes_per_sequence == 23 * (6144 * 4 * 2 + 64 * 64 * 128 * 4)
     assert round(plan.state_bytes_per_sequence / MIB, 1) == 47.1
     assert plan.kv_bytes_per_token == 2 * 6 * 2 * 128 * 2
-    assert plan.max_running == 10 and plan.max_video_tokens >= 12_544
+    assert plan.max_running == 9 and plan.max_live_sessions == 4 and plan.max_video_tokens >= 12_544
 
 
 def shrunk_spec(tmp_path):

@@ -25,7 +25,7 @@ from assets.clips import write_clip
 from engine import Engine, EngineConfig, FrameSampling, GenerationParams, InputError
 from engine.errors import NO_VIDEO
 from engine.reading.video import UNREADABLE, file_sha256
-from replicas import REPLICA_LOST, ReplicaLost, ReplicasUnavailable, ReplicatedEngine
+from replicas import LIVE_SESSION_LOST, REPLICA_LOST, ReplicaLost, ReplicasUnavailable, ReplicatedEngine, SessionLost
 from replicas.routing import home_of, ranks
 from replicas.videos import VideoSender
 
@@ -351,3 +351,65 @@ def test_a_killed_replica_fails_only_its_requests(replicated, videos):
     # The next question on the lost replica's video is answered (by the survivor, or by the replacement).
     again = replicated.submit(doomed_video, "What moves?", params()).result(TIMEOUT_S)
     assert again.stats["generated_tokens"] == 8 and again.stats["replica"] != where.replica
+
+
+# --- live sessions: pinned to the replica that holds their state ---------------------------------------
+def live_frames(seed: int):
+    from live_helpers import clip_frames
+
+    return clip_frames(seed, fps=2, seconds=4.0)
+
+
+def test_a_live_session_stays_on_its_replica_and_answers_as_the_single_engine(replicated, reference):
+    asked = params(0.5, 6, return_logits=True)
+    with replicated.open_live(asked) as remote, reference.open_live(asked) as local:
+        for index, frame in enumerate(live_frames(1_000_040)):
+            for live in (remote, local):
+                live.push(frame, index / 2)
+                assert live.wait(TIMEOUT_S)
+        answers = [remote.ask("What moves?").result(TIMEOUT_S) for _ in range(2)]
+        expected = local.ask("What moves?").result(TIMEOUT_S)
+        assert remote.stats()["video_tokens_total"] == local.stats()["video_tokens_total"] == 4 * 4
+    assert {answer.stats["replica"] for answer in answers} == {remote.replica}
+    for answer in answers:
+        assert answer.token_ids == expected.token_ids
+        np.testing.assert_array_equal(answer.logits, expected.logits)
+    with pytest.raises(InputError, match="closed"):
+        remote.push(live_frames(1_000_040)[0], 9.0)
+    with replicated.open_live(asked) as another, pytest.raises(InputError, match="capture time"):
+        another.push(live_frames(1_000_040)[0], float("nan"))
+
+
+def test_a_lost_replica_ends_its_live_sessions_with_a_sentence(replicated, videos):
+    """Sessions opened until both replicas hold one; the one holder is killed: its session's next push and
+    question say the session has ended, the other session and uploads go on."""
+    opened, deadline = [replicated.open_live(params(0.5, 4))], time.monotonic() + TIMEOUT_S
+    while time.monotonic() < deadline:  # the replicas take turns; the one killed before may still be coming back
+        live = replicated.open_live(params(0.5, 4))
+        if live.replica != opened[0].replica:
+            opened.append(live)
+            break
+        live.close()
+        time.sleep(0.5)
+    assert len({live.replica for live in opened}) == 2
+    doomed = opened[0]
+    survivor = next(live for live in opened if live.replica != doomed.replica)
+    frames = live_frames(1_000_041)
+    for live in (doomed, survivor):
+        live.push(frames[0], 0.0), live.push(frames[1], 0.5)
+        assert live.wait(TIMEOUT_S)
+    asked = doomed.ask("What moves?")
+    asked.result(TIMEOUT_S)
+    where = replicated.placement(asked.request_id)  # the process holding the session
+    assert where.replica == doomed.replica
+    os.kill(where.pid, signal.SIGKILL)
+    with pytest.raises(SessionLost, match=f"^{LIVE_SESSION_LOST}$"):
+        doomed.push(frames[2], 1.0)
+    with pytest.raises(SessionLost, match=f"^{LIVE_SESSION_LOST}$"):
+        doomed.ask("What moves?")
+    survivor.push(frames[2], 1.0), survivor.push(frames[3], 1.5)
+    assert survivor.wait(TIMEOUT_S)
+    assert survivor.ask("What moves?").result(TIMEOUT_S).stats["replica"] == survivor.replica
+    for live in opened[1:]:
+        live.close()
+    assert replicated.submit(videos.take(), "What moves?", params()).result(TIMEOUT_S).stats["generated_tokens"] == 8

@@ -31,6 +31,7 @@ class Plain:
     more: tuple = ()
     id: int = field(default_factory=lambda: next(_ids))
     stage: Stage = Stage.QUEUED
+    live: object = None  # a question asked of a live session carries its LiveQuestion here
 
     def __post_init__(self):
         self.prompt = SimpleNamespace(input_ids=[0] * self.prompt_tokens)
@@ -172,3 +173,26 @@ def test_a_request_with_several_media_brings_only_those_no_earlier_request_bring
     assert s.remaining_work(pair) == pytest.approx(90 + 60)
     s2 = scheduler(cached={"A"}, vit=100)
     assert s2.remaining_work(pair) == pytest.approx(50 + 60)  # A's features are cached: B alone to encode
+
+
+def test_live_groups_take_at_most_half_the_forward_while_uploads_wait_and_all_of_it_otherwise():
+    s = scheduler(vit=100)
+    assert s.live_share([30, 30, 30, 30]) == 3  # no upload waits: the whole budget
+    assert s.live_share([150, 10]) == 1  # at least one group, even one over the budget
+    s.add(Plain(60, 30, 20, "v0"))
+    s.admit()
+    assert s.live_share([30, 30, 30]) == 1  # uploads wait: 50 patches of the 100
+    assert s.encode_chunk(live_patches=30) == s.encoding  # and the first upload goes whatever is left
+
+
+def test_a_live_question_waits_without_holding_up_uploads_then_skips_encoding():
+    ready = {"live": False}
+    s = Scheduler(16, 100, 1000, WorkWeights(), missing=lambda r: dict(r.media),
+                  ready=lambda r: r.live is None or ready["live"])
+    question = Plain(0, 0, 0, "live", live=SimpleNamespace(tail_tokens=12))
+    upload = Plain(60, 30, 20, "v0")
+    s.add(question), s.add(upload)
+    assert s.admit() == [upload] and list(s.waiting) == [question]
+    ready["live"] = True
+    assert s.admit() == [question] and question.stage is Stage.PREFILLING and s.encoding == [upload]
+    assert s.prefill_tokens(question) == 12 and s.remaining_work(question) == 12

@@ -71,6 +71,18 @@ class NemotronOmni(Family):
         # The processor expands it into `<img>` + one `<image>` per token + `</img>`, as it writes a tubelet.
         return "<image>\n"
 
+    def live_group_text(self, group, times_s):
+        # The processor labels each tubelet with its frames' numbers and times and joins tubelets by newlines. It
+        # writes a frame's time as its index times a whole number of milliseconds per frame of the file; a live
+        # stream has no file rate, so the capture time is written (the same at 8 fps, and at any rate whose frame
+        # lasts a whole number of milliseconds).
+        labels = [f"{'Frame' if offset == 0 else 'frame'} {group * self.temporal_patch + offset + 1} sampled at "
+                  f"{time_s:.2f} seconds" for offset, time_s in enumerate(times_s)]
+        return ("\n" if group else "") + " and ".join(labels) + ": <img>", self._VIDEO_END
+
+    def video_runs(self, grid_thw):
+        return [(t, 1) for t in range(grid_thw[0])]  # each tubelet its own `<img>...</img>`
+
     def full_positions(self, is_visual, media):
         # Each token's index in the unpruned prompt, on all three rows (see the class docstring: only row 0 of
         # the pruned layout reaches the model).

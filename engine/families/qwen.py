@@ -16,6 +16,10 @@ class Qwen3VL(Family):
         # The processor adds the per-group timestamps and vision markers itself.
         return "<|video_pad|>"
 
+    def live_group_text(self, group, times_s):
+        # The processor's `<t seconds>`: the mean of the group's first and last frame's time.
+        return f"<{(times_s[0] + times_s[-1]) / 2:.1f} seconds><|vision_start|>", "<|vision_end|>"
+
     def video_runs(self, grid_thw):
         return [(t, 1) for t in range(grid_thw[0])]
 
@@ -82,6 +86,9 @@ class Qwen25VL(Family):
 
     def video_placeholder(self) -> str:
         return "<|vision_start|><|video_pad|><|vision_end|>"
+
+    def live_group_text(self, group, times_s):
+        return "", ""  # the groups' tokens follow one another inside the placeholder's markers
 
     def video_runs(self, grid_thw):
         return [(0, grid_thw[0])]

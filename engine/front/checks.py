@@ -9,6 +9,7 @@ import pruning
 from engine.config import EngineConfig, FrameSamplingLimits, GenerationParams
 from engine.errors import BAD_HISTORY, NO_VIDEO, InputError
 
+LIVE_PRUNING_METHOD = "evs"  # the one method with a causal form (pruning/causal.py)
 CONTROL_TOKEN = re.compile(r"<\|[a-z_]+\|>")
 
 
@@ -40,6 +41,12 @@ def check_params(question: str, params: GenerationParams, config: EngineConfig,
     check_text(question, "question")
     if len(question) > config.max_question_chars:
         raise InputError(f"The question is {len(question):,} characters long; the limit is {config.max_question_chars:,}.")
+    check_settings(params, config, limits)
+
+
+def check_settings(params: GenerationParams, config: EngineConfig, limits: FrameSamplingLimits) -> None:
+    """Raise InputError for any setting of params a user could have got wrong (a live session's, which has no
+    question yet, as well as a request's)."""
     try:
         pruning.validate_pruning_rate(params.pruning_rate)
         pruning.validate_pruning_method(params.pruning_method)
@@ -66,6 +73,16 @@ def check_params(question: str, params: GenerationParams, config: EngineConfig,
                                   ("pixels per frame", sampling.max_pixels_per_frame, limits.max_pixels_per_frame)]:
             if asked > most:
                 raise InputError(f"{asked:,} {what} were asked for; this server samples at most {most:,}.")
+
+
+def check_live_settings(params: GenerationParams, config: EngineConfig, limits: FrameSamplingLimits) -> None:
+    """check_settings for a live session's params, whose pruning method must be EVS: only EVS has a causal form
+    (pruning/causal.py). VidCom2 budgets each frame by its uniqueness across the whole video and uniform spaces
+    its groups over the whole video; a stream's end is unknown to both (docs/live.md)."""
+    check_settings(params, config, limits)
+    if params.pruning_method != LIVE_PRUNING_METHOD:
+        raise InputError(f"A live session prunes with causal EVS only (the other methods need the whole video); "
+                         f"got pruning method {params.pruning_method!r}.")
 
 
 def media_paths(video, media) -> list[str]:

@@ -19,7 +19,13 @@ that hears, A audio tokens: the longest soundtrack it is given, EngineConfig.max
              + feature_per_audio_token * A                          its audio features (EVS keeps them all)
     one(V)   = max(ViT forward over max(vit_patch_budget, V * merge^2) patches, audio forward over A tokens,
                    prefill of V + A + text + new tokens)
-    N * row(V) + one(V) <= usable
+    live     = kv_per_token * (W + text + spare) + state_per_sequence  one live session's state (window W)
+    L * live + N * row(V) + one(V) <= usable
+
+- A live session keeps its window of W video tokens (EngineConfig.live_window_tokens, by default the planned
+  video tokens of one request) and its text in its own state, once: it never joins the decode batch, a question
+  forks it into a row that N counts. L = the configured max_live_sessions, fewer when so many would leave no room
+  for one planned request (Plan.max_live_sessions); the rows are planned in what is left.
 
 - kv_per_token = 2 (K and V) * KV layers * KV heads * head_dim * dtype bytes (147,456 on Qwen3-VL-4B in
   bf16). KV layers are the attention layers: all of them on Qwen2.5-VL and Qwen3-VL (MoE too); on the
@@ -86,7 +92,8 @@ class PlanSettings:
     GrowingLayer.SPARE_TOKENS). vit_patch_budget: the ViT forward budget in patches. reserved_bytes: device
     memory held by the feature and prefix caches at their bounds. margin_fraction: of the free memory,
     kept back. kv_copies: of the decode batch's KV and recurrent state alive while it is rebuilt (module
-    docstring).
+    docstring). live_sessions: the configured most live sessions open at once (EngineConfig.max_live_sessions);
+    live_window_tokens: the video tokens each one's state holds at most (engine/worker/live.py).
     """
 
     planned_video_tokens: int
@@ -99,6 +106,8 @@ class PlanSettings:
     reserved_bytes: int = 2 * GIB
     margin_fraction: float = 0.10
     kv_copies: int = 3
+    live_sessions: int = 0
+    live_window_tokens: int = 0
 
 
 class InsufficientMemory(RuntimeError):
@@ -114,7 +123,8 @@ class Plan:
     two in words. max_video_tokens: most video tokens (T*h*w, before EVS) in one request;
     max_request_tokens: most prompt + answer tokens of one request (the KV row it may fill); None when
     unbounded. max_running: requests decoding together. reasons: one line per term of the arithmetic, for
-    logs and tests.
+    logs and tests. max_live_sessions: live sessions open at once (each holds its own state, outside the decode
+    batch; a question forks it into a row of the batch, which max_running counts).
     """
 
     free_bytes: int | None
@@ -125,6 +135,7 @@ class Plan:
     max_request_tokens: int | None
     max_running: int
     reasons: tuple[str, ...]
+    max_live_sessions: int = 0
 
     @property
     def bounded(self) -> bool:
@@ -144,7 +155,8 @@ class Plan:
         if not self.bounded:
             return f"memory plan: none ({self.reasons[0]}); {self.cache_summary}, {self._running()} decoding together"
         return (f"memory plan: {self.free_bytes / GIB:.1f} GiB free, {self.cache_summary}, "
-                f"at most {self.max_video_tokens:,} video tokens per request, {self._running()} decoding together")
+                f"at most {self.max_video_tokens:,} video tokens per request, {self._running()} decoding together, "
+                f"{self.max_live_sessions} live session{'s' if self.max_live_sessions != 1 else ''}")
 
     def _running(self) -> str:
         return f"{self.max_running} request{'s' if self.max_running != 1 else ''}"
@@ -171,10 +183,11 @@ class Plan:
                 "tokens, start a new conversation, or choose fewer frames or fewer pixels per frame.")
 
 
-def unbounded_plan(dims: ModelDims, max_running: int, why: str) -> Plan:
+def unbounded_plan(dims: ModelDims, max_running: int, why: str, max_live_sessions: int = 0) -> Plan:
     return Plan(free_bytes=None, kv_bytes_per_token=dims.kv_bytes_per_token,
                 state_bytes_per_sequence=dims.state_bytes_per_sequence, cache_summary=dims.cache_summary(),
-                max_video_tokens=None, max_request_tokens=None, max_running=max_running, reasons=(why,))
+                max_video_tokens=None, max_request_tokens=None, max_running=max_running, reasons=(why,),
+                max_live_sessions=max_live_sessions)
 
 
 def plan_memory(dims: ModelDims, free_bytes: int, settings: PlanSettings) -> Plan:
@@ -191,6 +204,16 @@ def plan_memory(dims: ModelDims, free_bytes: int, settings: PlanSettings) -> Pla
     def one_forward_bytes(video: int) -> int:
         return max(dims.vit_bytes(max(s.vit_patch_budget, video * dims.merge_patches)), dims.audio_bytes(audio),
                    dims.prefill_bytes(video + audio + s.text_tokens + s.new_tokens))
+
+    # Live sessions first: each keeps its window's KV (and a hybrid's recurrent state) once, outside the batch; as
+    # many as leave room for one planned request and its forward.
+    live_row = (dims.kv_bytes_per_token * (s.live_window_tokens + s.text_tokens + s.spare_tokens)
+                + dims.state_bytes_per_sequence)
+    room_for_live = usable - one_forward_bytes(s.planned_video_tokens) - row_bytes(s.planned_video_tokens)
+    max_live = min(s.live_sessions, max(0, room_for_live) // live_row)
+    live_bytes = max_live * live_row
+    usable_for_sessions = usable
+    usable -= live_bytes
 
     def fits(rows: int, video: int) -> bool:
         return rows * row_bytes(video) + one_forward_bytes(video) <= usable
@@ -227,12 +250,15 @@ def plan_memory(dims: ModelDims, free_bytes: int, settings: PlanSettings) -> Pla
     audio_forward = f"audio {dims.audio_bytes(audio) / GIB:.2f} GiB, " if audio else ""
     reasons = (
         f"free {free_bytes / GIB:.1f} GiB, less a {s.margin_fraction:.0%} margin and {s.reserved_bytes / GIB:.1f} "
-        f"GiB for the feature and prefix caches: {usable / GIB:.1f} GiB usable",
+        f"GiB for the feature and prefix caches: {usable_for_sessions / GIB:.1f} GiB usable",
         *_cache_reasons(dims, s.kv_copies),
         f"one request of {planned:,} video tokens (+{heard}{s.text_tokens} text, {s.new_tokens} new, {s.spare_tokens} "
         f"spare): {row_bytes(planned) / GIB:.2f} GiB of {'state, ' if dims.linear else ''}KV and features",
         f"one forward at a time: ViT {dims.vit_bytes(max(s.vit_patch_budget, planned * dims.merge_patches)) / GIB:.2f} "
         f"GiB, {audio_forward}prefill {dims.prefill_bytes(planned + audio + s.text_tokens + s.new_tokens) / GIB:.2f} GiB",
+        f"live sessions: {max_live} of the {s.live_sessions} configured, {live_row / GIB:.2f} GiB each (a window "
+        f"of {s.live_window_tokens:,} video tokens, {s.text_tokens} text, {s.spare_tokens} spare"
+        f"{', and the recurrent state' if dims.linear else ''}): {live_bytes / GIB:.2f} GiB",
         running_note,
     )
     return Plan(
@@ -244,6 +270,7 @@ def plan_memory(dims: ModelDims, free_bytes: int, settings: PlanSettings) -> Pla
         max_request_tokens=max_video + audio + s.text_tokens + s.new_tokens,
         max_running=max_running,
         reasons=reasons,
+        max_live_sessions=max_live,
     )
 
 
@@ -284,6 +311,8 @@ def engine_settings(config, planned_video_tokens: int, vit_patch_budget: int,
         spare_tokens=GrowingLayer.SPARE_TOKENS,
         vit_patch_budget=vit_patch_budget,
         reserved_bytes=config.feature_cache_bytes + config.prefix_cache_bytes,
+        live_sessions=config.max_live_sessions,
+        live_window_tokens=config.live_window_tokens or planned_video_tokens,
     )
 
 
@@ -295,7 +324,8 @@ def engine_plan(loaded, config, planned_video_tokens: int, vit_patch_budget: int
     free_bytes = config.memory_budget_bytes
     if free_bytes is None:
         if loaded.device.type != "cuda":
-            return unbounded_plan(dims, config.max_running, f"{loaded.device.type}: requests are not bounded by memory")
+            return unbounded_plan(dims, config.max_running, f"{loaded.device.type}: requests are not bounded by memory",
+                                  config.max_live_sessions)
         free_bytes = measured_free_bytes(loaded.device)
     return plan_memory(dims, free_bytes,
                        engine_settings(config, planned_video_tokens, vit_patch_budget, planned_audio_tokens))

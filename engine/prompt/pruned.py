@@ -19,9 +19,10 @@ class PrunedPrompt:
     input_ids: (L',) long. positions: (4, L') long; row 0 = arange(L'), rows 1-3 the unpruned MRoPE
     positions of the kept tokens. visual_mask: (L',) bool where the kept media features go. audio_mask: (L',)
     bool where the audio features go, one token per row of features.audio (none when no soundtrack was heard).
-    features: the kept rows of every medium (every feature level) in order, and every audio row. prefix_len:
-    kept tokens of [system + media (+ soundtracks)]. reply_start: kept tokens before the answer's opening
-    (UnprunedPrompt.reply_start; all of it is text, so all kept).
+    features: the kept rows of every medium (every feature level) in order, and every audio row (None for a
+    question asked of a live session: its video is already in the state it forks, engine/worker/live.py).
+    prefix_len: kept tokens of [system + media (+ soundtracks)]. reply_start: kept tokens before the answer's
+    opening (UnprunedPrompt.reply_start; all of it is text, so all kept).
     next_position: MRoPE position of the first generated token (unpruned maximum + 1).
     retention: per medium, (T*h*w,) bool mask of the pruning method (all True for an image). dissimilarity: per
     medium, (T, h, w) float32, EVS's change since the previous group (shown in the pruning picture whichever
@@ -32,7 +33,7 @@ class PrunedPrompt:
     positions: torch.Tensor
     visual_mask: torch.Tensor
     audio_mask: torch.Tensor
-    features: VideoFeatures
+    features: VideoFeatures | None
     prefix_len: int
     reply_start: int
     next_position: int
@@ -63,6 +64,15 @@ def prune_prompt(prompt: UnprunedPrompt, features: list[VideoFeatures], q: float
     (features: one per medium, in order); every image, text and audio token stays."""
     masks, dissimilarities = zip(*(retention(medium, feats, q, method)
                                    for medium, feats in zip(prompt.media, features)))
+    return pruned_with(prompt, features, list(masks), list(dissimilarities))
+
+
+def pruned_with(prompt: UnprunedPrompt, features: list[VideoFeatures], masks: list[torch.Tensor],
+                dissimilarities: list[torch.Tensor | None]) -> PrunedPrompt:
+    """The pruned prompt that keeps each medium's tokens where its mask (T*h*w,) bool is True, whichever rule chose
+    them (a request's pruning method, or the causal EVS a live stream is pruned with: pruning/causal.py);
+    dissimilarities: each medium's (T, h, w), as the EVS picture shows it (None for an image)."""
+    masks = [mask.cpu() for mask in masks]
     keep = pruning.prompt_keep_mask(prompt.is_visual, torch.cat(masks))
     full_rows = torch.cat([torch.arange(prompt.input_ids.numel())[None], prompt.positions])
     return PrunedPrompt(

@@ -20,6 +20,7 @@ if TYPE_CHECKING:  # what the worker puts here is tensors; bookkeeping only hold
     from transformers.cache_utils import Cache
 
     from engine.families.base import VideoFeatures
+    from engine.live.session import LiveQuestion
     from engine.prompt.pruned import PrunedPrompt
     from engine.prompt.unpruned import UnprunedPrompt
     from engine.reading.media import Medium
@@ -57,6 +58,9 @@ class Request:
     next_position: int = 0  # MRoPE position of the next token
     first_token_at: float | None = None
     admission: threading.Semaphore | None = None  # the queue slot held until the worker takes the request
+    # A question asked of a live session: no video of its own to read, encode or prune; its prompt is its
+    # session's state, forked at prefill (engine/worker/live.py), and its tail.
+    live: LiveQuestion | None = None
 
     @property
     def id(self) -> int:

@@ -54,15 +54,19 @@ class Scheduler:
     prefill_token_budget: prompt tokens per iteration between two decode steps (at least one prompt).
     missing(request): the request's media whose features are not cached, key -> vision patches ({}: no vision
     work left).
+    ready(request): False while a question asked of a live session waits for its stream's groups to be in the
+    session's state (it is admitted later, without holding up the requests behind it); True for an upload.
     """
 
     def __init__(self, max_running: int, vit_patch_budget: int, prefill_token_budget: int,
-                 weights: WorkWeights, missing: Callable[["Request"], dict[tuple, int]]):
+                 weights: WorkWeights, missing: Callable[["Request"], dict[tuple, int]],
+                 ready: Callable[["Request"], bool] = lambda request: True):
         self.max_running = max_running
         self.vit_patch_budget = vit_patch_budget
         self.prefill_token_budget = prefill_token_budget
         self.weights = weights
         self.missing = missing
+        self.ready = ready
         self.waiting: deque[Request] = deque()
         self.encoding: list[Request] = []  # in the order they will be encoded
         self.prefilling: deque[Request] = deque()
@@ -70,27 +74,33 @@ class Scheduler:
 
     # --- what to run ---------------------------------------------------------------------------
     def admit(self) -> list["Request"]:
-        """Move waiting requests into ENCODING while decode slots are free; returns them."""
-        busy = len(self.encoding) + len(self.prefilling) + len(self.running)
-        new = [self.waiting.popleft() for _ in range(min(self.max_running - busy, len(self.waiting)))]
+        """Move waiting requests that are ready into ENCODING while decode slots are free (a live question, which
+        has no video of its own, straight into PREFILLING); returns them."""
+        free = self.max_running - len(self.encoding) - len(self.prefilling) - len(self.running)
+        new = [request for request in self.waiting if self.ready(request)][: max(0, free)]
+        for request in new:
+            self.waiting.remove(request)
         new.sort(key=self.remaining_work)  # stable: arrival order among equals
         for request in new:
-            request.stage = Stage.ENCODING
-        self.encoding.extend(new)
+            request.stage = Stage.ENCODING if request.live is None else Stage.PREFILLING
+        self.encoding.extend(r for r in new if r.live is None)
+        self.prefilling.extend(r for r in new if r.live is not None)
         return new
 
     def remaining_work(self, request: "Request") -> float:
+        if request.live is not None:
+            return request.live.tail_tokens * self.weights.per_token
         patches = sum(self.missing(request).values())
         video = request.stats.video_tokens_total
         prompt_tokens = len(request.prompt.input_ids) - video * request.params.pruning_rate
         return patches * self.weights.per_patch + prompt_tokens * self.weights.per_token
 
-    def encode_chunk(self) -> list["Request"]:
-        """The requests of the next vision forward, in order, within the patch budget; [] while an
-        earlier chunk still waits for prefill. Each request brings the media no earlier request brings, and
-        the chunk ends before the first request that needs a medium it does not encode. Every later request
-        whose media the chunk encodes rides along, and so does any whose features are cached (they cost the
-        forward nothing)."""
+    def encode_chunk(self, live_patches: int = 0) -> list["Request"]:
+        """The requests of the next vision forward, in order, within the patch budget less live_patches (live
+        groups riding the same forward, `live_share`); [] while an earlier chunk still waits for prefill. Each
+        request brings the media no earlier request brings, and the chunk ends before the first request that
+        needs a medium it does not encode. Every later request whose media the chunk encodes rides along, and so
+        does any whose features are cached (they cost the forward nothing)."""
         if self.prefilling or not self.encoding:
             return []
         needs = [self.missing(request) for request in self.encoding]
@@ -100,18 +110,35 @@ class Scheduler:
             brought.append({key: patches for key, patches in need.items() if key not in seen})
             seen.update(need)
         bringing = [index for index, media in enumerate(brought) if media]
-        chunks = vision_chunks([sum(brought[index].values()) for index in bringing], self.vit_patch_budget)
+        budget = max(1, self.vit_patch_budget - live_patches)
+        chunks = vision_chunks([sum(brought[index].values()) for index in bringing], budget)
         taken = {key for index in (chunks[0] if chunks else []) for key in brought[bringing[index]]}
         covered = [need.keys() <= taken for need in needs]
         chunk = list(takewhile(lambda pair: pair[1], zip(self.encoding, covered)))
         riders = [request for request, ok in zip(self.encoding[len(chunk):], covered[len(chunk):]) if ok]
         return [request for request, _ in chunk] + riders
 
+    def live_share(self, patches: list[int]) -> int:
+        """How many of the live groups waiting for the vision tower (patches each, in the order they take turns)
+        ride the next forward: within the patch budget, and within half of it while uploads wait to be encoded,
+        so that neither starves the other; at least one."""
+        uploads_wait = bool(self.encoding) and not self.prefilling
+        budget, taken, total = self.vit_patch_budget // (2 if uploads_wait else 1), 0, 0
+        for size in patches:
+            if taken and total + size > budget:
+                break
+            taken, total = taken + 1, total + size
+        return taken
+
+    def prefill_tokens(self, request: "Request") -> int:
+        """Tokens a prefill of request is counted at: a live question prefills only its tail."""
+        return request.live.tail_tokens if request.live is not None else len(request.pruned.input_ids)
+
     def prefill_batch(self) -> list["Request"]:
         """Prompts to prefill now, in order, until the token budget is spent (at least one)."""
         batch, spent = [], 0
         for request in self.prefilling:
-            tokens = len(request.pruned.input_ids)
+            tokens = self.prefill_tokens(request)
             if batch and spent + tokens > self.prefill_token_budget:
                 break
             batch.append(request)

@@ -12,7 +12,7 @@ import threading
 import torch
 
 from engine.config import vit_patch_budget
-from engine.errors import SHUTTING_DOWN
+from engine.errors import SHUTTING_DOWN, InputError
 from engine.families.base import Family
 from engine.scheduling.request import Request
 from engine.scheduling.scheduler import Scheduler
@@ -37,6 +37,10 @@ def shutting_down() -> RuntimeError:
     return RuntimeError(SHUTTING_DOWN)
 
 
+def live_session_ended() -> InputError:
+    return InputError("The live session ended before the question could be answered.")
+
+
 class Worker(threading.Thread):
     """max_running: requests past the queue together, config.max_running unless the memory plan allows fewer."""
 
@@ -50,6 +54,7 @@ class Worker(threading.Thread):
             prefill_token_budget=config.prefill_token_budget,
             weights=self.runner.weights,
             missing=self.runner.missing,
+            ready=self.runner.live.ready,
         )
         self.inbox: queue.Queue[Request | None] = queue.Queue()
         self._stopping = threading.Event()
@@ -59,6 +64,10 @@ class Worker(threading.Thread):
     # --- called from other threads -------------------------------------------------------------
     def enqueue(self, request: Request) -> None:
         self.inbox.put(request)
+
+    def wake(self) -> None:
+        """A live session has work: the worker stops waiting for requests (None is never queued as one)."""
+        self.inbox.put(None)
 
     def stop(self) -> None:
         self._stopping.set()
@@ -77,14 +86,21 @@ class Worker(threading.Thread):
         self._end([*self.scheduler, *self._drain_inbox()], shutting_down)
 
     def step(self) -> None:
-        scheduler = self.scheduler
-        self._collect(block=scheduler.idle and not (scheduler.waiting and self.admitting.is_set()))
+        scheduler, live = self.scheduler, self.runner.live
+        self._collect(block=scheduler.idle and not live.busy and not (scheduler.waiting and self.admitting.is_set()))
+        live.refresh()
         self._end([r for r in scheduler if r.stream.cancelled])
+        self._end([r for r in scheduler.waiting if live.gone(r)], live_session_ended)
         if self.admitting.is_set():
             for request in scheduler.admit():
                 request.leave_queue()
-        self._encode(scheduler.encode_chunk())
-        self._prefill(scheduler.prefill_batch())
+        groups = live.vision_work()
+        groups = groups[: scheduler.live_share([len(g.pixel_values) for g in groups])]
+        self._encode(scheduler.encode_chunk(sum(len(g.pixel_values) for g in groups)), groups)
+        batch = scheduler.prefill_batch()
+        spent = sum(map(scheduler.prefill_tokens, batch))  # before the prefill: a request answered at once lets go
+        self._prefill(batch)
+        live.prefill(scheduler.prefill_token_budget - spent)
         self._decode()
 
     def _collect(self, block: bool) -> None:
@@ -98,7 +114,8 @@ class Worker(threading.Thread):
         arrived.extend(self._drain_inbox())
         for request in arrived:
             if request is not None:
-                request.feature_keys = self.runner.vision.feature_keys(request)
+                if request.live is None:
+                    request.feature_keys = self.runner.vision.feature_keys(request)
                 self.scheduler.add(request)
 
     def _drain_inbox(self) -> list[Request | None]:
@@ -110,15 +127,19 @@ class Worker(threading.Thread):
                 return [r for r in drained if r is not None]
 
     # --- the stages ------------------------------------------------------------------------------
-    def _encode(self, chunk: list[Request]) -> None:
-        if not chunk:
+    def _encode(self, chunk: list[Request], live_groups) -> None:
+        """One vision forward for the chunk's requests and the live groups riding it (engine/worker/live.py)."""
+        if not chunk and not live_groups:
             return
         try:
-            self.runner.encode(chunk, on_forward=lambda served: events.vision_started(served, self.temporal_patch))
+            self.runner.encode(chunk, on_forward=lambda served: events.vision_started(served, self.temporal_patch),
+                               live=live_groups)
         except Exception:
             log.exception("vision forward failed")
             self._end(chunk, vision_failed)
+            self.runner.live.failed(live_groups)
             return
+        self.runner.live.encoded(live_groups)
         for request in chunk:
             try:
                 self.runner.prune(request)

@@ -16,6 +16,7 @@ from engine.state.decode_batch import DecodeBatch
 from engine.state.lm_state import LINEAR, LMState, layer_kinds, new_cache, state_of
 from engine.state.prefix_cache import PrefixCache, prefix_key
 
+from .live import LiveRunner
 from .lm import LMInput, embed_prompt, embed_tokens, lm_logits
 from .vision import VisionEncoder
 
@@ -45,13 +46,15 @@ class ModelRunner:
         self.batch = DecodeBatch()
         self.eos_ids = eos_token_ids(loaded)
         self.weights = work_weights(self.model, family)
+        self.live = LiveRunner(self.model, family, self.layer_kinds)
 
     def missing(self, request: Request) -> dict[tuple, int]:
         return self.vision.missing(request)
 
-    def encode(self, requests: list[Request], on_forward) -> None:
-        """Features for every request of a chunk the scheduler chose, in one vision forward."""
-        self.vision.encode(requests, on_batch=on_forward)
+    def encode(self, requests: list[Request], on_forward, live=()) -> None:
+        """Features for every request of a chunk the scheduler chose and the live groups riding it, in one vision
+        forward."""
+        self.vision.encode(requests, on_batch=on_forward, live=live)
 
     def prune(self, request: Request) -> None:
         start = time.perf_counter()
@@ -67,13 +70,16 @@ class ModelRunner:
         [system + media] (another question on the same media) and the start of the answer's opening (a follow-up
         quoting this answer). The recurrent state at each such end is kept as a snapshot (engine/state/lm_state.py)."""
         start = time.perf_counter()
+        if request.live is not None:  # a question asked of a live session: its session's state, forked
+            cache, begin = self.live.fork(request)
         pruned = request.pruned
         length = pruned.input_ids.numel()
-        request.prefix_key = prefix_key(tuple(request.feature_keys), request.params.pruning_method,
-                                        request.params.pruning_rate, pruned.input_ids[: pruned.prefix_len])
-        cache, begin, request.snapshots = self.prefix.lookup(request.prefix_key, pruned.input_ids, pruned.prefix_len)
-        hit = cache is not None
-        if not hit:
+        if request.live is None:
+            request.prefix_key = prefix_key(tuple(request.feature_keys), request.params.pruning_method,
+                                            request.params.pruning_rate, pruned.input_ids[: pruned.prefix_len])
+            cache, begin, request.snapshots = self.prefix.lookup(request.prefix_key, pruned.input_ids, pruned.prefix_len)
+        hit = cache is not None and request.live is None
+        if cache is None:
             cache = new_cache(self.layer_kinds)
         resumable = (pruned.prefix_len, pruned.reply_start) if LINEAR in self.layer_kinds else ()
         ends = sorted({end for end in resumable if begin < end < length} | {length})
@@ -89,7 +95,7 @@ class ModelRunner:
         request.tokens_seen = length
         request.next_position = pruned.next_position
         request.kv = cache
-        if not hit:  # requests arriving meanwhile on the same video reuse at least this prompt
+        if not hit and request.live is None:  # requests arriving meanwhile on the same video reuse at least this prompt
             self.prefix.store(request.prefix_key, pruned.input_ids, state_of(cache), request.snapshots)
         return logits[0]
 
@@ -135,7 +141,7 @@ class ModelRunner:
             state = self.batch.row_state(request.id) if request.id in rows else None
             if state is None and request.kv is not None:
                 state = state_of(request.kv)
-            if remember and state is not None and request.pruned is not None:
+            if remember and state is not None and request.pruned is not None and request.live is None:
                 self._remember(request, state)
             request.kv, request.snapshots = None, {}
         self.batch.remove(rows)

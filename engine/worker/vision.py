@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.families.base import Family, VideoFeatures
+from engine.families.base import Family, VideoFeatures, VideoInputs
 from engine.lru import ByteLRU
 from engine.scheduling.request import Request
 
@@ -51,10 +51,11 @@ class VisionEncoder:
         return {key: len(medium.pixel_values) for key, medium in zip(request.feature_keys, request.prompt.media)
                 if self.lookup(key, medium.grid_thw) is None}
 
-    def encode(self, requests: list[Request], on_batch=None) -> None:
+    def encode(self, requests: list[Request], on_batch=None, live=()) -> None:
         """Set features and vision stats on every request, each medium not cached encoded once, all of them
-        in one forward; on_batch({request: indices of its media the forward encodes}) is called before it so
-        callers can report progress."""
+        in one forward with the live groups `live` (engine/live/session.py LiveGroup: their features set, never
+        cached); on_batch({request: indices of its media the forward encodes}) is called before it so callers can
+        report progress."""
         misses: dict[tuple, list[tuple[Request, int]]] = {}
         for request in requests:
             request.features = [self.lookup(key, medium.grid_thw)
@@ -65,10 +66,10 @@ class VisionEncoder:
             if all(features is not None for features in request.features):
                 stats = request.stats
                 stats.vit_cache_hit, stats.vit_s, stats.vit_batch_requests = True, 0.0, 0
-        if misses:
-            self._forward(misses, on_batch)
+        if misses or live:
+            self._forward(misses, on_batch, live)
 
-    def _forward(self, misses: dict[tuple, list[tuple[Request, int]]], on_batch) -> None:
+    def _forward(self, misses: dict[tuple, list[tuple[Request, int]]], on_batch, live) -> None:
         keys = list(misses)
         owners = [misses[key][0][0].prompt.media[misses[key][0][1]] for key in keys]
         encoding: dict[Request, list[int]] = {}
@@ -76,10 +77,14 @@ class VisionEncoder:
             for request, index in misses[key]:
                 encoding.setdefault(request, []).append(index)
         served = list(encoding)
-        if on_batch is not None:
+        if on_batch is not None and encoding:
             on_batch(encoding)
         start = time.perf_counter()
-        outputs = self.family.encode_media(self.model, owners)
+        groups = [VideoInputs(group.pixel_values, group.grid_thw_patches, (1, *group.grid_hw), 0.0) for group in live]
+        outputs = self.family.encode_media(self.model, owners + groups)
+        for group, output in zip(live, outputs[len(owners):]):
+            group.features = output
+        outputs = outputs[: len(owners)]
         # One soundtrack per audio forward, never a batch of them: the memory plan counts the audio tower's
         # activations for one soundtrack of the longest length a request may have (its attention is quadratic
         # in the length), and soundtracks cut at that length would otherwise share a forward, several at once.

@@ -1,0 +1,287 @@
+"""The live session a caller holds: frames in (`push`), questions out (`ask`), its stats, `close`.
+
+Frames are checked and sampled on the caller's thread; each temporal group's pixels are made there too (the HF
+processor on its frames), so the worker only encodes them. Everything past that is the worker's
+(engine/worker/live.py): the group's vision forward with everyone else's, causal EVS, its prefill into the
+session's state. The two sides share this object's counters and queue under its lock.
+"""
+
+import collections
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from engine.config import FrameSampling, GenerationParams
+from engine.errors import InputError
+from engine.families.base import Family, VideoFeatures
+from engine.prompt.unpruned import processor_inputs
+from engine.reading.video import SampledVideo
+from engine.stream import Stream
+
+from .frames import CaptureClock, check_frame, check_time, resized
+
+# Groups formed and not yet in the session's state: past this many the engine is behind, and due frames are
+# dropped instead of queued (4 s of video at 2 fps; a group's pixels are a few MB at the GPU's frame size).
+MAX_GROUPS_BEHIND = 4
+LAG_WINDOW_S = 60.0  # lag_s is over the groups that entered the state in the last minute
+CLOSED = "This live session is closed; open a new one to go on."
+FAILED = "The live session failed on the server; please open a new one."
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class LiveGroup:
+    """One temporal group of a live stream, from its frames to its kept features.
+
+    index: its place in the stream (0: the first group). times_s: its frames' capture times, seconds after the
+    stream's first frame. pushed_at: time.perf_counter() when its last frame was pushed. pixel_values (P, C) and
+    grid_thw_patches (3,): the vision tower's input; grid_hw: (h, w) in LLM tokens. The worker sets features,
+    then kept (the features' rows EVS kept), retention (h*w,) bool and dissimilarity (h, w).
+    """
+
+    index: int
+    times_s: list[float]
+    pushed_at: float
+    pixel_values: torch.Tensor
+    grid_thw_patches: torch.Tensor
+    grid_hw: tuple[int, int]
+    features: VideoFeatures | None = None
+    kept: VideoFeatures | None = None
+    retention: torch.Tensor | None = None
+    dissimilarity: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class LiveQuestion:
+    """What a question asked of a live session carries to the worker (Request.live): its session, how many of
+    the stream's groups had been formed when it was asked (it is forked once they are all in the state), and
+    its tail: the video's close, the earlier turns, the question and the answer's opening, as token ids (T,)."""
+
+    session_id: int
+    groups: int
+    tail_ids: torch.Tensor
+
+    @property
+    def tail_tokens(self) -> int:
+        return self.tail_ids.numel()
+
+
+@dataclass
+class _Counts:
+    frames_received: int = 0
+    frames_sampled: int = 0
+    frames_dropped: int = 0
+    groups_formed: int = 0
+    groups_in_state: int = 0
+    video_tokens_total: int = 0
+    video_tokens_kept: int = 0
+    video_tokens_held: int = 0
+    lags: collections.deque = field(default_factory=collections.deque)  # (entered state at, lag in s)
+
+
+class LiveSession:
+    """A live stream the engine prepares for questions as it arrives. Made by `Engine.open_live`; also a context
+    manager that closes it.
+
+        with engine.open_live(GenerationParams(pruning_rate=0.7)) as live:
+            live.push(frame, t_s)                 # (H, W, 3) uint8 RGB, its capture time in seconds
+            answer = live.ask("What moves?").result()
+
+    session_id: the engine's number for it. params: its pruning rate, frame sampling and the defaults of its
+    questions. window_tokens: most video tokens its state holds (EngineConfig.live_window_tokens). ask(session,
+    question, history, params, groups): the engine's side of `ask`; wake(): tells the worker there is work.
+    """
+
+    def __init__(self, session_id: int, loaded, family: Family, params: GenerationParams, sampling: FrameSampling,
+                 max_source_pixels: int, window_tokens: int, ask: Callable, wake: Callable):
+        self.id, self.params, self.sampling = session_id, params, sampling
+        self.window_tokens = window_tokens
+        self._loaded, self._family = loaded, family
+        self._max_source_pixels = max_source_pixels
+        self._ask, self._wake = ask, wake
+        self._lock = threading.Lock()
+        self._in_state = threading.Condition(self._lock)  # notified as groups enter the state
+        self._clock = CaptureClock(sampling.fps)
+        self._last_s: float | None = None
+        self._shape: tuple[int, ...] | None = None
+        self._frames: list[tuple[np.ndarray, float]] = []  # sampled frames of the group being formed
+        self._pending: collections.deque[LiveGroup] = collections.deque()  # formed, not yet taken by the worker
+        self._counts = _Counts()
+        self._ended: str | None = None  # why the session ended (CLOSED, or the server's sentence)
+
+    # --- the caller's side ---------------------------------------------------------------------------------
+    def push(self, frame, t_s: float) -> None:
+        """Give the session the frame captured at t_s seconds (any origin; later than the frame before). Returns
+        at once: a frame is sampled by its capture time at the session's fps, or not, and when the engine is
+        behind a due frame is dropped (stats: frames_dropped). InputError for a frame or time that is wrong, or
+        a session that has ended."""
+        frame = check_frame(frame, self._max_source_pixels)
+        with self._lock:
+            if self._ended:
+                raise InputError(self._ended)
+            t_s = check_time(t_s, self._last_s)
+            if self._shape is not None and frame.shape != self._shape:
+                raise InputError(f"The frame is {frame.shape[1]}x{frame.shape[0]}, but this live session's frames are "
+                                 f"{self._shape[1]}x{self._shape[0]}; open a new session for another size.")
+            self._shape, self._last_s = frame.shape, t_s
+            counts = self._counts
+            counts.frames_received += 1
+            if not self._clock.due(t_s):
+                return
+            if counts.groups_formed - counts.groups_in_state >= MAX_GROUPS_BEHIND:
+                counts.frames_dropped += 1
+                return
+            counts.frames_sampled += 1
+            self._frames.append((frame, t_s - self._clock.start_s))
+            if len(self._frames) < self._family.temporal_patch:
+                return
+            frames, self._frames = self._frames, []
+            index = counts.groups_formed
+            counts.groups_formed += 1
+        try:  # the processor, outside the lock: the worker may read meanwhile
+            group = self._group(index, frames)
+        except Exception:
+            log.exception("live session %d: preparing group %d failed", self.id, index)
+            self.end(FAILED)
+            raise RuntimeError(FAILED) from None
+        with self._lock:
+            if self._ended:
+                return
+            self._pending.append(group)
+        self._wake()
+
+    def _group(self, index: int, frames: list[tuple[np.ndarray, float]]) -> LiveGroup:
+        """The group's pixels, made by the HF processor as an upload's are (sized by the session's sampling)."""
+        times = [time_s for _, time_s in frames]
+        pictures = np.stack([resized(frame, self.sampling.max_pixels_per_frame) for frame, _ in frames])
+        fps = self.sampling.fps
+        video = SampledVideo(frames=pictures, frame_indices=[round(t * fps) for t in times], timestamps_s=times,
+                             native_fps=fps, total_frames=len(times), duration_s=len(times) / fps, sampled_fps=fps,
+                             content_hash="")
+        inputs = processor_inputs(self._loaded, video, self._family.video_placeholder(),
+                                  self.sampling.max_pixels_per_frame)
+        pixels = self._family.video_inputs(inputs, self._loaded.model.config)
+        return LiveGroup(index, times, time.perf_counter(), pixels.pixel_values, pixels.grid_thw_patches,
+                         pixels.grid_thw[1:])
+
+    def ask(self, question: str, history=(), params: GenerationParams | None = None) -> Stream:
+        """A question about the stream up to now (every group whose frames were pushed), answered in a Stream
+        as `Engine.submit` answers; the stream goes on meanwhile. history: earlier (question, answer) turns,
+        written after the video (docs/live.md). params: the answer's settings (max_new_tokens, temperature,
+        thinking, ...); the rate and frame sampling are the session's. InputError as `submit`, and for a
+        session that has ended or has no whole group yet."""
+        with self._lock:
+            if self._ended:
+                raise InputError(self._ended)
+            groups = self._counts.groups_formed
+        if groups == 0:
+            raise InputError(f"The live stream has no video yet: push at least {self._family.temporal_patch} frames "
+                             f"{1 / self.sampling.fps:g} s apart before asking.")
+        return self._ask(self, question, history, params or self.params, groups)
+
+    def wait(self, timeout_s: float | None = None) -> bool:
+        """Block until every group formed so far is in the session's state (or the session has ended), at most
+        timeout_s; True when it is. For a caller that plays a recording faster than real time and would rather
+        wait than have frames dropped."""
+        with self._lock:
+            return self._in_state.wait_for(
+                lambda: self._ended is not None or self._counts.groups_in_state >= self._counts.groups_formed,
+                timeout_s)
+
+    def stats(self) -> dict:
+        """frames_received, frames_sampled, frames_dropped; video_tokens_total and video_tokens_kept (every group
+        decided so far, before and after causal EVS); video_tokens_held (kept video tokens in the state now) and
+        window_tokens (the most it holds); lag_s: {"p50", "p95"} seconds from a group's last frame pushed to the
+        group in the state, over the last minute (None before any); pruning_rate; closed."""
+        with self._lock:
+            counts = self._counts
+            self._forget_old_lags(time.perf_counter())
+            lags = sorted(lag for _, lag in counts.lags)
+            return {
+                "frames_received": counts.frames_received,
+                "frames_sampled": counts.frames_sampled,
+                "frames_dropped": counts.frames_dropped,
+                "video_tokens_total": counts.video_tokens_total,
+                "video_tokens_kept": counts.video_tokens_kept,
+                "video_tokens_held": counts.video_tokens_held,
+                "window_tokens": self.window_tokens,
+                "lag_s": {"p50": _percentile(lags, 0.5), "p95": _percentile(lags, 0.95)},
+                "pruning_rate": float(self.params.pruning_rate),
+                "closed": self._ended is not None,
+            }
+
+    def close(self) -> None:
+        """End the session: its state is freed at the worker's next step (answers already forked go on). Pushing
+        or asking after it is an InputError. Closing twice is harmless."""
+        self.end(CLOSED)
+
+    def __enter__(self) -> "LiveSession":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # --- the engine's side -----------------------------------------------------------------------------------
+    @property
+    def ended(self) -> str | None:
+        """Why the session ended (a sentence), or None while it runs."""
+        return self._ended
+
+    def end(self, why: str) -> bool:
+        """End the session with `why`, the sentence push and ask answer from now on (the engine's shutdown, a
+        fault); True when this call ended it."""
+        with self._lock:
+            if self._ended:
+                return False
+            self._ended = why
+            self._pending.clear()
+            self._frames = []
+            self._in_state.notify_all()
+        self._wake()
+        return True
+
+    def take_pending(self) -> list[LiveGroup]:
+        """The groups formed since the worker last asked, in order (the worker's)."""
+        with self._lock:
+            groups = list(self._pending)
+            self._pending.clear()
+            return groups
+
+    def decided(self, group: LiveGroup) -> None:
+        """Causal EVS has decided the group (the worker's)."""
+        with self._lock:
+            self._counts.video_tokens_total += group.retention.numel()
+            self._counts.video_tokens_kept += int(group.retention.sum())
+
+    def entered_state(self, group: LiveGroup, held_tokens: int, now: float) -> None:
+        """The group is in the session's state, which now holds held_tokens kept video tokens (the worker's)."""
+        with self._lock:
+            counts = self._counts
+            counts.groups_in_state = group.index + 1
+            counts.video_tokens_held = held_tokens
+            counts.lags.append((now, now - group.pushed_at))
+            self._forget_old_lags(now)
+            self._in_state.notify_all()
+
+    @property
+    def groups_in_state(self) -> int:
+        return self._counts.groups_in_state
+
+    def _forget_old_lags(self, now: float) -> None:
+        lags = self._counts.lags
+        while lags and lags[0][0] < now - LAG_WINDOW_S:
+            lags.popleft()
+
+
+def _percentile(values: list[float], share: float) -> float | None:
+    """The nearest-rank percentile of sorted values, None when there are none."""
+    if not values:
+        return None
+    return values[max(0, math.ceil(share * len(values)) - 1)]

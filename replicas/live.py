@@ -1,0 +1,76 @@
+"""A live session behind the replicas (docs/live.md, "Past one GPU"): `ReplicatedEngine.open_live` opens it on
+one replica, and every later call names it, so the router sends it to that replica alone (replicas/router.py):
+its state lives there. Frames travel in the call's arguments, through Ray's object store as an upload's bytes
+do; a question streams back as an upload's answer does. When the replica is lost, the session ends: the next
+call, or the question under way, says so in one sentence (SessionLost, a BusyError)."""
+
+from ray.exceptions import RayActorError
+
+from engine.errors import InputError
+from engine.live.frames import check_frame
+from engine.live.session import CLOSED
+from engine.stream import Stream
+
+from .wire import ERROR, LIVE_SESSION_LOST, SessionLost, error_from_wire
+
+CALL_TIMEOUT_S = 60.0  # a push or a stats call; a replica that does not answer in this is taken as lost
+
+
+class RemoteLiveSession:
+    """LiveSession's interface (push, ask, stats, wait, close, a context manager) for a session held by a
+    replica. engine: the ReplicatedEngine; session: "<replica id>/<its number there>"; replica: where it is;
+    params: the session's (the defaults of its questions)."""
+
+    def __init__(self, engine, session: str, replica: str, params, max_source_pixels: int):
+        self._engine, self.session, self.replica, self.params = engine, session, replica, params
+        self._max_source_pixels = max_source_pixels
+        self._lost = self._closed = False
+
+    def _call(self, method: str, deadline_s: float = CALL_TIMEOUT_S, **arguments):
+        """One unary call about the session on its replica; its result, or its error raised (SessionLost, and
+        the session ended, when the replica is gone)."""
+        self._check_open()
+        try:
+            call = getattr(self._engine.handle, method).remote(session=self.session, **arguments)
+            reply = call.result(timeout_s=deadline_s)
+        except (RayActorError, TimeoutError):
+            reply = {"kind": ERROR, "error": "lost", "message": LIVE_SESSION_LOST}
+        if isinstance(reply, dict) and reply.get("kind") == ERROR:
+            error = error_from_wire(reply)
+            self._lost = self._lost or isinstance(error, SessionLost)
+            raise error
+        return reply
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise InputError(CLOSED)
+        if self._lost:
+            raise SessionLost(LIVE_SESSION_LOST)
+
+    def push(self, frame, t_s: float) -> None:
+        """LiveSession.push: the frame is checked here first, so that a frame refused never travels."""
+        check_frame(frame, self._max_source_pixels)
+        self._call("live_push", frame=frame, t_s=t_s)
+
+    def ask(self, question: str, history=(), params=None) -> Stream:
+        self._check_open()
+        return self._engine.ask_live(self.session, question, history, params or self.params)
+
+    def stats(self) -> dict:
+        return self._call("live_stats")["stats"]
+
+    def wait(self, timeout_s: float | None = None) -> bool:
+        deadline_s = (CALL_TIMEOUT_S if timeout_s is None else timeout_s) + CALL_TIMEOUT_S
+        return self._call("live_wait", deadline_s, timeout_s=timeout_s)["caught_up"]
+
+    def close(self) -> None:
+        """Close it on its replica (nothing to do when the replica is gone); closing twice is harmless."""
+        if not (self._lost or self._closed):
+            self._call("live_close")
+        self._closed = True
+
+    def __enter__(self) -> "RemoteLiveSession":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
