@@ -5,10 +5,13 @@ URL source (ui/live_tab.py)."""
 import asyncio
 import shutil
 import socket
+import struct
 import subprocess
+import threading
 import time
 from pathlib import Path
 
+import av
 import gradio as gr
 import numpy as np
 import pytest
@@ -16,7 +19,7 @@ import pytest
 from assets.shapes import shape_clip, write_shape_clip
 from engine.config import EngineConfig, FrameSampling
 from engine.errors import InputError
-from engine.reading.decoders.pyav_stream import PROTOCOLS
+from engine.reading.decoders.pyav_stream import PROTOCOLS, stream_frames
 from engine.reading.frame_sampling import next_due_s
 from engine.reading.live_stream import (
     NOT_A_STREAM_URL,
@@ -301,3 +304,44 @@ def test_the_stream_reader_runs_under_the_uploads_memory_cap(shapes_file):
         server.wait()
     soft = next(line.split()[3] for line in limits.splitlines() if line.startswith("Max data size"))
     assert int(soft) == memory_bytes
+
+
+def serve_bytes_once(data: bytes, port: int) -> threading.Thread:
+    """One HTTP client on the loopback's `port` gets `data` as an MPEG-TS body, then the connection is reset, as
+    by a server that breaks off."""
+    listener = socket.create_server(("127.0.0.1", port))
+
+    def answer() -> None:
+        with listener:
+            client, _ = listener.accept()
+            client.recv(65536)  # the request
+            client.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: video/mp2t\r\nConnection: close\r\n\r\n" + data)
+            client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close sends RST
+            client.close()
+
+    thread = threading.Thread(target=answer, daemon=True)
+    thread.start()
+    return thread
+
+
+@needs_ffmpeg
+def test_a_stream_that_breaks_off_keeps_the_frames_its_decoder_held(shapes_file, tmp_path):
+    """A connection reset mid-stream ends the read with PyAV's error; the frames a frame-threaded decoder still
+    held then (one per thread) are flushed, so the stream gives every frame its bytes hold, as a file cut at the
+    same byte gives them."""
+    ts = tmp_path / "shapes.ts"
+    subprocess.run([FFMPEG, "-loglevel", "error", "-i", str(shapes_file), "-c", "copy", "-f", "mpegts", str(ts)],
+                   check=True)
+    cut = ts.read_bytes()[: ts.stat().st_size * 3 // 5 // 188 * 188]  # whole TS packets, about 3/5 of the clip
+    (tmp_path / "cut.ts").write_bytes(cut)
+    with av.open(str(tmp_path / "cut.ts")) as container:
+        times = [frame.time for frame in container.decode(video=0)]
+    port = free_port()
+    server = serve_bytes_once(cut, port)
+    taken = []
+    last = stream_frames(f"http://127.0.0.1:{port}/live.ts", 8.0, 64 * 64, 4096 * 2160, 5.0,
+                         lambda header, frame: taken.append(header["t_s"]), threads=4)
+    server.join(timeout=10)
+    assert 16 < len(times) < 64  # a part of the clip's 64 frames at 8 fps, each one taken
+    assert last == {"status": "ended", "frames": len(times)}
+    assert taken == pytest.approx([time_s - times[0] for time_s in times])

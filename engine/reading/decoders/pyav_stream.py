@@ -8,7 +8,7 @@ only use the protocols the URL's scheme needs (`protocol_whitelist`): an HLS pla
 local file.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from urllib.parse import urlsplit
 
 import av
@@ -81,29 +81,43 @@ def stream_frames(url: str, fps: float, max_pixels_per_frame: int, max_source_pi
         stream.codec_context.thread_count = threads
         convert, stored_hw = None, None
         first_s, shift_s, last_s, due_s = None, 0.0, None, 0.0
+        for frame in _decoded(container, stream):
+            if frame.time is None:
+                continue
+            if stored_hw != (frame.height, frame.width):  # the first frame, or the stream changed size
+                stored_hw = (frame.height, frame.width)
+                if frame.height * frame.width > max_source_pixels:
+                    return {"status": "too_many_pixels", "size": [frame.width, frame.height]}
+                convert = rgb_converter(*fit_pixels(*stored_hw, max_pixels_per_frame))
+            first_s = frame.time if first_s is None else first_s
+            t_s = frame.time - first_s + shift_s
+            if last_s is not None and t_s < last_s - CLOCK_RESET_S:
+                shift_s += last_s - t_s  # a new clock: carry on from the last time seen
+                t_s = last_s
+            last_s = max(t_s, last_s if last_s is not None else t_s)
+            if t_s < due_s:
+                continue
+            rgb = convert(frame)
+            send({"status": "frame", "t_s": t_s, "shape": list(rgb.shape)}, rgb)
+            sent += 1
+            due_s = next_due_s(t_s, fps)
+    return {"status": "ended", "frames": sent}
+
+
+def _decoded(container, stream) -> Iterator[av.VideoFrame]:
+    """The stream's frames as they are decoded, to its end or until the connection breaks off (PyAV's own
+    errors, the network's among them; a pipe the engine closed is not one): then the frames the decoder still
+    holds (a frame-threaded decoder holds one per thread), which a clean end would have flushed too."""
+    try:
+        yield from container.decode(stream)
+    except MemoryError:
+        raise
+    except av.FFmpegError:
         try:
-            for frame in container.decode(stream):
-                if frame.time is None:
-                    continue
-                if stored_hw != (frame.height, frame.width):  # the first frame, or the stream changed size
-                    stored_hw = (frame.height, frame.width)
-                    if frame.height * frame.width > max_source_pixels:
-                        return {"status": "too_many_pixels", "size": [frame.width, frame.height]}
-                    convert = rgb_converter(*fit_pixels(*stored_hw, max_pixels_per_frame))
-                first_s = frame.time if first_s is None else first_s
-                t_s = frame.time - first_s + shift_s
-                if last_s is not None and t_s < last_s - CLOCK_RESET_S:
-                    shift_s += last_s - t_s  # a new clock: carry on from the last time seen
-                    t_s = last_s
-                last_s = max(t_s, last_s if last_s is not None else t_s)
-                if t_s < due_s:
-                    continue
-                rgb = convert(frame)
-                send({"status": "frame", "t_s": t_s, "shape": list(rgb.shape)}, rgb)
-                sent += 1
-                due_s = next_due_s(t_s, fps)
+            for frame in stream.codec_context.decode(None):
+                frame.time_base = stream.time_base  # the codec's own frames carry none: their times would be NaN
+                yield frame
         except MemoryError:
             raise
-        except av.FFmpegError:  # PyAV's own, the network's among them; a pipe the engine closed is not
-            pass  # the connection broke off: the stream ended, as far as this reader can tell
-    return {"status": "ended", "frames": sent}
+        except av.FFmpegError:
+            pass
