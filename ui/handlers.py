@@ -191,6 +191,8 @@ class Handlers:
         def status() -> str:
             return _status_line(runs, titles)
 
+        chosen_picture: dict = {}  # the chosen request's pruning picture, once it has come
+
         yield update(chat=chat_view(), question="", status=status(), **compare_cards(), compare_pictures=None,
                      compare_summary="")
         history = [(q, a) for q, a, _ in turns]
@@ -199,23 +201,24 @@ class Handlers:
             is_chosen = index == len(runs) - 1
             if event.kind == "evs":
                 pictures = dict(compare_pictures=_compare_pictures(runs, titles)) if comparing else {}
-                chosen_picture = {}
                 if is_chosen:
                     shown = media_view.first_picture(chosen.pictures)
                     chosen_picture = dict(**media_view.picture_outputs(shown), pictures=dict(chosen.pictures),
                                           video_choice=media_view.video_choice(chosen.pictures, len(paths),
                                                                                shown.medium))
-                yield update(status=status(), **chosen_picture, **pictures)
+                yield update(status=status(), **(chosen_picture if is_chosen else {}), **pictures)
             elif event.kind in ("thinking", "text"):
                 shown_answer = dict(chat=chat_view()) if is_chosen else {}
                 yield update(**shown_answer, status=status(), **compare_cards())
             elif event.kind == "status" or (event.kind == "done" and comparing):
                 yield update(status=status(), **compare_cards())
         summary = stats_panel.compare_summary(runs[0].stats, chosen.stats) if compare else ""
+        # The pruning picture again: the uploads' change event and Ask can reach a busy server in either order,
+        # and a change handled after the question started (new_media, before asked_media is set) clears it.
         yield update(chat=chat_view(), status=status(), stats_html=stats_panel.stats_html(chosen.stats),
                      stats_json=chosen.stats, compare_summary=summary,
                      turns=[*turns, [question, chosen.answer, chosen.thinking]], asked_media=paths,
-                     **compare_cards())
+                     **chosen_picture, **compare_cards())
 
     @staticmethod
     def new_media(uploads: list | None, asked: list | None) -> tuple:
