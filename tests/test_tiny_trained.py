@@ -79,7 +79,7 @@ def test_the_evs_trained_model_answers_live_within_005_of_its_uploads(trained_en
     """The same held-out clips played into live sessions at their 8 fps capture times and asked at the end: the
     causal rule decides each group as it arrives (docs/live.md), the model was trained on the offline rule's
     masks; colour, direction and start within 0.05 of the uploads' at the default rate (40 clips measured
-    1.00 / 0.97 / 0.82 / 1.00 live)."""
+    1.00 / 0.95 / 0.82 / 0.97 live)."""
     live = accuracy_bench.live_accuracy(trained_engine, SEEDS, [Q])[str(Q)]
     for kind in ("colour", "direction", "start"):
         assert live[kind] >= table[str(Q)][kind] - 0.05, (kind, live, table[str(Q)])
