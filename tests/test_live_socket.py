@@ -14,13 +14,14 @@ import sys
 import time
 from pathlib import Path
 
-import av
 import numpy as np
 import pytest
 import websockets
 from PIL import Image
 
 from app_harness import launched_app
+from live_helpers import jpeg_frames
+from test_app_startup import app_process
 from test_live_frames import jpeg_bomb
 from ui.live_frames import BAD_TIME, NO_TIME, NOT_AN_IMAGE
 from ui.live_socket import NOT_A_MESSAGE, idle_sentence
@@ -40,13 +41,7 @@ def live_app(tiny_cache_dir):
 @pytest.fixture(scope="module")
 def clip_jpegs() -> list[tuple[float, bytes]]:
     """The example clip's frames (64x64, 8 fps, 8 s) as (capture time, JPEG bytes)."""
-    frames = []
-    with av.open(str(CLIP)) as video:
-        for frame in video.decode(video=0):
-            data = io.BytesIO()
-            frame.to_image().save(data, "JPEG", quality=90)
-            frames.append((float(frame.time), data.getvalue()))
-    return frames
+    return jpeg_frames(CLIP)
 
 
 def frame_message(t_s: float, image: bytes) -> bytes:
@@ -84,17 +79,18 @@ async def opened(url: str, timeout_s: float = 15.0):
         assert time.monotonic() < deadline, reply
 
 
-def test_the_docs_client_streams_a_clip_to_python_app_py_and_reads_the_right_answer(fallback_app, tmp_path):
-    """docs/live.md's client, run as a reader would, against `python app.py` (tiny-trained, the offline fallback)."""
+def test_the_docs_client_streams_a_clip_to_python_app_py_and_reads_the_right_answer(tmp_path):
+    """docs/live.md's client, run as a reader would, against `python app.py --model tiny-trained` (an app of its
+    own: the shared fallback app's /metrics must count no request of this test)."""
     page = (ROOT / "docs" / "live.md").read_text()
     section = page[page.index("## WebSocket `/v1/live`"):]
     client = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     assert len([line for line in client.splitlines() if line.strip()]) <= 20  # the docs say twenty lines
     script = tmp_path / "client.py"
     script.write_text(client)
-    url = fallback_app.url.replace("http://", "ws://") + "v1/live"
-    done = subprocess.run([sys.executable, str(script), url, str(CLIP), QUESTION], capture_output=True, text=True,
-                          timeout=300)
+    with app_process(tmp_path, "--model", "tiny-trained", "--device", "cpu") as app:
+        done = subprocess.run([sys.executable, str(script), app.url.replace("http://", "ws://") + "v1/live",
+                               str(CLIP), QUESTION], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and not done.stderr, done.stderr
     answer, ttft = done.stdout.strip().splitlines()
     assert answer.split()[0] == "up", done.stdout
