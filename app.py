@@ -10,7 +10,8 @@ with one line), load the model once (falling back to the offline tiny-trained, w
 one sentence, when the checkpoint cannot be fetched, is not a family the app runs, leaves the GPU too little
 memory or is too large for the CPU that --device auto found, unless strict), answer one warm-up
 request on a built-in clip, log what runs where, then serve the UI, GET /healthz, GET /metrics, the
-OpenAI-compatible /v1/chat/completions and /v1/models, and the MCP server at /gradio_api/mcp/.
+OpenAI-compatible /v1/chat/completions and /v1/models, the /v1/live WebSocket, and the MCP server at
+/gradio_api/mcp/.
 """
 
 import argparse
@@ -329,16 +330,18 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("GRADIO_TEMP_DIR", str(Path(tempfile.gettempdir()) / "evs-video-chat"))
         import ui  # imported once the model is up: a strict start-up failure exits without loading Gradio
 
+        limits = EngineConfig(**limits_from_env())
         demo = ui.build_demo(engine, banner=banner, delete_cache=(args.temp_clean_s, args.temp_max_age_s),
                              max_file_bytes=max_file_bytes, fetch_video_urls=args.fetch_video_urls,
-                             live_urls=args.live_urls, limits=EngineConfig(**limits_from_env()))
+                             live_urls=args.live_urls, limits=limits)
         cleaner = ui.start_cleaner(demo, args.temp_clean_s, args.temp_max_age_s)
         launch_kwargs = ui.launch_kwargs(max_file_bytes)
         app_kwargs = dict(launch_kwargs.pop("app_kwargs", None) or {})
         # FastAPI(routes=...) puts these ahead of every route Gradio adds.
         app_kwargs["routes"] = [*app_kwargs.get("routes", []), health_route(engine, banner is not None),
                                 metrics_route(engine),
-                                *ui.openai_routes(engine, max_file_bytes, fetch_video_urls=args.fetch_video_urls)]
+                                *ui.openai_routes(engine, max_file_bytes, fetch_video_urls=args.fetch_video_urls),
+                                *ui.live_routes(engine, limits.max_video_source_pixels, limits.read_timeout_s)]
         # Docker stop and Space restarts send SIGTERM: end like Ctrl-C so Gradio closes its server cleanly.
         signal.signal(signal.SIGTERM, signal.default_int_handler)
         try:

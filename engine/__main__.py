@@ -8,6 +8,11 @@ Prints the answer as it streams (with --think, the model's thinking first, on st
 JSON. A model with an audio tower hears the video's soundtrack unless --no-soundtrack. A user error prints
 its sentence and exits 2.
 
+`python -m engine --live clip.mp4 --ask-at 5,30,60 "What moves?" [--as-fast-as-possible]` plays a recording
+(or a stream URL at a public address) into a live session at its own pace, asks the question at each moment,
+and prints each answer as it streams with its stats, then the session's stats (docs/live.md, "A file played as
+live").
+
 `python -m engine --describe --model random:Qwen/Qwen3-VL-4B-Instruct [--device cuda]` prints, as its last
 line, one JSON object describing what loading that model would give (parameters, vision_parameters,
 family, dtype, attention; for a checkpoint that also holds weights transformers does not build, such as
@@ -22,7 +27,12 @@ Hub id already cached): no GPU needed, nothing built.
 
 import argparse
 import json
+import math
+import queue
 import sys
+import threading
+import time
+from pathlib import Path
 
 from .checkpoints.random_weights import UnknownCheckpoint
 from .config import GPU_FRAME_SAMPLING, EngineConfig, GenerationParams
@@ -30,9 +40,14 @@ from .engine import Engine
 from .errors import InputError, one_line
 from .front.door import request_params
 from .loading.device import DeviceUnavailable
+from .live.playback import play
 from .loading.load import ModelUnavailable, UnsupportedModel, describe_model, resolve_device
 from .memory.dims import GIB
 from .memory.plan import InsufficientMemory, checkpoint_config, checkpoint_plan
+from .reading.live_stream import STREAM_ENDED, LiveStream, public_stream_url, recording_path
+from .stream import Stream
+
+BAD_ASK_AT = "--ask-at takes seconds into the recording, 0 or more, separated by commas (e.g. 5,30,60); got {!r}."
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -46,6 +61,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--image", action="append", dest="media", metavar="PATH",
                         help="a picture (repeat for several; with --video, in the order given)")
     parser.add_argument("--question")
+    parser.add_argument("--live", metavar="FILE_OR_URL",
+                        help="play a recording (or read a stream URL at a public address) into a live session")
+    parser.add_argument("--ask-at", metavar="SECONDS",
+                        help="with --live: ask the question at these seconds of the recording, e.g. 5,30,60")
+    parser.add_argument("--as-fast-as-possible", action="store_true",
+                        help="with --live: push frames as soon as they are read, waiting for the session instead "
+                             "of dropping frames (default: at the recording's own pace)")
+    parser.add_argument("live_question", nargs="?", metavar="QUESTION", help="with --live: the question")
     # Settings stay text here: the front door reads them, with the sentence every way in gives for a bad one.
     parser.add_argument("--pruning-rate",
                         help="EVS rate q in [0, 1) (default: the model's, Engine.model_info['default_pruning_rate'])")
@@ -61,8 +84,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-new-tokens", help=f"default {GenerationParams.max_new_tokens}")
     parser.add_argument("--temperature", help=f"0 answers greedily (default {GenerationParams.temperature:g})")
     args = parser.parse_args(argv)
-    if not (args.describe or args.plan_gib) and (args.media is None or args.question is None):
-        parser.error("--video (or --image) and --question are required (or --describe, or --plan-gib)")
+    args.question = args.question or args.live_question
+    if args.live is not None:
+        if args.media is not None or args.ask_at is None or args.question is None:
+            parser.error("--live takes --ask-at and a question, and no --video or --image")
+    elif not (args.describe or args.plan_gib) and (args.media is None or args.question is None):
+        parser.error("--video (or --image) and --question are required (or --describe, or --plan-gib, or --live)")
     if args.plan_gib and min(args.plan_gib) <= 0:
         parser.error("--plan-gib takes sizes above 0")
     return args
@@ -99,12 +126,91 @@ def print_plans(model: str, free_gib: list[float]) -> int:
     return 0
 
 
+def moments(text: str) -> list[float]:
+    """--ask-at's seconds; InputError(BAD_ASK_AT) for anything but finite numbers, 0 or more."""
+    try:
+        seconds = [float(part) for part in text.split(",")]
+    except ValueError:
+        raise InputError(BAD_ASK_AT.format(text)) from None
+    if not all(math.isfinite(s) and s >= 0 for s in seconds):
+        raise InputError(BAD_ASK_AT.format(text))
+    return seconds
+
+
+def print_answer(stream: Stream) -> None:
+    """An answer's text as it streams (thinking and status lines on stderr), then its stats on one line."""
+    for event in stream:
+        if event.kind == "text":
+            print(event.text, end="", flush=True)
+        elif event.kind == "thinking":
+            print(event.text, end="", file=sys.stderr, flush=True)
+        elif event.kind == "status":
+            print(f"[{event.text}]", file=sys.stderr, flush=True)
+        elif event.kind == "done":
+            print()
+            print(json.dumps(event.stats, indent=2))
+
+
+def live_source(text: str) -> str | Path:
+    """--live's stream URL (at a public address: public_stream_url) or recording (a Path); InputError otherwise."""
+    return public_stream_url(text) if "://" in text else recording_path(text)
+
+
+def play_live(engine: Engine, args: argparse.Namespace, params, source: str | Path, asked_at: list[float]) -> int:
+    """--live: the feed played into a session, each answer printed in the order asked (one printing thread, so
+    that the stream goes on while an answer decodes), then the session's stats. 2 when anything was refused."""
+    sampling = params.frame_sampling or engine.default_frame_sampling
+    if isinstance(source, Path):
+        feed = LiveStream.of_file(source, sampling, engine.config)
+    else:
+        feed = LiveStream.under_limits(source, sampling, engine.config)
+    answers: queue.Queue = queue.Queue()
+    refused = []
+
+    def printer() -> None:
+        while (item := answers.get()) is not None:
+            moment_s, at_s, answer = item
+            print(f"[{moment_s:g} s, the stream at {at_s:g} s] {args.question}", flush=True)
+            try:
+                if isinstance(answer, InputError):
+                    raise answer
+                print_answer(answer)
+            except InputError as error:
+                refused.append(error)
+                print(f"error: {error}", file=sys.stderr, flush=True)
+
+    printing = threading.Thread(target=printer, name="evs-live-answers")
+    printing.start()
+    try:
+        with feed, engine.open_live(params) as live:
+            started_s = time.monotonic()
+            last_s = play(live, feed, asked_at, lambda: live.ask(args.question, params=params),
+                          lambda *item: answers.put(item), lambda line: print(f"[{line}]", file=sys.stderr),
+                          as_fast_as_possible=args.as_fast_as_possible)
+            answers.put(None)
+            printing.join()
+            print(json.dumps({"session": live.stats(), "played_s": round(time.monotonic() - started_s, 3)}, indent=2))
+    finally:
+        answers.put(None)
+        printing.join()
+    if feed.ending not in (None, STREAM_ENDED):
+        refused.append(feed.ending)
+        print(f"error: {feed.ending}", file=sys.stderr)
+    return 2 if refused or last_s is None else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.describe:
         return describe(args.model, args.device)
     if args.plan_gib:
         return print_plans(args.model, args.plan_gib)
+    try:  # before the model loads: a mistake here is told at once
+        asked_at = moments(args.ask_at) if args.live is not None else []
+        source = live_source(args.live) if args.live is not None else None
+    except InputError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     try:
         engine = Engine(EngineConfig(model=args.model, device=args.device))
     except CANNOT_SERVE as error:
@@ -114,17 +220,9 @@ def main(argv: list[str] | None = None) -> int:
         params = request_params(engine, pruning_rate=args.pruning_rate, pruning_method=args.pruning_method,
                                 max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                                 enable_thinking=args.think, hear_soundtrack=False if args.no_soundtrack else None)
-        stream = engine.submit(media=args.media, question=args.question, params=params)
-        for event in stream:
-            if event.kind == "text":
-                print(event.text, end="", flush=True)
-            elif event.kind == "thinking":
-                print(event.text, end="", file=sys.stderr, flush=True)
-            elif event.kind == "status":
-                print(f"[{event.text}]", file=sys.stderr, flush=True)
-            elif event.kind == "done":
-                print()
-                print(json.dumps(event.stats, indent=2))
+        if args.live is not None:
+            return play_live(engine, args, params, source, asked_at)
+        print_answer(engine.submit(media=args.media, question=args.question, params=params))
         return 0
     except InputError as error:
         print(f"error: {error}", file=sys.stderr)

@@ -44,6 +44,9 @@ class SubmitSpy:
     def paused(self, *args, **kwargs):
         return self.engine.paused(*args, **kwargs)
 
+    def open_live(self, params=None):
+        return self.engine.open_live(params)
+
     def submit(self, *args, **kwargs) -> Stream:
         stream = self.engine.submit(*args, **kwargs)
         self.streams.append(stream)
@@ -66,14 +69,16 @@ def free_port() -> int:
 
 @contextmanager
 def launched_app(cache_dir: Path, model: str = "tiny-random", **engine_settings):
-    """A demo on a free port around a tiny-model engine on CPU, with /metrics, the OpenAI routes and the MCP
-    server as app.py serves them; closed and shut down afterwards. engine_settings: EngineConfig fields (max_queue)."""
+    """A demo on a free port around a tiny-model engine on CPU, with /metrics, the OpenAI routes, the /v1/live
+    WebSocket and the MCP server as app.py serves them; closed and shut down afterwards. engine_settings:
+    EngineConfig fields (max_queue; read_timeout_s is also /v1/live's idle time, as in app.py)."""
     engine = Engine(EngineConfig(model=model, device="cpu", cache_dir=cache_dir,
                                  max_video_seconds=MAX_VIDEO_S, **engine_settings))
     spy = SubmitSpy(engine)
     demo = ui.build_demo(spy, max_file_bytes=MAX_FILE_BYTES)
     try:
-        routes = [metrics_route(spy), *ui.openai_routes(spy, MAX_FILE_BYTES)]
+        routes = [metrics_route(spy), *ui.openai_routes(spy, MAX_FILE_BYTES),
+                  *ui.live_routes(spy, engine.config.max_video_source_pixels, engine.config.read_timeout_s)]
         _, url, _ = demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=free_port(),
                                 quiet=True, app_kwargs={"routes": routes}, **ui.launch_kwargs(MAX_FILE_BYTES))
         assert demo.mcp_server, demo.mcp_error  # Gradio only prints why its MCP server did not start

@@ -1,6 +1,7 @@
 """Frames for the live-session tests: a shapes clip at a frame rate, the same frames as a lossless file (so that an
 upload and a live session see the same pixels), and playing frames into a session at their capture times."""
 
+import io
 from fractions import Fraction
 from pathlib import Path
 
@@ -28,6 +29,17 @@ def write_lossless(path, frames: np.ndarray, fps: int) -> Path:
         for packet in stream.encode():
             container.mux(packet)
     return Path(path)
+
+
+def jpeg_frames(path) -> list[tuple[float, bytes]]:
+    """A clip's frames as (capture time in seconds, JPEG bytes at quality 90), as a /v1/live client sends them."""
+    frames = []
+    with av.open(str(path)) as video:
+        for frame in video.decode(video=0):
+            data = io.BytesIO()
+            frame.to_image().save(data, "JPEG", quality=90)
+            frames.append((float(frame.time), data.getvalue()))
+    return frames
 
 
 def play(live, frames: np.ndarray, fps: float, first: int = 0, wait: bool = True) -> None:

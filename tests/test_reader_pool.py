@@ -5,11 +5,13 @@ Faults (hangs, crashes, memory) and the replacement of a reader: tests/test_deco
 under 16 users at once: tests/test_load.py.
 """
 
+import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +22,7 @@ from hypothesis import strategies as st
 from bench.decoding import write_long_gop_clip
 from engine import Engine, EngineConfig
 from engine.config import FrameSampling
+from engine.reading.pipe import ReaderPipe
 from engine.reading.pool import ReaderPool
 from engine.reading.video import read_video
 from engine.reading.segments import segments, units
@@ -170,3 +173,19 @@ def test_readers_die_with_the_engines_process(clip, tmp_path):
         for pid in pids:
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_answers_that_arrive_in_one_read_are_each_received():
+    """A stream's reader answers frame after frame (a file played as live, a stream's first frames after probing):
+    one read of the pipe may hold several answers, and the bytes past the first are the next ones, not lost."""
+    answers = b"".join(json.dumps({"status": "frame", "payload_bytes": 3}).encode() + b"\n" + bytes([n] * 3)
+                       for n in (1, 2)) + json.dumps({"status": "ended"}).encode() + b"\n"
+    writer = f"import sys; sys.stdout.buffer.write({answers!r}); sys.stdout.flush(); sys.stdin.read()"
+    pipe = ReaderPipe(subprocess.Popen([sys.executable, "-c", writer], stdin=subprocess.PIPE,
+                                       stdout=subprocess.PIPE, bufsize=0))
+    try:
+        got = [pipe.receive(time.monotonic() + 10) for _ in range(3)]
+    finally:
+        pipe.kill()
+    assert [header["status"] for header, _ in got] == ["frame", "frame", "ended"]
+    assert [payload.tolist() for _, payload in got[:2]] == [[1, 1, 1], [2, 2, 2]] and got[2][1] is None

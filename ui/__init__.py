@@ -3,6 +3,7 @@
     demo = ui.build_demo(engine, banner=None, delete_cache=(every_s, older_than_s))  # queue configured
     cleaner = ui.start_cleaner(demo, every_s, older_than_s)   # also the images Gradio does not track
     routes = ui.openai_routes(engine, max_file_bytes, fetch_video_urls=False)   # /v1/chat/completions, /v1/models
+    routes += ui.live_routes(engine, max_source_pixels, idle_s)   # the /v1/live WebSocket (docs/live.md)
     demo.launch(app_kwargs={"routes": routes}, **ui.launch_kwargs(max_file_bytes))   # MCP server on
     cleaner.stop()
 
@@ -74,7 +75,8 @@ for `/ask`). Streams (table, figure, answers_html); the final result holds:
 """
 
 from ui.layout import build_demo, default_banner, launch_kwargs
+from ui.live_socket import live_routes
 from ui.openai_api import openai_routes
 from ui.temp_files import start_cleaner
 
-__all__ = ["build_demo", "default_banner", "launch_kwargs", "openai_routes", "start_cleaner"]
+__all__ = ["build_demo", "default_banner", "launch_kwargs", "live_routes", "openai_routes", "start_cleaner"]

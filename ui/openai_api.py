@@ -212,7 +212,7 @@ def nesting_depth(value) -> int:
     return deepest
 
 
-def _jsonable(value):
+def jsonable(value):
     """Stats as plain JSON types (numpy scalars become numbers)."""
     return json.loads(json.dumps(value, default=lambda v: v.item() if hasattr(v, "item") else str(v)))
 
@@ -223,7 +223,7 @@ def usage(stats: dict) -> dict:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
             "prompt_tokens_details": {"cached_tokens": max(cached, 0)},
             "completion_tokens_details": {"reasoning_tokens": stats.get("thinking_tokens") or 0},
-            "evs": _jsonable(stats)}
+            "evs": jsonable(stats)}
 
 
 def enable_thinking(chat: ChatRequest) -> bool:

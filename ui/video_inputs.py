@@ -15,7 +15,6 @@ Every refusal is an InputError with one sentence for the caller.
 import asyncio
 import base64
 import binascii
-import ipaddress
 import mimetypes
 import os
 import socket
@@ -29,6 +28,7 @@ import httpx
 
 from engine.config import MAX_FILE_BYTES
 from engine.errors import EXPIRED_VIDEO, NO_VIDEO, InputError
+from engine.reading.live_stream import is_public_address
 
 API_VIDEOS_FOLDER = "api-videos"  # under the upload folder, so the temp-file cleaner bounds it too
 GRADIO_FILE_ROUTE = "/gradio_api/file="
@@ -44,14 +44,6 @@ NOT_UPLOADED = ("Only files uploaded to this server (POST /gradio_api/upload) ca
                 "send other videos as a data: URL.")
 NO_FETCHING = ("This server does not fetch video URLs; send the video as a data: URL, or upload it "
                "(POST /gradio_api/upload) and send its path.")
-
-
-def is_public_address(address: str) -> bool:
-    """True for an address on the public internet (not loopback, private, link-local, reserved, ...)."""
-    try:
-        return ipaddress.ip_address(address).is_global
-    except ValueError:
-        return False
 
 
 @dataclass(frozen=True)

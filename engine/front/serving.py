@@ -33,6 +33,10 @@ class Serving(Protocol):
         """Returns at once; InputError / BusyError for what is wrong now, the rest through the stream. video:
         one upload; media: several, in order (model_info["max_media"] at most)."""
 
+    def open_live(self, params: GenerationParams | None = None):
+        """A live session (engine/live/session.py LiveSession, or a replica's: push, ask, stats, wait, close);
+        InputError for bad settings, BusyError when max_live_sessions are open (Engine.open_live)."""
+
     def paused(self, timeout_s: float = 120.0) -> AbstractContextManager:
         """Requests submitted inside the block start together (one read of the video, one ViT forward)."""
 

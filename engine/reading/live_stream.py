@@ -12,15 +12,21 @@ connection failed, the tries ran out, the frames are too large, or the feed reac
 allowed. Times keep increasing across reconnections: a new connection's frames start where the wall clock
 says the feed has got to.
 
+A recording on disk is read the same way (`LiveStream.of_file`, for a file played as live): no reconnections,
+and a reader that waits for its consumer instead of dropping frames, since a file, unlike a camera, can wait.
+
 No torch or PyAV here: the engine's process only starts readers and reads their pipes.
 """
 
+import ipaddress
 import math
+import socket
 import threading
 import time
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import numpy as np
@@ -60,6 +66,35 @@ def check_stream_url(url) -> str:
     return url
 
 
+def is_public_address(address: str) -> bool:
+    """True for an address on the public internet (not loopback, private, link-local, reserved, ...)."""
+    try:
+        return ipaddress.ip_address(address).is_global
+    except ValueError:
+        return False
+
+
+def public_stream_url(url) -> str:
+    """`url` when it is a stream URL (check_stream_url) whose host resolves to public addresses only, every one of
+    them: the rule a server with --live-urls applies (ui/live_urls.py); InputError with one sentence otherwise."""
+    url = check_stream_url(url)
+    parts = urlsplit(url)
+    try:
+        infos = socket.getaddrinfo(parts.hostname, parts.port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError):
+        raise InputError(f"The stream URL's host {parts.hostname} could not be found.") from None
+    if not infos or not all(is_public_address(info[4][0]) for info in infos):
+        raise InputError("Only streams at public internet addresses are read.")
+    return url
+
+
+def recording_path(path) -> Path:
+    """`path` as a Path when a file is there; InputError otherwise."""
+    if not Path(path).is_file():
+        raise InputError(f"There is no file at {path}.")
+    return Path(path)
+
+
 @dataclass(frozen=True)
 class LiveFrame:
     """One frame of a feed: (H, W, 3) uint8 RGB, resized as an upload's; t_s, its capture time in seconds
@@ -77,14 +112,17 @@ class LiveStream:
     sampling: the fps frames are taken at and their size (max_pixels_per_frame); max_frames does not apply
     to a feed. timeout_s: how long opening, and then each read, may wait for the server. memory_bytes: the
     reader's cap, as an upload's. max_source_pixels: the most width * height of the stream's frames.
-    max_seconds: the longest a feed runs, as the longest upload.
+    max_seconds: the longest a feed runs, as the longest upload. local_file: `url` is a file's path (of_file).
     """
 
     def __init__(self, url: str, sampling: FrameSampling, *, timeout_s: float, memory_bytes: int,
                  max_source_pixels: int, max_seconds: float, reconnects: int = RECONNECTS, retry_s: float = RETRY_S,
-                 queue_frames: int = QUEUE_FRAMES):
-        self.url = check_stream_url(url)
-        self.host = urlsplit(self.url).hostname
+                 queue_frames: int = QUEUE_FRAMES, local_file: bool = False):
+        # A path is never taken from a URL's text: check_stream_url keeps file: out of what a person may name.
+        self.url = f"file:{Path(url).resolve()}" if local_file else check_stream_url(url)
+        self.host = Path(url).name if local_file else urlsplit(self.url).hostname
+        self.source = f"The file {self.host}" if local_file else f"The stream at {self.host}"
+        self.waits = local_file  # when the consumer falls behind: a file's reader waits, a stream's frames drop
         self.sampling = sampling
         self.timeout_s = timeout_s
         self.memory_bytes = memory_bytes
@@ -113,6 +151,14 @@ class LiveStream:
                    memory_bytes=config.read_memory_bytes, max_source_pixels=config.max_video_source_pixels,
                    max_seconds=config.max_video_seconds)
 
+    @classmethod
+    def of_file(cls, path, sampling: FrameSampling, config: EngineConfig) -> "LiveStream":
+        """A recording's frames as a feed under an engine's limits for uploads, read once to its end ("The
+        stream ended."), as fast as its consumer takes them. InputError when there is no such file."""
+        return cls(str(recording_path(path)), sampling, timeout_s=min(config.read_timeout_s, STREAM_TIMEOUT_S),
+                   memory_bytes=config.read_memory_bytes, max_source_pixels=config.max_video_source_pixels,
+                   max_seconds=config.max_video_seconds, reconnects=0, local_file=True)
+
     def __iter__(self) -> Iterator[LiveFrame | str]:
         while True:
             with self._changed:
@@ -123,6 +169,7 @@ class LiveStream:
                 item = self._items.popleft()
                 if isinstance(item, LiveFrame):
                     self._frames_held -= 1
+                    self._changed.notify_all()  # a file's reader may be waiting for room
             yield item
 
     def close(self) -> None:
@@ -143,6 +190,8 @@ class LiveStream:
     def _put(self, item: LiveFrame | str) -> None:
         with self._changed:
             if isinstance(item, LiveFrame):
+                while self.waits and self._frames_held == self.queue_frames and not self._closed.is_set():
+                    self._changed.wait(0.1)
                 if self._frames_held == self.queue_frames:
                     oldest = next(i for i, held in enumerate(self._items) if isinstance(held, LiveFrame))
                     del self._items[oldest]
@@ -243,10 +292,10 @@ class LiveStream:
             return None
         reason = last.get("reason")
         if reason == "refused":
-            return f"The stream at {self.host} refused the connection."
+            return f"{self.source} refused the connection."
         if reason == "timed_out" or status == "stalled":
             unit = "second" if self.timeout_s == 1 else "seconds"
-            return f"The stream at {self.host} did not answer within {self.timeout_s:g} {unit}."
+            return f"{self.source} did not answer within {self.timeout_s:g} {unit}."
         if reason == "not_found":
             return f"The server at {self.host} has no stream at that address."
-        return f"The stream at {self.host} could not be read as video."
+        return f"{self.source} could not be read as video."

@@ -27,6 +27,9 @@ class ReaderPipe:
         self.process = process
         self.pid = process.pid
         self.gone = False
+        # Bytes read past the last answer: the start of the next. A stream's reader answers frame after frame, and
+        # one read of the pipe may hold several.
+        self._ahead = b""
 
     def send(self, header: dict, payload=None) -> None:
         data = memoryview(payload if payload is not None else b"")
@@ -41,7 +44,8 @@ class ReaderPipe:
         TimeoutError past `deadline` (time.monotonic()), ReaderGone when the pipe ends or the header is not
         JSON."""
         fd = self.process.stdout.fileno()
-        received = bytearray()
+        received = bytearray(self._ahead)
+        self._ahead = b""
         while b"\n" not in received:
             chunk = self._read(fd, 1 << 16, deadline)
             received += chunk
@@ -51,12 +55,13 @@ class ReaderPipe:
             size = int(header.get("payload_bytes", 0))
         except (ValueError, TypeError, AttributeError):
             raise Garbled("the reader's answer is not a JSON object") from None
+        self._ahead = start[size:]
         if not size:
             return header, None
         payload = np.empty(size, np.uint8)
         view = memoryview(payload)
-        view[:len(start)] = start[:size]
-        filled = len(start)
+        filled = min(len(start), size)
+        view[:filled] = start[:filled]
         while filled < size:
             count = self._read_into(fd, view[filled:], deadline)
             filled += count

@@ -27,6 +27,8 @@ PROTOCOLS = {
     "http": "http,tcp,hls,crypto",
     "https": "https,http,tcp,tls,hls,crypto",
 }
+# A recording played as live (LiveStream.of_file) is the one file: URL; no scheme a person may name reads files.
+FILE_PROTOCOLS = "file"
 # A time going back by more than this is a new clock (the server restarted its stream), not jitter.
 CLOCK_RESET_S = 1.0
 
@@ -35,7 +37,7 @@ def open_options(url: str) -> dict:
     """FFmpeg's options for opening `url`: its scheme's protocols only, RTSP over TCP (UDP loses packets
     through NATs and on busy hosts)."""
     scheme = urlsplit(url).scheme.lower()
-    options = {"protocol_whitelist": PROTOCOLS[scheme]}
+    options = {"protocol_whitelist": FILE_PROTOCOLS if scheme == "file" else PROTOCOLS[scheme]}
     if scheme.startswith("rtsp"):
         options["rtsp_transport"] = "tcp"
     return options
