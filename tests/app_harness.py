@@ -44,6 +44,9 @@ class SubmitSpy:
     def paused(self, *args, **kwargs):
         return self.engine.paused(*args, **kwargs)
 
+    def open_live(self, *args, **kwargs):
+        return self.engine.open_live(*args, **kwargs)
+
     def submit(self, *args, **kwargs) -> Stream:
         stream = self.engine.submit(*args, **kwargs)
         self.streams.append(stream)
