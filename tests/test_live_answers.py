@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from assets.shapes import QUESTIONS, SIZE_PX, held_out_seeds, shape_clip, write_shape_clip
+from test_app_startup import app_process
 from test_browser import ARTIFACTS, CHROMIUM, PHONE, TIMEOUT_MS, horizontal_extent
 from test_live_tab import camera_browser, open_live_tab, stream_until
 
@@ -24,6 +25,14 @@ pytestmark = [
     pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium (apt-get install chromium)"),
     pytest.mark.skipif(shutil.which("ffmpeg") is None, reason="needs Debian's ffmpeg (apt-get install ffmpeg)"),
 ]
+
+
+@pytest.fixture(scope="module")
+def trained_app(tmp_path_factory):
+    """`python app.py --model tiny-trained` as a user starts it, offline: its own process, as the questions here
+    would show in the shared start-up app's metrics, which test_app_startup.py reads as a fresh app's."""
+    with app_process(tmp_path_factory.mktemp("live-app"), "--model", "tiny-trained", "--device", "cpu") as started:
+        yield started
 
 
 @pytest.fixture(scope="module")
@@ -57,11 +66,11 @@ def wait_for_picture(page, groups: int = 2) -> None:
         " && document.querySelector('#evs-live-plot .js-plotly-plot') !== null; }", arg=groups, timeout=TIMEOUT_MS)
 
 
-def test_the_camera_is_asked_while_it_streams_and_the_offline_model_answers(browser, fallback_app):
+def test_the_camera_is_asked_while_it_streams_and_the_offline_model_answers(browser, trained_app):
     clip = shape_clip(SEED)
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     try:
-        open_live_tab(page, fallback_app.url)
+        open_live_tab(page, trained_app.url)
         status = stream_until(page, "camera", 12)
         assert f"{SIZE_PX}×{SIZE_PX}" in status, status
         wait_for_picture(page, ASK_AT_GROUPS)
@@ -85,12 +94,12 @@ def test_the_camera_is_asked_while_it_streams_and_the_offline_model_answers(brow
         page.close()
 
 
-def test_the_live_tab_fits_a_phone_streams_and_answers_there(browser, fallback_app):
+def test_the_live_tab_fits_a_phone_streams_and_answers_there(browser, trained_app):
     context = browser.new_context(**PHONE)
     phone = context.new_page()
     width = PHONE["viewport"]["width"]
     try:
-        open_live_tab(phone, fallback_app.url)
+        open_live_tab(phone, trained_app.url)
         assert phone.evaluate("document.documentElement.scrollWidth") <= width
         stream_until(phone, "camera", 6)
         wait_for_picture(phone)

@@ -115,6 +115,10 @@ class LiveFeed:
                 if self.live.stats()["closed"]:  # the session ended (the server's sentence): a new one later
                     self._close_live()
                     self._retry_s = now_s + RETRY_S
+            except Exception:  # the session failed on the server (its sentence logged there): a new one later
+                log.exception("a live feed's push failed")
+                self.problem, self._retry_s = SERVER_FAULT, now_s + RETRY_S
+                self._close_live()
 
     def frames_per_s(self) -> float:
         """Frames taken per second over the last RATE_WINDOW_S."""
