@@ -145,6 +145,10 @@ class EngineReplica:
         """{"stats": LiveSession.stats()}, or an error."""
         return await self._on_session(session, lambda live: {"stats": live.stats()})
 
+    async def live_recent(self, session: str) -> dict:
+        """{"picture": LiveSession.recent_picture()} (an EvsPicture or None), or an error."""
+        return await self._on_session(session, lambda live: {"picture": live.recent_picture()})
+
     async def live_wait(self, session: str, timeout_s: float | None) -> dict:
         """{"caught_up": LiveSession.wait(timeout_s)}, or an error."""
         return await self._on_session(session, lambda live: {"caught_up": live.wait(timeout_s)})

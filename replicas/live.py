@@ -59,6 +59,10 @@ class RemoteLiveSession:
     def stats(self) -> dict:
         return self._call("live_stats")["stats"]
 
+    def recent_picture(self):
+        """LiveSession.recent_picture, from the replica: an EvsPicture of the newest groups, or None."""
+        return self._call("live_recent")["picture"]
+
     def wait(self, timeout_s: float | None = None) -> bool:
         deadline_s = (CALL_TIMEOUT_S if timeout_s is None else timeout_s) + CALL_TIMEOUT_S
         return self._call("live_wait", deadline_s, timeout_s=timeout_s)["caught_up"]

@@ -44,8 +44,8 @@ class SubmitSpy:
     def paused(self, *args, **kwargs):
         return self.engine.paused(*args, **kwargs)
 
-    def open_live(self, params=None):
-        return self.engine.open_live(params)
+    def open_live(self, *args, **kwargs):
+        return self.engine.open_live(*args, **kwargs)
 
     def submit(self, *args, **kwargs) -> Stream:
         stream = self.engine.submit(*args, **kwargs)

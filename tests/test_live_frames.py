@@ -23,7 +23,7 @@ from ui.live_frames import (
     decode_image,
     frame_message,
 )
-from ui.live_tab import LiveFeed
+from ui.live_feeds import LiveFeed
 
 ROOT = Path(__file__).resolve().parent.parent
 

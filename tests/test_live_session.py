@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from engine import BusyError, Engine, EngineConfig, GenerationParams, InputError
+from engine.live.session import RECENT_GROUPS
 from engine.worker.vision import VisionEncoder
 
 from live_helpers import clip_frames, play, write_lossless
@@ -105,6 +106,37 @@ def test_frames_pushed_faster_than_the_engine_takes_them_are_dropped_and_counted
         stats = live.stats()
         assert stats["video_tokens_total"] == stats["frames_sampled"] // 2 * 4
         assert 0 < stats["lag_s"]["p50"] <= stats["lag_s"]["p95"]
+
+
+def test_the_recent_picture_is_the_newest_groups_as_the_model_saw_and_kept_them(two_sessions_engine):
+    """LiveSession.recent_picture, the Live tab's pruning picture: the newest RECENT_GROUPS groups, each one's first
+    frame (64x64: not scaled at the CPU's sampling), its centre time, and the tokens causal EVS kept of it, as the
+    answer's own stats count them from the state."""
+    frames = clip_frames(1_000_028, fps=2)[:12]  # 6 groups: the shape moves in them
+    with two_sessions_engine.open_live(Q) as live:
+        assert live.recent_picture() is None
+        play(live, frames, fps=2)
+        picture = live.recent_picture()
+        stats = live.ask("What moves?").result(60).stats
+    assert picture.grid_thw == (RECENT_GROUPS, 2, 2) and picture.kept_mask.dtype == bool
+    np.testing.assert_array_equal(picture.frames, frames[-2 * RECENT_GROUPS::2])
+    assert picture.timestamps_s == stats["media"][0]["timestamps_s"][-RECENT_GROUPS:] == [2.25, 3.25, 4.25, 5.25]
+    assert picture.kept_mask.reshape(RECENT_GROUPS, -1).sum(1).tolist() == stats["tokens_kept_per_frame"][-RECENT_GROUPS:]
+    assert 0 < picture.kept_mask.sum() < picture.kept_mask.size  # some kept, some dropped at q = 0.5
+    assert picture.dissimilarity.shape == (RECENT_GROUPS, 2, 2)
+    assert live.recent_picture() is None  # closed: nothing kept
+
+
+def test_the_recent_picture_marks_the_tokens_where_the_picture_changed(two_sessions_engine):
+    """Only the top-right quarter (one of the 2x2 tokens) changes from group to group: at q = 0.75, a token a group,
+    it is the one kept, in its place in the picture's (h, w) mask."""
+    noise = np.random.default_rng(0).integers(0, 256, (8, 32, 32, 3), dtype=np.uint8)
+    frames = np.full((8, 64, 64, 3), 90, np.uint8)
+    frames[:, :32, 32:] = noise
+    with two_sessions_engine.open_live(dataclasses.replace(Q, pruning_rate=0.75)) as live:
+        play(live, frames, fps=2)
+        picture = live.recent_picture()
+    assert picture.kept_mask[1:].tolist() == [[[False, True], [False, False]]] * 3
 
 
 @pytest.mark.parametrize("name", ["tiny-random", "tiny-random-qwen3.5"])

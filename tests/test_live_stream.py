@@ -16,7 +16,8 @@ import gradio as gr
 import numpy as np
 import pytest
 
-from assets.shapes import shape_clip, write_shape_clip
+from assets.shapes import QUESTIONS, shape_clip, write_shape_clip
+from engine import Engine
 from engine.config import EngineConfig, FrameSampling
 from engine.errors import InputError
 from engine.reading.decoders.pyav_stream import PROTOCOLS, stream_frames
@@ -29,6 +30,7 @@ from engine.reading.live_stream import (
     LiveStream,
     check_stream_url,
 )
+from ui.live_feeds import LiveFeeds
 from ui.live_tab import StreamWatch
 from ui.live_urls import NO_LIVE_URLS, checked_stream_url
 from ui.video_inputs import VideoPolicy
@@ -221,11 +223,11 @@ def test_with_live_urls_on_and_the_loopback_allowed_the_stream_is_read(tmp_path,
 
 
 async def statuses_until(updates, last_wanted: str) -> list[str]:
-    """The Watch handler's status lines up to the first that holds `last_wanted`; then the handler is closed,
-    as Gradio closes it on Stop."""
+    """The Watch handler's status lines (the first of the tab's outputs) up to the first that holds `last_wanted`;
+    then the handler is closed, as Gradio closes it on Stop."""
     seen = []
     try:
-        async for status in updates:
+        async for status, *_ in updates:
             seen.append(status)
             if last_wanted in status:
                 break
@@ -234,24 +236,62 @@ async def statuses_until(updates, last_wanted: str) -> list[str]:
     return seen
 
 
+async def answer_of(answering) -> str:
+    """The Ask handler's last update: the answer and its TTFT line."""
+    return [update async for update in answering][-1]
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_cache_dir):
+    with Engine(EngineConfig(model="tiny-trained", device="cpu", cache_dir=tiny_cache_dir)) as engine:
+        yield engine
+
+
 @needs_ffmpeg
-def test_the_live_tab_watches_a_stream_url_and_stop_ends_it(tmp_path, shapes_file):
+def test_the_live_tab_answers_about_a_stream_url_and_stop_ends_it(tmp_path, shapes_file, trained):
+    """Watch feeds the tab's live session the stream's frames (the engine's sampling: 64x64, 2 fps); asked while
+    the stream goes on, the offline model names the shape's colour; the stream's end is a status line."""
     port = free_port()
     server = serve(shapes_file, port)
-    watch = StreamWatch(policy(tmp_path, live_urls=True, anywhere=True), SAMPLING, EngineConfig(read_timeout_s=5.0))
+    feeds = LiveFeeds(trained)
+    tab = gr.Request(session_hash="tab")
+    watch = StreamWatch(feeds, policy(tmp_path, live_urls=True, anywhere=True), trained.default_frame_sampling,
+                        EngineConfig(read_timeout_s=5.0))
+
+    async def watch_and_ask() -> tuple[list[str], str]:
+        """Ask once 4 frames are in, the stream going on meanwhile (its reader reads in the background); then the
+        status lines until the server stops, and Stop."""
+        seen, answer = [], None
+        watching = watch.watch(f"http://127.0.0.1:{port}/live.ts", 0.5, tab)
+        try:
+            async for status, *_ in watching:
+                seen.append(status)
+                if answer is None and int(status.split()[0]) >= 4:
+                    answer = await answer_of(feeds.ask(QUESTIONS["colour"], tab))
+                if "reconnecting" in status:
+                    break
+        finally:
+            await watching.aclose()
+        return seen, answer
+
     try:
-        seen = asyncio.run(statuses_until(watch.watch(f"http://127.0.0.1:{port}/live.ts"), "reconnecting"))
+        seen, answer = asyncio.run(watch_and_ask())
     finally:
         server.kill()
         server.wait()
-    assert seen[-1].startswith("16 frames · ") and " · 32×32 · " in seen[-1]
-    assert seen[-1].endswith("The stream dropped; reconnecting (try 1 of 3).")
+    assert answer.startswith(f"{shape_clip(SEED).colour}\n\n<small>TTFT "), answer
+    assert seen[-1].endswith("The stream dropped; reconnecting (try 1 of 3).") and " · 64×64 · " in seen[-1]
+    (feed,) = feeds.open_feeds()
+    stats = feed.live.stats()  # one session took every frame the feed took, at the tab's rate
+    assert stats["pruning_rate"] == 0.5 and stats["frames_received"] == feed.frames >= 12
+    feeds.close_session(tab)
+    assert feed.closed and feed.live is None
 
 
 def test_the_live_tab_refuses_stream_urls_unless_they_are_on(tmp_path):
-    watch = StreamWatch(policy(tmp_path, live_urls=False), SAMPLING, EngineConfig())
+    watch = StreamWatch(None, policy(tmp_path, live_urls=False), SAMPLING, EngineConfig())
     with pytest.raises(gr.Error) as refused:
-        asyncio.run(statuses_until(watch.watch("rtsp://203.0.113.7/cam"), ""))
+        asyncio.run(statuses_until(watch.watch("rtsp://203.0.113.7/cam", 0.5, gr.Request(session_hash="tab")), ""))
     assert refused.value.message == NO_LIVE_URLS
 
 

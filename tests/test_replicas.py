@@ -370,6 +370,10 @@ def test_a_live_session_stays_on_its_replica_and_answers_as_the_single_engine(re
         answers = [remote.ask("What moves?").result(TIMEOUT_S) for _ in range(2)]
         expected = local.ask("What moves?").result(TIMEOUT_S)
         assert remote.stats()["video_tokens_total"] == local.stats()["video_tokens_total"] == 4 * 4
+        pictures = remote.recent_picture(), local.recent_picture()  # the Live tab's pruning picture
+        for part in ("frames", "kept_mask", "dissimilarity"):
+            np.testing.assert_array_equal(getattr(pictures[0], part), getattr(pictures[1], part))
+        assert pictures[0].timestamps_s == pictures[1].timestamps_s and pictures[0].grid_thw == (4, 2, 2)
     assert {answer.stats["replica"] for answer in answers} == {remote.replica}
     for answer in answers:
         assert answer.token_ids == expected.token_ids

@@ -202,3 +202,27 @@ def _line(rows: list[dict], key: str, name: str, colour: str, dash: str, marker_
     return go.Scatter(x=labels, y=seconds, name=name, yaxis="y2", mode="lines+markers",
                       line=dict(color=colour, width=2, dash=dash), marker=dict(size=marker_px),
                       hovertemplate=f"{name}, q=%{{x}}: %{{y:.3f}} s<extra></extra>")
+
+
+def live_tokens_figure(times_s: list[float], kept_per_s: list[float], total_per_s: list[float]) -> go.Figure:
+    """A live session's video tokens per second over time: those causal EVS kept (the language model's load) and,
+    dashed, all of them before pruning. times_s: seconds since the session opened, one per point."""
+    times = np.asarray(times_s, dtype=np.float32)
+    fig = go.Figure([
+        go.Scatter(x=times, y=np.asarray(total_per_s, dtype=np.float32), name="before pruning", mode="lines",
+                   line=dict(color=_NAN_COLOR, width=2, dash="dash"),
+                   hovertemplate="%{x:.0f} s: %{y:.1f} tokens/s before pruning<extra></extra>"),
+        go.Scatter(x=times, y=np.asarray(kept_per_s, dtype=np.float32), name="kept", mode="lines",
+                   line=dict(color=KEPT_COLOR, width=2), fill="tozeroy",
+                   hovertemplate="%{x:.0f} s: %{y:.1f} tokens/s kept<extra></extra>"),
+    ])
+    layout = _base_layout()
+    layout.update(height=240, margin=dict(l=48, r=12, t=40, b=40))
+    fig.update_layout(
+        title=dict(text="Video tokens per second", x=0.0, xanchor="left", font=dict(size=14)),
+        xaxis=dict(title="seconds", gridcolor=_GRID_COLOR, automargin=True),
+        yaxis=dict(title="tokens / s", rangemode="tozero", gridcolor=_GRID_COLOR, automargin=True),
+        plot_bgcolor="rgba(0,0,0,0)",
+        **layout,
+    )
+    return fig

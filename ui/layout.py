@@ -139,7 +139,8 @@ def build_demo(engine: Serving, *, banner: str | None = None, delete_cache: tupl
                 pictures = _what_the_model_sees()
                 sweep_view = _sweep_section()
             with gr.Tab("Live", id="live", elem_id="evs-tab-live"):
-                live_feeds = live_tab(policy, settings.frame_sampling, limits or EngineConfig())
+                live_feeds = live_tab(engine, policy, settings.frame_sampling, limits or EngineConfig(),
+                                      settings.pruning_rate)
         turns = gr.State([])  # the earlier [question, answer, thinking] turns about the current uploads
         asked_media = gr.State([])  # the uploads those turns were about
         shown = {**answer, **pictures, "question": controls.question, "turns": turns, "asked_media": asked_media}
@@ -152,7 +153,7 @@ def build_demo(engine: Serving, *, banner: str | None = None, delete_cache: tupl
                        engine.model_info["hears"])
         _wire_page(handlers, q_sweep, controls, shown, compare_row, sweep_view)
         demo.unload(live_feeds.close_session)
-    demo.live_feeds = live_feeds  # the Live tab's open feeds, for the tests now and the live stats to come
+    demo.live_feeds = live_feeds  # the Live tab's open feeds and their sessions, for the tests
     demo.queue(default_concurrency_limit=None, max_size=QUEUE_MAX_SIZE)
     return demo
 

@@ -34,8 +34,9 @@ class Serving(Protocol):
         one upload; media: several, in order (model_info["max_media"] at most)."""
 
     def open_live(self, params: GenerationParams | None = None):
-        """A live session (engine/live/session.py LiveSession, or a replica's: push, ask, stats, wait, close);
-        InputError for bad settings, BusyError when max_live_sessions are open (Engine.open_live)."""
+        """A live session (engine/live/session.py's LiveSession, docs/live.md: push frames, ask about the stream so
+        far, recent_picture, stats, close); behind the replicas one with the same methods, held by one replica.
+        InputError for bad settings, BusyError when max_live_sessions are open."""
 
     def paused(self, timeout_s: float = 120.0) -> AbstractContextManager:
         """Requests submitted inside the block start together (one read of the video, one ViT forward)."""

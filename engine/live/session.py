@@ -22,7 +22,7 @@ from engine.errors import InputError
 from engine.families.base import Family, VideoFeatures
 from engine.prompt.unpruned import processor_inputs
 from engine.reading.video import SampledVideo
-from engine.stream import Stream
+from engine.stream import EvsPicture, Stream
 
 from .frames import CaptureClock, check_frame, check_time, resized
 
@@ -30,6 +30,9 @@ from .frames import CaptureClock, check_frame, check_time, resized
 # dropped instead of queued (4 s of video at 2 fps; a group's pixels are a few MB at the GPU's frame size).
 MAX_GROUPS_BEHIND = 4
 LAG_WINDOW_S = 60.0  # lag_s is over the groups that entered the state in the last minute
+# The pruning picture (`recent_picture`) shows this many of the newest decided groups: enough to watch a change
+# arrive, and a few hundred KB per session at the GPU's frame size (one frame per group kept).
+RECENT_GROUPS = 4
 CLOSED = "This live session is closed; open a new one to go on."
 FAILED = "The live session failed on the server; please open a new one."
 
@@ -42,8 +45,10 @@ class LiveGroup:
 
     index: its place in the stream (0: the first group). times_s: its frames' capture times, seconds after the
     stream's first frame. pushed_at: time.perf_counter() when its last frame was pushed. pixel_values (P, C) and
-    grid_thw_patches (3,): the vision tower's input; grid_hw: (h, w) in LLM tokens. The worker sets features,
-    then kept (the features' rows EVS kept), retention (h*w,) bool and dissimilarity (h, w).
+    grid_thw_patches (3,): the vision tower's input; grid_hw: (h, w) in LLM tokens. picture: (H, W, 3) uint8, its
+    first frame as the model sees it (scaled to the session's max_pixels_per_frame), for the pruning picture.
+    The worker sets features, then kept (the features' rows EVS kept), retention (h*w,) bool and
+    dissimilarity (h, w).
     """
 
     index: int
@@ -52,6 +57,7 @@ class LiveGroup:
     pixel_values: torch.Tensor
     grid_thw_patches: torch.Tensor
     grid_hw: tuple[int, int]
+    picture: np.ndarray | None = None
     features: VideoFeatures | None = None
     kept: VideoFeatures | None = None
     retention: torch.Tensor | None = None
@@ -114,6 +120,9 @@ class LiveSession:
         self._frames: list[tuple[np.ndarray, float]] = []  # sampled frames of the group being formed
         self._pending: collections.deque[LiveGroup] = collections.deque()  # formed, not yet taken by the worker
         self._counts = _Counts()
+        # The newest decided groups' (picture, centre time in s, kept (h, w) bool, dissimilarity (h, w) float16):
+        # numpy copies, so that nothing here holds a group's features.
+        self._recent: collections.deque[tuple] = collections.deque(maxlen=RECENT_GROUPS)
         self._ended: str | None = None  # why the session ended (CLOSED, or the server's sentence)
 
     # --- the caller's side ---------------------------------------------------------------------------------
@@ -169,7 +178,7 @@ class LiveSession:
                                   self.sampling.max_pixels_per_frame)
         pixels = self._family.video_inputs(inputs, self._loaded.model.config)
         return LiveGroup(index, times, time.perf_counter(), pixels.pixel_values, pixels.grid_thw_patches,
-                         pixels.grid_thw[1:])
+                         pixels.grid_thw[1:], picture=pictures[0].copy())
 
     def ask(self, question: str, history=(), params: GenerationParams | None = None) -> Stream:
         """A question about the stream up to now (every group whose frames were pushed), answered in a Stream
@@ -217,6 +226,18 @@ class LiveSession:
                 "closed": self._ended is not None,
             }
 
+    def recent_picture(self) -> EvsPicture | None:
+        """The pruning picture of the newest decided groups (at most RECENT_GROUPS, oldest first): each one's first
+        frame as the model sees it, its centre time in seconds after the stream's first frame, and what causal EVS
+        kept of it; None before any group is decided. The picture an upload's answer sends, of a stream's tail."""
+        with self._lock:
+            recent = list(self._recent)
+        if not recent:
+            return None
+        pictures, times_s, kept, dissimilarity = zip(*recent)
+        return EvsPicture(frames=np.stack(pictures), timestamps_s=list(times_s),
+                          grid_thw=(len(recent), *kept[-1].shape), kept_mask=np.stack(kept), dissimilarity=np.stack(dissimilarity))
+
     def close(self) -> None:
         """End the session: its state is freed at the worker's next step (answers already forked go on). Pushing
         or asking after it is an InputError. Closing twice is harmless."""
@@ -243,6 +264,7 @@ class LiveSession:
             self._ended = why
             self._pending.clear()
             self._frames = []
+            self._recent.clear()
             self._in_state.notify_all()
         self._wake()
         return True
@@ -259,6 +281,9 @@ class LiveSession:
         with self._lock:
             self._counts.video_tokens_total += group.retention.numel()
             self._counts.video_tokens_kept += int(group.retention.sum())
+            self._recent.append((group.picture, (group.times_s[0] + group.times_s[-1]) / 2,
+                                 group.retention.reshape(group.grid_hw).numpy(),
+                                 group.dissimilarity.numpy().astype(np.float16)))
 
     def entered_state(self, group: LiveGroup, held_tokens: int, now: float) -> None:
         """The group is in the session's state, which now holds held_tokens kept video tokens (the worker's)."""

@@ -1,0 +1,73 @@
+"""The Live tab's feeds on a real engine, without a browser: a tab's frames feed a session of its own, a new rate or
+frame size opens a new one, a refusal is a sentence in the status line, an idle feed closes its session."""
+
+import asyncio
+import time
+
+import gradio as gr
+import numpy as np
+import pytest
+
+from app_harness import wait_until
+from engine import Engine, EngineConfig
+from live_helpers import clip_frames
+from ui.live_feeds import NO_STREAM, LiveFeeds
+
+FRAMES = clip_frames(1_000_050, fps=2)
+
+
+@pytest.fixture(scope="module")
+def one_session_engine(tiny_cache_dir):
+    with Engine(EngineConfig(model="tiny-random", device="cpu", cache_dir=tiny_cache_dir,
+                             max_live_sessions=1)) as engine:
+        yield engine
+
+
+def tab(name: str) -> gr.Request:
+    return gr.Request(session_hash=name)
+
+
+def test_a_new_rate_or_size_opens_a_new_session_and_a_full_server_is_one_sentence(one_session_engine):
+    feeds = LiveFeeds(one_session_engine)
+    first, second = feeds.feed("first"), feeds.feed("second")
+    start = time.monotonic()
+    first.arrive(FRAMES[0], start, 0.5)
+    opened = first.live
+    assert opened.stats()["pruning_rate"] == 0.5
+    first.arrive(FRAMES[1], start + 0.5, 0.5)
+    assert first.live is opened and opened.stats()["frames_received"] == 2
+    second.arrive(FRAMES[0], start, 0.5)  # the engine takes one session: the second tab reads why
+    assert second.live is None
+    assert second.status().endswith("This server already has 1 live sessions open, as many as it takes; close one "
+                                    "or try again later.")
+    assert asyncio.run(last(feeds.ask("What moves?", tab("second")))) == second.problem
+    first.arrive(FRAMES[2], start + 1.0, 0.7)  # a new rate: the old session is closed, a new one opened
+    assert opened.stats()["closed"] and first.live.stats()["pruning_rate"] == 0.7
+    at_rate = first.live
+    first.arrive(np.zeros((32, 48, 3), np.uint8), start + 1.5, 0.7)  # a screen instead of the camera
+    assert at_rate.stats()["closed"] and first.live.stats()["frames_received"] == 1
+    feeds.close_session(tab("first"))
+    feeds.close_session(tab("second"))
+
+
+def test_an_idle_feed_closes_its_session_and_the_next_frame_opens_one(one_session_engine):
+    feeds = LiveFeeds(one_session_engine, idle_s=1.5)
+    feed = feeds.feed("tab")
+    start = time.monotonic() - 1.5  # arrived half a second apart, the last one now
+    for index, frame in enumerate(FRAMES[:4]):
+        feed.arrive(frame, start + index / 2, 0.5)
+    live = feed.live
+    assert live.wait(60)
+    assert asyncio.run(last(feeds.ask("What moves?", tab("tab")))).endswith("video tokens seen</small>")
+    assert wait_until(lambda: live.stats()["closed"], timeout_s=10)  # no frame for 1.5 s: the watcher closed it
+    assert feed.live is None and feed.status().endswith(
+        "No frame came for 1.5 s, so the live session was closed; press **Record** to start a new one.")
+    assert asyncio.run(last(feeds.ask("What moves?", tab("tab")))) == feed.problem
+    assert asyncio.run(last(feeds.ask("What moves?", tab("never streamed")))) == NO_STREAM
+    feed.arrive(FRAMES[4], time.monotonic(), 0.5)
+    assert feed.live is not None and not feed.live.stats()["closed"]
+    feeds.close_session(tab("tab"))
+
+
+async def last(updates):
+    return [update async for update in updates][-1]
