@@ -13,17 +13,20 @@ from prometheus_client.parser import text_string_to_metric_families
 import ui
 from app import metrics_route
 from engine import Engine, EngineConfig, Stream
+from live_helpers import RecordedLive
 
 MAX_FILE_BYTES = 1_000_000
 MAX_VIDEO_S = 4.0
 
 
 class SubmitSpy:
-    """The real engine, keeping every stream it hands out so tests can see cancellation."""
+    """The real engine, keeping every stream it hands out so tests can see cancellation; with record_live, every
+    live session it opens as a `RecordedLive` (tests/live_helpers.py), which keeps the frames pushed to it."""
 
-    def __init__(self, engine: Engine):
-        self.engine = engine
+    def __init__(self, engine: Engine, record_live: bool = False):
+        self.engine, self.record_live = engine, record_live
         self.streams: list[Stream] = []
+        self.live_sessions: list[RecordedLive] = []
 
     @property
     def model_info(self) -> dict:
@@ -44,8 +47,12 @@ class SubmitSpy:
     def paused(self, *args, **kwargs):
         return self.engine.paused(*args, **kwargs)
 
-    def open_live(self, *args, **kwargs):
-        return self.engine.open_live(*args, **kwargs)
+    def open_live(self, params=None):
+        live = self.engine.open_live(params)
+        if not self.record_live:
+            return live
+        self.live_sessions.append(RecordedLive(live, params))
+        return self.live_sessions[-1]
 
     def submit(self, *args, **kwargs) -> Stream:
         stream = self.engine.submit(*args, **kwargs)
@@ -68,13 +75,14 @@ def free_port() -> int:
 
 
 @contextmanager
-def launched_app(cache_dir: Path, model: str = "tiny-random", **engine_settings):
+def launched_app(cache_dir: Path, model: str = "tiny-random", record_live: bool = False, **engine_settings):
     """A demo on a free port around a tiny-model engine on CPU, with /metrics, the OpenAI routes, the /v1/live
-    WebSocket and the MCP server as app.py serves them; closed and shut down afterwards. engine_settings:
-    EngineConfig fields (max_queue; read_timeout_s is also /v1/live's idle time, as in app.py)."""
+    WebSocket and the MCP server as app.py serves them; closed and shut down afterwards. record_live: the spy
+    records its live sessions (SubmitSpy). engine_settings: EngineConfig fields (max_queue; read_timeout_s is also
+    /v1/live's idle time, as in app.py)."""
     engine = Engine(EngineConfig(model=model, device="cpu", cache_dir=cache_dir,
                                  max_video_seconds=MAX_VIDEO_S, **engine_settings))
-    spy = SubmitSpy(engine)
+    spy = SubmitSpy(engine, record_live)
     demo = ui.build_demo(spy, max_file_bytes=MAX_FILE_BYTES)
     try:
         routes = [metrics_route(spy), *ui.openai_routes(spy, MAX_FILE_BYTES),

@@ -2,6 +2,7 @@
 upload and a live session see the same pixels), and playing frames into a session at their capture times."""
 
 import io
+import threading
 from fractions import Fraction
 from pathlib import Path
 
@@ -57,3 +58,54 @@ def logits_close(got: Answer, want: Answer, atol: float = 1e-4) -> float:
     difference = float(np.abs(got.logits - want.logits).max())
     assert difference <= atol, difference
     return difference
+
+
+class RecordedLive:
+    """A live session as the engine opened it, recording what it was given: every frame it took (a copy, with its
+    capture time) and each question with the number of frames pushed before it. A test that cannot control when a
+    question reaches the session (a browser's camera, a stream read at its own pace) replays exactly that into a
+    fresh session (`replayed_answer`) and checks the answer it was shown against the engine's for the same frames.
+
+    Pushes and questions take one lock, so a question's count is the frames the session had been given when it
+    counted its groups; `dropped_before` holds the frames the session had dropped by each question (a replay drops
+    none, so it matches only where that is 0). Anything else is the session's own.
+    """
+
+    def __init__(self, live, params):
+        self.live, self.params = live, params
+        self.pushed: list[tuple[np.ndarray, float]] = []
+        self.asked: list[tuple[str, tuple, object, int]] = []  # (question, history, params, frames pushed before)
+        self.dropped_before: list[int] = []
+        self._lock = threading.Lock()
+
+    def push(self, frame, t_s: float) -> None:
+        with self._lock:
+            self.live.push(frame, t_s)  # a refused frame raises before it is recorded
+            self.pushed.append((np.array(frame, copy=True), t_s))
+
+    def ask(self, question: str, history=(), params=None):
+        with self._lock:
+            stream = self.live.ask(question, history, params)
+            self.asked.append((question, tuple(history), params, len(self.pushed)))
+            self.dropped_before.append(self.live.stats()["frames_dropped"])
+            return stream
+
+    def __getattr__(self, name):
+        return getattr(self.live, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.live.close()
+
+
+def replayed_answer(engine, recorded: RecordedLive, question_index: int = 0) -> Answer:
+    """The answer a fresh session of `engine` gives when it is pushed the frames `recorded` had taken before its
+    question `question_index` (each group in the state before the next frame, so none is dropped) and asked it."""
+    question, history, params, frames_before = recorded.asked[question_index]
+    with engine.open_live(recorded.params) as live:
+        for frame, t_s in recorded.pushed[:frames_before]:
+            live.push(frame, t_s)
+            assert live.wait(60), live.stats()
+        return live.ask(question, history, params).result()

@@ -16,6 +16,7 @@ import gradio as gr
 import numpy as np
 import pytest
 
+from app_harness import SubmitSpy
 from assets.shapes import QUESTIONS, shape_clip, write_shape_clip
 from engine import Engine
 from engine.config import EngineConfig, FrameSampling
@@ -30,6 +31,7 @@ from engine.reading.live_stream import (
     LiveStream,
     check_stream_url,
 )
+from live_helpers import replayed_answer
 from ui.live_feeds import LiveFeeds
 from ui.live_tab import StreamWatch
 from ui.live_urls import NO_LIVE_URLS, checked_stream_url
@@ -250,10 +252,13 @@ def trained(tiny_cache_dir):
 @needs_ffmpeg
 def test_the_live_tab_answers_about_a_stream_url_and_stop_ends_it(tmp_path, shapes_file, trained):
     """Watch feeds the tab's live session the stream's frames (the engine's sampling: 64x64, 2 fps); asked while
-    the stream goes on, the offline model names the shape's colour; the stream's end is a status line."""
+    the stream goes on, the tab shows the answer the engine gives for the frames the session had been given (how
+    many depends on how busy the machine is: they are replayed into a fresh session); the stream's end is a status
+    line."""
     port = free_port()
     server = serve(shapes_file, port)
-    feeds = LiveFeeds(trained)
+    spy = SubmitSpy(trained, record_live=True)
+    feeds = LiveFeeds(spy)
     tab = gr.Request(session_hash="tab")
     watch = StreamWatch(feeds, policy(tmp_path, live_urls=True, anywhere=True), trained.default_frame_sampling,
                         EngineConfig(read_timeout_s=5.0))
@@ -279,7 +284,9 @@ def test_the_live_tab_answers_about_a_stream_url_and_stop_ends_it(tmp_path, shap
     finally:
         server.kill()
         server.wait()
-    assert answer.startswith(f"{shape_clip(SEED).colour}\n\n<small>TTFT "), answer
+    (recorded,) = spy.live_sessions
+    assert recorded.dropped_before == [0], recorded.stats()
+    assert answer.startswith(f"{replayed_answer(trained, recorded).text}\n\n<small>TTFT "), answer
     assert seen[-1].endswith("The stream dropped; reconnecting (try 1 of 3).") and " · 64×64 · " in seen[-1]
     (feed,) = feeds.open_feeds()
     stats = feed.live.stats()  # one session took every frame the feed took, at the tab's rate
