@@ -2,8 +2,8 @@
 
 Every flag has an environment twin (the flag wins): EVS_MODEL, EVS_DEVICE, EVS_HOST (or GRADIO_SERVER_NAME),
 EVS_PORT (or GRADIO_SERVER_PORT), EVS_MAX_FILE_MB, EVS_STRICT_MODEL=1, EVS_TEMP_MAX_AGE_S, EVS_TEMP_CLEAN_S,
-EVS_FETCH_VIDEO_URLS=1, EVS_LIVE_URLS=1, EVS_REPLICAS; the limits of engine/config.py LIMIT_ENV (EVS_MAX_QUEUE, ...) have
-variables only. The old names --temp-sweep-s / EVS_TEMP_SWEEP_S still work for one release.
+EVS_FETCH_VIDEO_URLS=1, EVS_LIVE_URLS=1, EVS_REPLICAS; the limits of engine/config.py LIMIT_ENV (EVS_MAX_QUEUE, ...)
+have variables only. The old names --temp-sweep-s / EVS_TEMP_SWEEP_S still work for one release.
 
 Start-up: check the host first (a GPU that torch cannot use, or --device cuda without one, ends the start
 with one line), load the model once (falling back to the offline tiny-trained, with a banner saying why in
@@ -34,12 +34,11 @@ from engine import Engine, EngineConfig, InputError
 from engine.config import MAX_FILE_BYTES, limits_from_env
 from engine.errors import one_line
 from engine.front.door import request_params
+from engine.front.serving import Serving
 from engine.loading.device import DeviceUnavailable, choose_device, probe_host
+from engine.loading.load import ModelUnavailable, UnsupportedModel, describe_model, is_tiny_model
 from engine.memory.dims import GIB
 from engine.memory.plan import InsufficientMemory
-from engine.loading.load import ModelUnavailable, UnsupportedModel, describe_model, is_tiny_model
-from engine.front.serving import Serving
-
 
 DEFAULT_MODEL = "Qwen/Qwen3-VL-4B-Instruct"
 # The offline model: trained on synthetic clips of moving shapes (train/tiny_trained.py), shipped as weights.
@@ -75,43 +74,85 @@ def _env_flag(name: str) -> bool:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Flags with environment defaults; argparse converts (and checks) string defaults with `type`."""
     parser = argparse.ArgumentParser(prog="python app.py", description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=_env("EVS_MODEL", default=DEFAULT_MODEL),
-                        help="Hub id, local folder, random:<Hub id>, tiny-trained, tiny-random or "
-                             "tiny-random-qwen2.5-vl [EVS_MODEL]")
-    parser.add_argument("--device", default=_env("EVS_DEVICE", default="auto"), choices=["auto", "cuda", "cpu"],
-                        help="[EVS_DEVICE]")
-    parser.add_argument("--host", default=_env("EVS_HOST", "GRADIO_SERVER_NAME", default="127.0.0.1"),
-                        help="[EVS_HOST, GRADIO_SERVER_NAME]")
-    parser.add_argument("--port", type=int, default=_env("EVS_PORT", "GRADIO_SERVER_PORT", default="7860"),
-                        help="[EVS_PORT, GRADIO_SERVER_PORT]")
-    parser.add_argument("--max-file-mb", type=float, default=_env("EVS_MAX_FILE_MB", default=f"{MAX_FILE_BYTES / MB:g}"),
-                        help="largest upload accepted, in MB [EVS_MAX_FILE_MB]")
-    parser.add_argument("--strict-model", action="store_true", default=_env_flag("EVS_STRICT_MODEL"),
-                        help="exit instead of falling back to tiny-trained when the model cannot be served "
-                             "(not fetched, not a supported family, too little GPU memory, too large for the "
-                             "CPU) [EVS_STRICT_MODEL=1]")
-    parser.add_argument("--temp-max-age-s", type=int, default=_env("EVS_TEMP_MAX_AGE_S", default=str(TEMP_MAX_AGE_S)),
-                        help="uploads and generated images older than this are deleted [EVS_TEMP_MAX_AGE_S]")
-    parser.add_argument("--temp-clean-s", type=int,
-                        default=_env("EVS_TEMP_CLEAN_S", "EVS_TEMP_SWEEP_S", default=str(TEMP_CLEAN_S)),
-                        help="how often old temporary files are looked for [EVS_TEMP_CLEAN_S]")
+    parser.add_argument(
+        "--model",
+        default=_env("EVS_MODEL", default=DEFAULT_MODEL),
+        help="Hub id, local folder, random:<Hub id>, tiny-trained, tiny-random or tiny-random-qwen2.5-vl [EVS_MODEL]",
+    )
+    parser.add_argument(
+        "--device", default=_env("EVS_DEVICE", default="auto"), choices=["auto", "cuda", "cpu"], help="[EVS_DEVICE]"
+    )
+    parser.add_argument(
+        "--host",
+        default=_env("EVS_HOST", "GRADIO_SERVER_NAME", default="127.0.0.1"),
+        help="[EVS_HOST, GRADIO_SERVER_NAME]",
+    )
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=_env("EVS_PORT", "GRADIO_SERVER_PORT", default="7860"),
+        help="[EVS_PORT, GRADIO_SERVER_PORT]",
+    )
+    parser.add_argument(
+        "--max-file-mb",
+        type=float,
+        default=_env("EVS_MAX_FILE_MB", default=f"{MAX_FILE_BYTES / MB:g}"),
+        help="largest upload accepted, in MB [EVS_MAX_FILE_MB]",
+    )
+    parser.add_argument(
+        "--strict-model",
+        action="store_true",
+        default=_env_flag("EVS_STRICT_MODEL"),
+        help="exit instead of falling back to tiny-trained when the model cannot be served "
+        "(not fetched, not a supported family, too little GPU memory, too large for the "
+        "CPU) [EVS_STRICT_MODEL=1]",
+    )
+    parser.add_argument(
+        "--temp-max-age-s",
+        type=int,
+        default=_env("EVS_TEMP_MAX_AGE_S", default=str(TEMP_MAX_AGE_S)),
+        help="uploads and generated images older than this are deleted [EVS_TEMP_MAX_AGE_S]",
+    )
+    parser.add_argument(
+        "--temp-clean-s",
+        type=int,
+        default=_env("EVS_TEMP_CLEAN_S", "EVS_TEMP_SWEEP_S", default=str(TEMP_CLEAN_S)),
+        help="how often old temporary files are looked for [EVS_TEMP_CLEAN_S]",
+    )
     # --temp-sweep-s and EVS_TEMP_SWEEP_S: the names before "clean", still read for one release, not in --help.
-    parser.add_argument("--temp-sweep-s", type=int, dest="temp_clean_s", default=argparse.SUPPRESS,
-                        help=argparse.SUPPRESS)
-    parser.add_argument("--fetch-video-urls", action="store_true", default=_env_flag("EVS_FETCH_VIDEO_URLS"),
-                        help="let /v1/chat/completions fetch http(s) video URLs from public addresses, bounded "
-                             "by --max-file-mb; off, they are refused (a public server should not fetch "
-                             "URLs for strangers) [EVS_FETCH_VIDEO_URLS=1]")
-    parser.add_argument("--live-urls", action="store_true", default=_env_flag("EVS_LIVE_URLS"),
-                        help="let the Live tab read stream URLs (RTSP, RTMP, SRT, HLS, MPEG-TS over HTTP) from public "
-                             "addresses, in reader processes under the upload limits; off, they are refused (a "
-                             "public server should not connect to addresses for strangers) [EVS_LIVE_URLS=1]")
-    parser.add_argument("--replicas", type=int, default=_env("EVS_REPLICAS", default="1"),
-                        help="engine replicas on Ray Serve, one GPU each (a share of the CPU cores on a CPU); above 1 "
-                             "starts a local Ray cluster, or joins the one RAY_ADDRESS names [EVS_REPLICAS]")
-    parser.add_argument("--video-readers", type=int, default=_env("EVS_VIDEO_READERS", default=None),
-                        help="warm video reader processes: uploads read at once, and the most parts a long video "
-                             "is read in; default one per core [EVS_VIDEO_READERS]")
+    parser.add_argument(
+        "--temp-sweep-s", type=int, dest="temp_clean_s", default=argparse.SUPPRESS, help=argparse.SUPPRESS
+    )
+    parser.add_argument(
+        "--fetch-video-urls",
+        action="store_true",
+        default=_env_flag("EVS_FETCH_VIDEO_URLS"),
+        help="let /v1/chat/completions fetch http(s) video URLs from public addresses, bounded "
+        "by --max-file-mb; off, they are refused (a public server should not fetch "
+        "URLs for strangers) [EVS_FETCH_VIDEO_URLS=1]",
+    )
+    parser.add_argument(
+        "--live-urls",
+        action="store_true",
+        default=_env_flag("EVS_LIVE_URLS"),
+        help="let the Live tab read stream URLs (RTSP, RTMP, SRT, HLS, MPEG-TS over HTTP) from public "
+        "addresses, in reader processes under the upload limits; off, they are refused (a "
+        "public server should not connect to addresses for strangers) [EVS_LIVE_URLS=1]",
+    )
+    parser.add_argument(
+        "--replicas",
+        type=int,
+        default=_env("EVS_REPLICAS", default="1"),
+        help="engine replicas on Ray Serve, one GPU each (a share of the CPU cores on a CPU); above 1 "
+        "starts a local Ray cluster, or joins the one RAY_ADDRESS names [EVS_REPLICAS]",
+    )
+    parser.add_argument(
+        "--video-readers",
+        type=int,
+        default=_env("EVS_VIDEO_READERS", default=None),
+        help="warm video reader processes: uploads read at once, and the most parts a long video "
+        "is read in; default one per core [EVS_VIDEO_READERS]",
+    )
     args = parser.parse_args(argv)
     if args.replicas < 1:
         parser.error("--replicas must be at least 1")
@@ -128,8 +169,10 @@ class TooLargeForCpu(RuntimeError):
     """--device auto found no usable GPU, and the checkpoint has too many parameters to serve on the CPU."""
 
     def __init__(self, parameters: int):
-        super().__init__(f"no usable GPU was found and it has {parameters / 1e9:.1f} B parameters, too many to "
-                         f"serve on a CPU; pass --device cpu to run it there anyway")
+        super().__init__(
+            f"no usable GPU was found and it has {parameters / 1e9:.1f} B parameters, too many to "
+            f"serve on a CPU; pass --device cpu to run it there anyway"
+        )
         self.parameters = parameters
 
 
@@ -152,8 +195,10 @@ CANNOT_SERVE = (ModelUnavailable, UnsupportedModel, InsufficientMemory, TooLarge
 # (a gated repository is also a RepositoryNotFoundError).
 UNAVAILABLE_REASONS = (
     (GatedRepoError, "is gated on the Hugging Face Hub, and this server has no token for it"),
-    ((RepositoryNotFoundError, HFValidationError),
-     "was found neither on this machine nor on the Hugging Face Hub, or it is private"),
+    (
+        (RepositoryNotFoundError, HFValidationError),
+        "was found neither on this machine nor on the Hugging Face Hub, or it is private",
+    ),
     (LocalEntryNotFoundError, "could not be downloaded: no network connection, and no copy on this machine"),
 )
 
@@ -173,15 +218,19 @@ def fallback_reason(model: str, error: BaseException) -> str:
     developer, and would widen a phone's page; the log has them (one_line).
     """
     if isinstance(error, TooLargeForCpu):
-        return (f"No usable GPU was found, and {model} ({error.parameters / 1e9:.1f} B parameters) is too large "
-                f"to run on a CPU.")
+        return (
+            f"No usable GPU was found, and {model} ({error.parameters / 1e9:.1f} B parameters) is too large "
+            f"to run on a CPU."
+        )
     if isinstance(error, InsufficientMemory):
         return f"The GPU has too little free memory to run {model}."
     if isinstance(error, UnsupportedModel):
         return f"The model {model} is not a kind of model this app can run."
     causes = _causes(error)
-    reason = next((reason for kinds, reason in UNAVAILABLE_REASONS
-                   if any(isinstance(cause, kinds) for cause in causes)), "could not be downloaded or read")
+    reason = next(
+        (reason for kinds, reason in UNAVAILABLE_REASONS if any(isinstance(cause, kinds) for cause in causes)),
+        "could not be downloaded or read",
+    )
     return f"The model {model} {reason}."
 
 
@@ -199,8 +248,9 @@ def build_engine(args: argparse.Namespace, device: str, max_file_bytes: int) -> 
         _fail(f"{error}.", code=2)
 
     def engine_for(model: str) -> Serving:
-        config = EngineConfig(model=model, device=device, max_file_bytes=max_file_bytes,
-                              video_readers=args.video_readers, **limits)
+        config = EngineConfig(
+            model=model, device=device, max_file_bytes=max_file_bytes, video_readers=args.video_readers, **limits
+        )
         if args.replicas == 1:
             return Engine(config)
         if not is_tiny_model(model):
@@ -219,8 +269,10 @@ def build_engine(args: argparse.Namespace, device: str, max_file_bytes: int) -> 
     except CANNOT_SERVE as error:
         detail = f"model {args.model} cannot be served ({one_line(error.__cause__ or error)})"
         if args.strict_model:
-            _fail(f"{detail}; EVS_STRICT_MODEL is set, so the app does not fall back to {FALLBACK_MODEL}.",
-                  EXIT_DEVICE_UNAVAILABLE if isinstance(error, InsufficientMemory) else EXIT_MODEL_UNAVAILABLE)
+            _fail(
+                f"{detail}; EVS_STRICT_MODEL is set, so the app does not fall back to {FALLBACK_MODEL}.",
+                EXIT_DEVICE_UNAVAILABLE if isinstance(error, InsufficientMemory) else EXIT_MODEL_UNAVAILABLE,
+            )
         why = fallback_reason(args.model, error)
     # Loaded only past the except block: its traceback holds the failed model, and on a GPU its memory.
     log.warning("falling back to %s: %s", FALLBACK_MODEL, detail)
@@ -260,32 +312,54 @@ def warm_up(engine: Serving) -> dict:
         return {}
     start = time.perf_counter()
     with engine.metrics.uncounted():
-        stream = engine.submit(video=WARMUP_CLIP, question="Which way does the shape move?",
-                               params=request_params(engine, max_new_tokens=8))
+        stream = engine.submit(
+            video=WARMUP_CLIP,
+            question="Which way does the shape move?",
+            params=request_params(engine, max_new_tokens=8),
+        )
         try:
             stats = stream.result(timeout_s=WARMUP_TIMEOUT_S).stats
         except (InputError, TimeoutError) as error:
             _fail(f"the warm-up request on {WARMUP_CLIP.name} failed: {one_line(error)}", EXIT_DEVICE_UNAVAILABLE)
-    log.info("warm-up done in %.2f s (ttft %.2f s, video tokens %s -> %s)", time.perf_counter() - start,
-             stats.get("ttft_s", float("nan")), stats.get("video_tokens_total"), stats.get("video_tokens_kept"))
+    log.info(
+        "warm-up done in %.2f s (ttft %.2f s, video tokens %s -> %s)",
+        time.perf_counter() - start,
+        stats.get("ttft_s", float("nan")),
+        stats.get("video_tokens_total"),
+        stats.get("video_tokens_kept"),
+    )
     return stats
 
 
 def log_runtime(engine: Serving) -> None:
     """Device, dtype, attention implementation and memory in use, once, after the warm-up."""
     info = engine.model_info
-    log.info("model %s (%s) on %s, dtype %s, attention: vision tower %s, language model %s%s", info["name"],
-             info["family"], info["device"], info["dtype"], info["attn_vision"], info["attn_text"],
-             " [random weights]" if info["random_weights"] else "")
+    log.info(
+        "model %s (%s) on %s, dtype %s, attention: vision tower %s, language model %s%s",
+        info["name"],
+        info["family"],
+        info["device"],
+        info["dtype"],
+        info["attn_vision"],
+        info["attn_text"],
+        " [random weights]" if info["random_weights"] else "",
+    )
     if info["device"].startswith("cuda") and "replicas" not in info:  # replicas hold the GPUs, not this process
         import torch
 
-        log.info("GPU %s: %.2f GiB allocated, %.2f GiB peak (after warm-up)", torch.cuda.get_device_name(),
-                 torch.cuda.memory_allocated() / GIB, torch.cuda.max_memory_allocated() / GIB)
+        log.info(
+            "GPU %s: %.2f GiB allocated, %.2f GiB peak (after warm-up)",
+            torch.cuda.get_device_name(),
+            torch.cuda.memory_allocated() / GIB,
+            torch.cuda.max_memory_allocated() / GIB,
+        )
         if info["attn_vision"] == "sdpa":
             absent = importlib.util.find_spec("flash_attn") is None
-            log.warning("flash-attn %s and no varlen kernel is available: the vision tower runs sdpa, one call "
-                        "per frame group (slower on long videos)", "is not installed" if absent else "is not used")
+            log.warning(
+                "flash-attn %s and no varlen kernel is available: the vision tower runs sdpa, one call "
+                "per frame group (slower on long videos)",
+                "is not installed" if absent else "is not used",
+            )
     # ru_maxrss is in KiB on Linux.
     log.info("host memory: %.2f GiB peak resident", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2)
 
@@ -293,8 +367,13 @@ def log_runtime(engine: Serving) -> None:
 def health_route(engine: Serving, fallback: bool) -> APIRoute:
     """GET /healthz -> {"status": "ok", "model": ...}; registered at launch, i.e. only once warm."""
     info = engine.model_info
-    body = {"status": "ok", "model": info["name"], "device": info["device"], "fallback": fallback,
-            "replicas": info.get("replicas", 1)}
+    body = {
+        "status": "ok",
+        "model": info["name"],
+        "device": info["device"],
+        "fallback": fallback,
+        "replicas": info.get("replicas", 1),
+    }
 
     def healthz() -> dict:
         return body
@@ -331,17 +410,26 @@ def main(argv: list[str] | None = None) -> int:
         import ui  # imported once the model is up: a strict start-up failure exits without loading Gradio
 
         limits = EngineConfig(**limits_from_env())
-        demo = ui.build_demo(engine, banner=banner, delete_cache=(args.temp_clean_s, args.temp_max_age_s),
-                             max_file_bytes=max_file_bytes, fetch_video_urls=args.fetch_video_urls,
-                             live_urls=args.live_urls, limits=limits)
+        demo = ui.build_demo(
+            engine,
+            banner=banner,
+            delete_cache=(args.temp_clean_s, args.temp_max_age_s),
+            max_file_bytes=max_file_bytes,
+            fetch_video_urls=args.fetch_video_urls,
+            live_urls=args.live_urls,
+            limits=limits,
+        )
         cleaner = ui.start_cleaner(demo, args.temp_clean_s, args.temp_max_age_s)
         launch_kwargs = ui.launch_kwargs(max_file_bytes)
         app_kwargs = dict(launch_kwargs.pop("app_kwargs", None) or {})
         # FastAPI(routes=...) puts these ahead of every route Gradio adds.
-        app_kwargs["routes"] = [*app_kwargs.get("routes", []), health_route(engine, banner is not None),
-                                metrics_route(engine),
-                                *ui.openai_routes(engine, max_file_bytes, fetch_video_urls=args.fetch_video_urls),
-                                *ui.live_routes(engine, limits.max_video_source_pixels, limits.read_timeout_s)]
+        app_kwargs["routes"] = [
+            *app_kwargs.get("routes", []),
+            health_route(engine, banner is not None),
+            metrics_route(engine),
+            *ui.openai_routes(engine, max_file_bytes, fetch_video_urls=args.fetch_video_urls),
+            *ui.live_routes(engine, limits.max_video_source_pixels, limits.read_timeout_s),
+        ]
         # Docker stop and Space restarts send SIGTERM: end like Ctrl-C so Gradio closes its server cleanly.
         signal.signal(signal.SIGTERM, signal.default_int_handler)
         try:

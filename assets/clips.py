@@ -17,8 +17,14 @@ FrameFn = Callable[[int, int, int, int], np.ndarray]
 
 
 def write_clip(
-    path, kind: str, *, seconds: float = 4.0, fps: int = 8, size: tuple[int, int] = (160, 120),
-    codec: str = "libx264", options: dict[str, str] | None = None,
+    path,
+    kind: str,
+    *,
+    seconds: float = 4.0,
+    fps: int = 8,
+    size: tuple[int, int] = (160, 120),
+    codec: str = "libx264",
+    options: dict[str, str] | None = None,
 ) -> Path:
     """Write a `seconds`-long clip of `kind` at `fps` and `size` = (width, height); returns the path.
 

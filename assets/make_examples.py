@@ -13,16 +13,29 @@ from assets.shapes import PAIR, QUESTIONS, clip_pair, held_out_seeds, write_shap
 from engine.config import DEFAULT_PRUNING_RATE
 
 EXAMPLES_DIR = Path(__file__).resolve().parent / "examples"
-FILE_NAMES = {"colour": "shape_colour.mp4", "direction": "shape_moving.mp4", "shape": "shape_kind.mp4",
-              "start": "shape_start.mp4"}
+FILE_NAMES = {
+    "colour": "shape_colour.mp4",
+    "direction": "shape_moving.mp4",
+    "shape": "shape_kind.mp4",
+    "start": "shape_start.mp4",
+}
 # (files, held-out seeds, question type, pruning rate); bench/accuracy.py's clips start at held-out seed 0
-_SINGLE = tuple(((FILE_NAMES[kind],), (seed,), kind, DEFAULT_PRUNING_RATE)
-                for kind, seed in zip(QUESTIONS, held_out_seeds(0, len(QUESTIONS))))
+_SINGLE = tuple(
+    ((FILE_NAMES[kind],), (seed,), kind, DEFAULT_PRUNING_RATE)
+    for kind, seed in zip(QUESTIONS, held_out_seeds(0, len(QUESTIONS)))
+)
 FIRST_PAIR = clip_pair(held_out_seeds(0, 1)[0])
 # The pair's clips are single-question examples' clips when their seeds are (the first two held-out seeds are).
 _NAMED = {seeds[0]: names[0] for names, seeds, _, _ in _SINGLE}
-EXAMPLES = (*_SINGLE, (tuple(_NAMED.get(seed, f"shape_{seed}.mp4") for seed in FIRST_PAIR.seeds), FIRST_PAIR.seeds,
-                       PAIR, DEFAULT_PRUNING_RATE))
+EXAMPLES = (
+    *_SINGLE,
+    (
+        tuple(_NAMED.get(seed, f"shape_{seed}.mp4") for seed in FIRST_PAIR.seeds),
+        FIRST_PAIR.seeds,
+        PAIR,
+        DEFAULT_PRUNING_RATE,
+    ),
+)
 
 
 def question(kind: str) -> str:

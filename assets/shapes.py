@@ -62,8 +62,9 @@ class ShapeClip:
     still_s: int
 
     def answer(self, kind: str) -> str:
-        return {"colour": self.colour, "direction": self.direction, "shape": self.shape,
-                "start": str(self.still_s)}[kind]
+        return {"colour": self.colour, "direction": self.direction, "shape": self.shape, "start": str(self.still_s)}[
+            kind
+        ]
 
     def questions(self) -> list[tuple[str, str]]:
         """(question, answer) for every question type, in QUESTIONS order."""
@@ -108,7 +109,7 @@ def shape_clip(seed: int, size_px: int = SIZE_PX, seconds: float = SECONDS, fps:
             along = travel - along
         x, y = (along, across) if direction in ("left", "right") else (across, along)
         top, left = int(round(y)), int(round(x))
-        frames[index, top:top + side, left:left + side][footprint] = COLOURS[colour]
+        frames[index, top : top + side, left : left + side][footprint] = COLOURS[colour]
     return ShapeClip(frames=frames, colour=colour, shape=shape, direction=direction, still_s=still_s)
 
 
@@ -173,4 +174,3 @@ def asked(seed: int, kind: str) -> tuple[list[int], str, str]:
 def held_out_seeds(first: int, count: int) -> list[int]:
     """`count` seeds never trained on, starting `first` places into the held-out range."""
     return [HELD_OUT_FROM + first + i for i in range(count)]
-

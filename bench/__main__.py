@@ -25,8 +25,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="tiny-random, fewer users and tokens: a smoke run")
     parser.add_argument("--model", help=f"the model to serve (default {FULL.model}, quick {QUICK.model})")
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    parser.add_argument("--new-tokens", type=int, help=f"tokens per answer (default {FULL.new_tokens}, "
-                                                       f"quick {QUICK.new_tokens})")
+    parser.add_argument(
+        "--new-tokens", type=int, help=f"tokens per answer (default {FULL.new_tokens}, quick {QUICK.new_tokens})"
+    )
     parser.add_argument("--out-dir", type=Path, default=RESULTS, help="where the JSON and PNG go")
     parser.add_argument("--keep", type=Path, metavar="DIR", help="make (or reuse) the long-GOP file in this folder")
     parser.add_argument("--plot", type=Path, metavar="RESULT.json", help="only redraw this saved run's PNG")

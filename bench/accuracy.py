@@ -56,8 +56,14 @@ def clip_files(folder: Path, seeds: list[int]) -> dict[int, Path]:
     return {s: write_shape_clip(folder / f"{s}.mp4", s) for s in needed}
 
 
-def measured(engine: Engine, clips: dict[int, Path], rates: list[float], method: str, seeds: list[int],
-             kinds: tuple[str, ...] = KINDS) -> dict[str, dict]:
+def measured(
+    engine: Engine,
+    clips: dict[int, Path],
+    rates: list[float],
+    method: str,
+    seeds: list[int],
+    kinds: tuple[str, ...] = KINDS,
+) -> dict[str, dict]:
     """{str(rate): {"accuracy": {question type: share of seeds answered exactly}, "video_tokens_kept": mean,
     "video_tokens_total": mean}} with one pruning method; the token means are one clip's (the single-clip
     questions'). clips: clip_files' for the seeds. Each rate's requests go in at once."""
@@ -68,8 +74,9 @@ def measured(engine: Engine, clips: dict[int, Path], rates: list[float], method:
         for kind in kinds:
             for seed in seeds:
                 shown, text, expected = asked(seed, kind)
-                streams.append((kind, expected, engine.submit(media=[clips[s] for s in shown], question=text,
-                                                              params=params)))
+                streams.append(
+                    (kind, expected, engine.submit(media=[clips[s] for s in shown], question=text, params=params))
+                )
         right = dict.fromkeys(kinds, 0)
         kept, total = [], []
         for kind, expected, stream in streams:
@@ -78,8 +85,11 @@ def measured(engine: Engine, clips: dict[int, Path], rates: list[float], method:
             if kind != PAIR:
                 kept.append(answer.stats["video_tokens_kept"])
                 total.append(answer.stats["video_tokens_total"])
-        table[str(rate)] = {"accuracy": {kind: right[kind] / len(seeds) for kind in kinds},
-                            "video_tokens_kept": sum(kept) / len(kept), "video_tokens_total": sum(total) / len(total)}
+        table[str(rate)] = {
+            "accuracy": {kind: right[kind] / len(seeds) for kind in kinds},
+            "video_tokens_kept": sum(kept) / len(kept),
+            "video_tokens_total": sum(total) / len(total),
+        }
     return table
 
 
@@ -103,8 +113,14 @@ def live_accuracy(engine: Engine, seeds: list[int], rates: list[float]) -> dict[
     return table
 
 
-def accuracy(engine: Engine, clips: dict[int, Path], rates: list[float], seeds: list[int],
-             method: str = GenerationParams.pruning_method, kinds: tuple[str, ...] = KINDS) -> dict[str, dict[str, float]]:
+def accuracy(
+    engine: Engine,
+    clips: dict[int, Path],
+    rates: list[float],
+    seeds: list[int],
+    method: str = GenerationParams.pruning_method,
+    kinds: tuple[str, ...] = KINDS,
+) -> dict[str, dict[str, float]]:
     """{str(rate): {question type: share of seeds answered exactly}} with one pruning method."""
     return accuracy_of(measured(engine, clips, rates, method, seeds, kinds))
 
@@ -114,8 +130,15 @@ def accuracy_of(table: dict[str, dict]) -> dict[str, dict[str, float]]:
     return {rate: row["accuracy"] for rate, row in table.items()}
 
 
-def run(models: list[str], seed: int, per_type: int, rates: list[float], device: str = "cpu",
-        methods: tuple[str, ...] = (GenerationParams.pruning_method,), live: bool = False) -> dict:
+def run(
+    models: list[str],
+    seed: int,
+    per_type: int,
+    rates: list[float],
+    device: str = "cpu",
+    methods: tuple[str, ...] = (GenerationParams.pruning_method,),
+    live: bool = False,
+) -> dict:
     """{model: {method: measured(...)}} on the same held-out clips; with live, also {model + " live": {"evs":
     {rate: {"accuracy": the live table's row}}}} (a live session prunes with causal EVS)."""
     with tempfile.TemporaryDirectory() as folder:
@@ -128,8 +151,9 @@ def run(models: list[str], seed: int, per_type: int, rates: list[float], device:
             with Engine(EngineConfig(model=model, device=device, max_queue=len(seeds) * len(KINDS))) as engine:
                 results[model] = {method: measured(engine, clips, rates, method, seeds) for method in methods}
                 if live:
-                    results[f"{model} live"] = {"evs": {rate: {"accuracy": row} for rate, row in
-                                                        live_accuracy(engine, seeds, rates).items()}}
+                    results[f"{model} live"] = {
+                        "evs": {rate: {"accuracy": row} for rate, row in live_accuracy(engine, seeds, rates).items()}
+                    }
         return results
 
 
@@ -140,8 +164,7 @@ def kind_label(kind: str) -> str:
 def markdown(table: dict[str, dict[str, float]]) -> str:
     """Question type x rate, for one method: table is {rate: {question type: share}}."""
     rates = list(table)
-    lines = ["| question | " + " | ".join(f"q = {rate}" for rate in rates) + " |",
-             "|---|" + "---|" * len(rates)]
+    lines = ["| question | " + " | ".join(f"q = {rate}" for rate in rates) + " |", "|---|" + "---|" * len(rates)]
     for kind in kinds_of(table):
         lines.append(f"| {kind_label(kind)} | " + " | ".join(f"{table[rate][kind]:.2f}" for rate in rates) + " |")
     return "\n".join(lines)
@@ -149,38 +172,61 @@ def markdown(table: dict[str, dict[str, float]]) -> str:
 
 def methods_markdown(by_method: dict[str, dict[str, dict]]) -> str:
     """One model's methods side by side: a row per question type and method, the mean of the four single-clip
-    question types, and the video tokens each method kept of one clip's at each rate (of how many). by_method: {method: measured(...)}."""
+    question types, and the video tokens each method kept of one clip's at each rate (of how many). by_method:
+    {method: measured(...)}."""
     methods = list(by_method)
     rates = list(by_method[methods[0]])
     total = by_method[methods[0]][rates[0]]["video_tokens_total"]
-    lines = ["| question | method | " + " | ".join(f"q = {rate}" for rate in rates) + " |",
-             "|---|---|" + "---|" * len(rates)]
+    lines = [
+        "| question | method | " + " | ".join(f"q = {rate}" for rate in rates) + " |",
+        "|---|---|" + "---|" * len(rates),
+    ]
 
     def row(label: str, method: str, values) -> str:
         return f"| {label} | {method} | " + " | ".join(values) + " |"
 
     for kind in kinds_of({rate: row["accuracy"] for rate, row in by_method[methods[0]].items()}):
-        lines += [row(kind_label(kind), method, (f"{by_method[method][rate]['accuracy'][kind]:.2f}" for rate in rates))
-                  for method in methods]
-    lines += [row("mean of the four single-clip", method,
-                  (f"**{sum(by_method[method][rate]['accuracy'][kind] for kind in QUESTIONS) / len(QUESTIONS):.2f}**"
-                   for rate in rates))
-              for method in methods]
-    lines += [row(f"video tokens kept (of {total:g})", method,
-                  (f"{by_method[method][rate]['video_tokens_kept']:g}" for rate in rates)) for method in methods]
+        lines += [
+            row(kind_label(kind), method, (f"{by_method[method][rate]['accuracy'][kind]:.2f}" for rate in rates))
+            for method in methods
+        ]
+    lines += [
+        row(
+            "mean of the four single-clip",
+            method,
+            (
+                f"**{sum(by_method[method][rate]['accuracy'][kind] for kind in QUESTIONS) / len(QUESTIONS):.2f}**"
+                for rate in rates
+            ),
+        )
+        for method in methods
+    ]
+    lines += [
+        row(
+            f"video tokens kept (of {total:g})",
+            method,
+            (f"{by_method[method][rate]['video_tokens_kept']:g}" for rate in rates),
+        )
+        for method in methods
+    ]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python bench/accuracy.py", description=__doc__.splitlines()[0])
-    parser.add_argument("--model", action="append", help="a model to measure (repeat for several); "
-                        "default tiny-trained")
+    parser.add_argument(
+        "--model", action="append", help="a model to measure (repeat for several); default tiny-trained"
+    )
     parser.add_argument("--device", default="cpu", choices=["auto", "cuda", "cpu"])
     parser.add_argument("--seed", type=int, default=0, help="first held-out clip")
     parser.add_argument("--per-type", type=int, default=100, help="held-out clips, each asked every question")
     parser.add_argument("--rates", type=parse_rates, default=[0.0, 0.3, 0.5, 0.7, 0.9])
-    parser.add_argument("--method", type=parse_methods, default=[GenerationParams.pruning_method],
-                        help=f"pruning methods, comma-separated: {', '.join(PRUNING_METHODS)} (default evs)")
+    parser.add_argument(
+        "--method",
+        type=parse_methods,
+        default=[GenerationParams.pruning_method],
+        help=f"pruning methods, comma-separated: {', '.join(PRUNING_METHODS)} (default evs)",
+    )
     parser.add_argument("--plot", type=Path, help="also draw the table as an SVG line chart to this file")
     parser.add_argument("--json", action="store_true", help="also print the table as one JSON line, last")
     parser.add_argument("--live", action="store_true", help="also ask every clip through a live session")
@@ -200,8 +246,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.plot:
         title = f"Accuracy on {args.per_type} held-out clips per question type"
         if len(args.method) == 1:
-            args.plot.write_text(svg_plot({model: accuracy_of(by_method[args.method[0]])
-                                           for model, by_method in results.items()}, title))
+            args.plot.write_text(
+                svg_plot({model: accuracy_of(by_method[args.method[0]]) for model, by_method in results.items()}, title)
+            )
         else:
             args.plot.write_text(svg_methods_plot(results, f"{title}, by pruning method"))
         print(f"saved {args.plot}")

@@ -4,8 +4,7 @@ on a bare machine."""
 from assets.shapes import PAIR, QUESTIONS
 
 KINDS = (*QUESTIONS, PAIR)  # every question type, the two-clip one last
-PLOT_COLOURS = {"colour": "#0f766e", "direction": "#e11d48", "shape": "#6366f1", "start": "#d97706",
-                PAIR: "#0284c7"}
+PLOT_COLOURS = {"colour": "#0f766e", "direction": "#e11d48", "shape": "#6366f1", "start": "#d97706", PAIR: "#0284c7"}
 DASHES = ("", "6 4", "2 3")  # one per model: the first solid
 
 
@@ -18,9 +17,11 @@ def svg_plot(tables: dict[str, dict[str, dict[str, float]]], title: str) -> str:
     def point(q: float, accuracy: float) -> str:
         return f"{left + q * plot_w:.1f},{top + (1 - accuracy) * plot_h:.1f}"
 
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-             f'font-family="sans-serif" font-size="12"><rect width="100%" height="100%" fill="white"/>',
-             f'<text x="{left}" y="18" font-size="13">{title}</text>']
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'font-family="sans-serif" font-size="12"><rect width="100%" height="100%" fill="white"/>',
+        f'<text x="{left}" y="18" font-size="13">{title}</text>',
+    ]
     for tick in (0.0, 0.25, 0.5, 0.75, 1.0):
         x, y = left + tick * plot_w, top + (1 - tick) * plot_h
         parts.append(f'<line x1="{left}" y1="{y:.1f}" x2="{left + plot_w}" y2="{y:.1f}" stroke="#e5e7eb"/>')
@@ -33,20 +34,26 @@ def svg_plot(tables: dict[str, dict[str, dict[str, float]]], title: str) -> str:
         for kind in kinds_of(tables[model]):
             table, colour = tables[model], PLOT_COLOURS[kind]
             points = " ".join(point(float(rate), scores[kind]) for rate, scores in table.items())
-            parts.append(f'<polyline points="{points}" fill="none" stroke="{colour}" stroke-width="2" '
-                         f'stroke-dasharray="{dash}"/>')
+            parts.append(
+                f'<polyline points="{points}" fill="none" stroke="{colour}" stroke-width="2" '
+                f'stroke-dasharray="{dash}"/>'
+            )
             for rate, scores in table.items():
                 x, y = point(float(rate), scores[kind]).split(",")
                 parts.append(f'<circle cx="{x}" cy="{y}" r="3" fill="{colour}"/>')
     for row, kind in enumerate(shown):
         legend_y = top + 10 + 18 * row
-        parts.append(f'<line x1="{legend_x}" y1="{legend_y}" x2="{legend_x + 20}" y2="{legend_y}" '
-                     f'stroke="{PLOT_COLOURS[kind]}" stroke-width="2"/>')
+        parts.append(
+            f'<line x1="{legend_x}" y1="{legend_y}" x2="{legend_x + 20}" y2="{legend_y}" '
+            f'stroke="{PLOT_COLOURS[kind]}" stroke-width="2"/>'
+        )
         parts.append(f'<text x="{legend_x + 26}" y="{legend_y + 4}">{kind}</text>')
     for row, (model, dash) in enumerate(zip(tables, DASHES)):
         legend_y = top + 10 + 18 * (len(shown) + 1 + row)
-        parts.append(f'<line x1="{legend_x}" y1="{legend_y}" x2="{legend_x + 20}" y2="{legend_y}" '
-                     f'stroke="#111827" stroke-width="2" stroke-dasharray="{dash}"/>')
+        parts.append(
+            f'<line x1="{legend_x}" y1="{legend_y}" x2="{legend_x + 20}" y2="{legend_y}" '
+            f'stroke="#111827" stroke-width="2" stroke-dasharray="{dash}"/>'
+        )
         parts.append(f'<text x="{legend_x + 26}" y="{legend_y + 4}">{model}</text>')
     parts.append("</svg>")
     return "\n".join(parts) + "\n"
@@ -79,9 +86,11 @@ def svg_methods_plot(results: dict[str, dict[str, dict[str, dict]]], title: str)
         along = (q - low) / (high - low) if high > low else 0.5
         return x0 + along * panel_w, y0 + (1 - share) * panel_h
 
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-             f'font-family="sans-serif" font-size="11"><rect width="100%" height="100%" fill="white"/>',
-             f'<text x="10" y="18" font-size="13">{title}</text>']
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'font-family="sans-serif" font-size="11"><rect width="100%" height="100%" fill="white"/>',
+        f'<text x="10" y="18" font-size="13">{title}</text>',
+    ]
     for row, model in enumerate(models):
         y0 = top + row * (panel_h + gap + 14)
         parts.append(f'<text x="10" y="{y0 + panel_h / 2:.1f}" font-size="12">{model}</text>')
@@ -100,17 +109,23 @@ def svg_methods_plot(results: dict[str, dict[str, dict[str, dict]]], title: str)
             for method in methods:
                 table = results[model][method]
                 xy = [point(x0, y0, float(rate), scores["accuracy"][kind]) for rate, scores in table.items()]
-                parts.append(f'<polyline points="{" ".join(f"{x:.1f},{y:.1f}" for x, y in xy)}" fill="none" '
-                             f'stroke="{METHOD_COLOURS.get(method, "#111827")}" stroke-width="2" '
-                             f'stroke-dasharray="{METHOD_DASHES.get(method, "")}"/>')
-                parts += [f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2.5" fill="{METHOD_COLOURS.get(method, "#111827")}"/>'
-                          for x, y in xy]
+                parts.append(
+                    f'<polyline points="{" ".join(f"{x:.1f},{y:.1f}" for x, y in xy)}" fill="none" '
+                    f'stroke="{METHOD_COLOURS.get(method, "#111827")}" stroke-width="2" '
+                    f'stroke-dasharray="{METHOD_DASHES.get(method, "")}"/>'
+                )
+                parts += [
+                    f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2.5" fill="{METHOD_COLOURS.get(method, "#111827")}"/>'
+                    for x, y in xy
+                ]
     legend_x = width - right + 10
     for row, method in enumerate(methods):
         legend_y = top + 10 + 18 * row
-        parts.append(f'<line x1="{legend_x}" y1="{legend_y}" x2="{legend_x + 20}" y2="{legend_y}" '
-                     f'stroke="{METHOD_COLOURS.get(method, "#111827")}" stroke-width="2" '
-                     f'stroke-dasharray="{METHOD_DASHES.get(method, "")}"/>')
+        parts.append(
+            f'<line x1="{legend_x}" y1="{legend_y}" x2="{legend_x + 20}" y2="{legend_y}" '
+            f'stroke="{METHOD_COLOURS.get(method, "#111827")}" stroke-width="2" '
+            f'stroke-dasharray="{METHOD_DASHES.get(method, "")}"/>'
+        )
         parts.append(f'<text x="{legend_x + 26}" y="{legend_y + 4}">{method}</text>')
     parts.append(f'<text x="{legend_x}" y="{top + 10 + 18 * len(methods) + 8}">x: pruning rate q</text>')
     parts.append("</svg>")

@@ -52,9 +52,15 @@ def engine_burst(engine: Engine, clips: list[Path], request: GenerationParams, t
         submitted = [(time.perf_counter() - start, engine.submit(clip, QUESTION, request)) for clip in clips]
     answers = [stream.result() for _, stream in submitted]
     wall_s = time.perf_counter() - start
-    users = [UserTiming(ttft_s=offset + answer.stats["ttft_s"], done_s=offset + answer.stats["total_s"],
-                        decode_s=answer.stats["decode_s"], generated_tokens=answer.stats["generated_tokens"])
-             for (offset, _), answer in zip(submitted, answers)]
+    users = [
+        UserTiming(
+            ttft_s=offset + answer.stats["ttft_s"],
+            done_s=offset + answer.stats["total_s"],
+            decode_s=answer.stats["decode_s"],
+            generated_tokens=answer.stats["generated_tokens"],
+        )
+        for (offset, _), answer in zip(submitted, answers)
+    ]
     return BurstRun(users, wall_s, answers)
 
 
@@ -63,8 +69,9 @@ def median_run(runs: list[BurstRun]) -> BurstRun:
     return sorted(runs, key=lambda run: run.wall_s)[(len(runs) - 1) // 2]
 
 
-def burst_round(engine: Engine, clips: list[Path], sizes: tuple[int, ...], rates: tuple[float, ...],
-                new_tokens: int) -> dict[tuple[int, float], BurstRun]:
+def burst_round(
+    engine: Engine, clips: list[Path], sizes: tuple[int, ...], rates: tuple[float, ...], new_tokens: int
+) -> dict[tuple[int, float], BurstRun]:
     """{(users, q): one burst of the first `users` clips} for every size and q; the rates of one size run
     back to back, so drift on a shared machine hits them alike."""
     return {(size, q): engine_burst(engine, clips[:size], params(q, new_tokens)) for size in sizes for q in rates}

@@ -73,8 +73,11 @@ def write_long_gop_clip(path: Path, *, seconds: int, fps: int, size: tuple[int, 
         stream.options = {"preset": "fast", "crf": "23", "g": gop, "keyint_min": gop, "sc_threshold": "0"}
         for index in range(count):
             left = 2 * round(index / max(count - 1, 1) * (luma.shape[1] - width) / 2)  # even: chroma is halved
-            planes = (luma[:, left:left + width], chroma_u[:, left // 2:(left + width) // 2],
-                      chroma_v[:, left // 2:(left + width) // 2])
+            planes = (
+                luma[:, left : left + width],
+                chroma_u[:, left // 2 : (left + width) // 2],
+                chroma_v[:, left // 2 : (left + width) // 2],
+            )
             frame_yuv = np.concatenate([plane.ravel() for plane in planes]).reshape(height * 3 // 2, width)
             for packet in stream.encode(av.VideoFrame.from_ndarray(frame_yuv, format="yuv420p")):
                 container.mux(packet)
@@ -99,12 +102,14 @@ def read_unbounded(path: Path, sampling: FrameSampling, readers: ReaderPool | No
     return read_video(path, sampling, max_seconds=3 * 3600, max_bytes=1 << 40, timeout_s=600, readers=readers)
 
 
-def time_load_video(path: Path, sampling: FrameSampling, repeats: int,
-                    readers: ReaderPool | None = None) -> tuple[list[float], list[float], object]:
+def time_load_video(
+    path: Path, sampling: FrameSampling, repeats: int, readers: ReaderPool | None = None
+) -> tuple[list[float], list[float], object]:
     """(wall seconds, reader-process CPU seconds, one per timed run; the last SampledVideo) of the
     engine's `read_video` on `path`: through the warm pool `readers`, or (None) with a reader started for
     each run, as every upload was read before the pool. CPU seconds count only readers that ended (the
     ones started for a run; 0 through a warm pool); they are the steadier figure on a shared machine."""
+
     def once():
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.perf_counter()
@@ -122,11 +127,13 @@ def time_load_video(path: Path, sampling: FrameSampling, repeats: int,
     return walls, cpus, video
 
 
-def time_two_at_once(path: Path, sampling: FrameSampling, repeats: int,
-                     readers: ReaderPool | None = None) -> list[float]:
+def time_two_at_once(
+    path: Path, sampling: FrameSampling, repeats: int, readers: ReaderPool | None = None
+) -> list[float]:
     """Wall seconds, one per timed run, until two `read_video` calls on `path` made at the same moment both
     end: two users' long uploads in a burst, through the warm pool `readers` or (None) with a reader started
     for each, as before the pool."""
+
     def once() -> float:
         start = time.perf_counter()
         with ThreadPoolExecutor(max_workers=2) as users:
@@ -159,12 +166,21 @@ def time_references(path: Path, sampling: FrameSampling) -> dict:
     except ImportError:
         decord_s = None
     else:
-        decord_s = _seconds(lambda: VideoReader(str(path), width=width, height=height)
-                            .get_batch(header["frame_indices"]).asnumpy())
-    return {"planned_s": planned_s[0], "planned_cpu_s": planned_s[1], "frames_decoded": header["frames_decoded"],
-            "seeks": header["seeks"], "decoded_size": header["decoded_size"], "in_order_s": in_order_s[0],
-            "in_order_cpu_s": in_order_s[1], "in_order_frames_decoded": in_order["work"]["frames_decoded"],
-            "decord_s": decord_s and decord_s[0], "decord_cpu_s": decord_s and decord_s[1]}
+        decord_s = _seconds(
+            lambda: VideoReader(str(path), width=width, height=height).get_batch(header["frame_indices"]).asnumpy()
+        )
+    return {
+        "planned_s": planned_s[0],
+        "planned_cpu_s": planned_s[1],
+        "frames_decoded": header["frames_decoded"],
+        "seeks": header["seeks"],
+        "decoded_size": header["decoded_size"],
+        "in_order_s": in_order_s[0],
+        "in_order_cpu_s": in_order_s[1],
+        "in_order_frames_decoded": in_order["work"]["frames_decoded"],
+        "decord_s": decord_s and decord_s[0],
+        "decord_cpu_s": decord_s and decord_s[1],
+    }
 
 
 def _seconds(work) -> tuple[float, float]:
@@ -235,7 +251,7 @@ def decoding_scenario(quick: bool, keep: Path | None = None) -> dict:
         "two_warm_readers_s": round(statistics.median(two_warm), 3),
         "two_warm_readers_runs_s": [round(run, 3) for run in two_warm],
         "short_clip": f"H.264 {SHORT_CLIP['size'][0]}x{SHORT_CLIP['size'][1]} {SHORT_CLIP['fps']} fps, "
-                      f"{SHORT_CLIP['seconds']:g} s",
+        f"{SHORT_CLIP['seconds']:g} s",
         "short_started_reader_s": round(statistics.median(short_cold), 3),
         "short_warm_reader_s": round(statistics.median(short_warm), 3),
         "total_frames": video.total_frames,
@@ -245,39 +261,83 @@ def decoding_scenario(quick: bool, keep: Path | None = None) -> dict:
 
 
 def markdown(result: dict) -> str:
-    facts = table(["measure", "value"], [
-        ["file", f"{result['file']}, {result['file_mb']} MB ({result['bitrate_mbit_s']} Mbit/s)"],
-        ["sampled", f"{result['frames_sampled']} frames at {result['frame_size']} ({result['sampled_fps']} fps)"],
-        ["CPU cores", result["cpu_cores"]],
-    ])
+    facts = table(
+        ["measure", "value"],
+        [
+            ["file", f"{result['file']}, {result['file_mb']} MB ({result['bitrate_mbit_s']} Mbit/s)"],
+            ["sampled", f"{result['frames_sampled']} frames at {result['frame_size']} ({result['sampled_fps']} fps)"],
+            ["CPU cores", result["cpu_cores"]],
+        ],
+    )
     total = result["total_frames"]
     rows = [
-        ["`read_video`, a reader started for the file (every upload before the pool; median)",
-         cell(result["started_reader_s"]), cell(result["started_reader_cpu_s"]),
-         f"{result['frames_decoded']} of {total}, {result['seeks']} seeks",
-         f"runs {', '.join(cell(run) for run in result['started_reader_runs_s'])}"],
-        ["`read_video`, a warm pool of 1 reader (median)", cell(result["warm_one_reader_s"]), "—",
-         f"{result['frames_decoded']} of {total}", f"runs {', '.join(cell(run) for run in result['warm_one_reader_runs_s'])}"],
-        [f"`read_video`, a warm pool of {result['warm_readers']} readers (median)", cell(result["warm_readers_s"]), "—",
-         f"in {result['warm_readers_used']} segments at once",
-         f"runs {', '.join(cell(run) for run in result['warm_readers_runs_s'])}"],
-        ["two of the file at once, a reader started for each (median)", cell(result["two_started_readers_s"]), "—",
-         "each whole", f"runs {', '.join(cell(run) for run in result['two_started_readers_runs_s'])}"],
-        [f"two of the file at once, the warm pool of {result['warm_readers']} (median)", cell(result["two_warm_readers_s"]),
-         "—", "each whole, the cores shared", f"runs {', '.join(cell(run) for run in result['two_warm_readers_runs_s'])}"],
-        ["the engine's read, in process", cell(result["planned_s"]), cell(result["planned_cpu_s"]),
-         f"{result['frames_decoded']} of {total}", ""],
-        ["every frame from the start, nothing skipped", cell(result["in_order_s"]), cell(result["in_order_cpu_s"]),
-         f"{result['in_order_frames_decoded']} of {total}", "PyAV, same threads"],
-        ["decord 0.6 by index (the decoder before)", cell(result["decord_s"]), cell(result["decord_cpu_s"]), "—",
-         "not installed" if result["decord_s"] is None else ""],
+        [
+            "`read_video`, a reader started for the file (every upload before the pool; median)",
+            cell(result["started_reader_s"]),
+            cell(result["started_reader_cpu_s"]),
+            f"{result['frames_decoded']} of {total}, {result['seeks']} seeks",
+            f"runs {', '.join(cell(run) for run in result['started_reader_runs_s'])}",
+        ],
+        [
+            "`read_video`, a warm pool of 1 reader (median)",
+            cell(result["warm_one_reader_s"]),
+            "—",
+            f"{result['frames_decoded']} of {total}",
+            f"runs {', '.join(cell(run) for run in result['warm_one_reader_runs_s'])}",
+        ],
+        [
+            f"`read_video`, a warm pool of {result['warm_readers']} readers (median)",
+            cell(result["warm_readers_s"]),
+            "—",
+            f"in {result['warm_readers_used']} segments at once",
+            f"runs {', '.join(cell(run) for run in result['warm_readers_runs_s'])}",
+        ],
+        [
+            "two of the file at once, a reader started for each (median)",
+            cell(result["two_started_readers_s"]),
+            "—",
+            "each whole",
+            f"runs {', '.join(cell(run) for run in result['two_started_readers_runs_s'])}",
+        ],
+        [
+            f"two of the file at once, the warm pool of {result['warm_readers']} (median)",
+            cell(result["two_warm_readers_s"]),
+            "—",
+            "each whole, the cores shared",
+            f"runs {', '.join(cell(run) for run in result['two_warm_readers_runs_s'])}",
+        ],
+        [
+            "the engine's read, in process",
+            cell(result["planned_s"]),
+            cell(result["planned_cpu_s"]),
+            f"{result['frames_decoded']} of {total}",
+            "",
+        ],
+        [
+            "every frame from the start, nothing skipped",
+            cell(result["in_order_s"]),
+            cell(result["in_order_cpu_s"]),
+            f"{result['in_order_frames_decoded']} of {total}",
+            "PyAV, same threads",
+        ],
+        [
+            "decord 0.6 by index (the decoder before)",
+            cell(result["decord_s"]),
+            cell(result["decord_cpu_s"]),
+            "—",
+            "not installed" if result["decord_s"] is None else "",
+        ],
     ]
-    short = table(["short clip", "wall s"], [
-        [f"{result['short_clip']}, a reader started for it", cell(result["short_started_reader_s"])],
-        [f"{result['short_clip']}, a warm reader", cell(result["short_warm_reader_s"])],
-    ])
-    return (facts + "\n\n" + table(["32-frame read", "wall s", "CPU s", "frames decoded", "notes"], rows)
-            + "\n\n" + short)
+    short = table(
+        ["short clip", "wall s"],
+        [
+            [f"{result['short_clip']}, a reader started for it", cell(result["short_started_reader_s"])],
+            [f"{result['short_clip']}, a warm reader", cell(result["short_warm_reader_s"])],
+        ],
+    )
+    return (
+        facts + "\n\n" + table(["32-frame read", "wall s", "CPU s", "frames decoded", "notes"], rows) + "\n\n" + short
+    )
 
 
 def main() -> None:

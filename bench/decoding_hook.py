@@ -1,9 +1,10 @@
 """HOOK for the video-decoding scenario, which lives in bench/decoding.py (written separately).
 
 bench/decoding.py provides `decoding_scenario(quick: bool, keep: Path | None) -> dict` (32 frames read from a
-generated 2-minute 1080p long-GOP H.264 file, made in `keep` unless it is there already). Until that module exists the report says the scenario was skipped;
-when it raises, the report says it failed (and `python -m bench` exits 1 after saving everything else).
-If the module also provides `markdown(result) -> str`, that is its table; otherwise one key/value table.
+generated 2-minute 1080p long-GOP H.264 file, made in `keep` unless it is there already). Until that module exists the
+report says the scenario was skipped; when it raises, the report says it failed (and `python -m bench` exits 1 after
+saving everything else). If the module also provides `markdown(result) -> str`, that is its table; otherwise one
+key/value table.
 """
 
 import importlib

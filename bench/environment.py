@@ -25,8 +25,12 @@ def cpu_model() -> str:
 
 
 def machine() -> dict:
-    return {"cpu": cpu_model(), "cores": os.cpu_count(), "platform": platform.platform(),
-            "python": platform.python_version()}
+    return {
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+    }
 
 
 def versions() -> dict:
@@ -54,5 +58,10 @@ def model(engine: Engine) -> dict:
 
 
 def describe(engine: Engine) -> dict:
-    return {"machine": machine(), "device": device(engine), "model": model(engine), "versions": versions(),
-            "git_commit": git_commit()}
+    return {
+        "machine": machine(),
+        "device": device(engine),
+        "model": model(engine),
+        "versions": versions(),
+        "git_commit": git_commit(),
+    }

@@ -46,20 +46,23 @@ import torch
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
-import pruning  # noqa: E402
-from assets.clips import write_clip  # noqa: E402
-from bench.bursts import engine_burst  # noqa: E402
-from bench.environment import machine, versions  # noqa: E402
-from bench.live import LiveWork, live_scenario, markdown as live_markdown  # noqa: E402
-from bench.targets import live_target_rows, markdown as targets_markdown  # noqa: E402
-from bench.pruning_time import markdown as pruning_markdown, pruning_times  # noqa: E402
-from bench.reading import reading_rows  # noqa: E402
-from bench.summary import burst_summary  # noqa: E402
-from bench.ttft_by_rate import ttft_by_rate  # noqa: E402
-from bench.users import pipelined_ideal_s  # noqa: E402
-from bench.vit_timing import prepared_prompts, vit_forward_s  # noqa: E402
-from bench.workload import QUESTION  # noqa: E402
-from engine import Answer, Engine, EngineConfig, FrameSampling, GenerationParams  # noqa: E402
+import pruning
+from assets.clips import write_clip
+from bench.bursts import engine_burst
+from bench.environment import machine, versions
+from bench.live import LiveWork, live_scenario
+from bench.live import markdown as live_markdown
+from bench.pruning_time import markdown as pruning_markdown
+from bench.pruning_time import pruning_times
+from bench.reading import reading_rows
+from bench.summary import burst_summary
+from bench.targets import live_target_rows
+from bench.targets import markdown as targets_markdown
+from bench.ttft_by_rate import ttft_by_rate
+from bench.users import pipelined_ideal_s
+from bench.vit_timing import prepared_prompts, vit_forward_s
+from bench.workload import QUESTION
+from engine import Answer, Engine, EngineConfig, FrameSampling, GenerationParams
 from engine.errors import one_line
 from engine.loading.device import probe_host
 from engine.memory.dims import GIB
@@ -72,11 +75,15 @@ USERS = 8
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python bench/gpu_check.py", description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="random:Qwen/Qwen3-VL-4B-Instruct",
-                        help="random:<checkpoint> (no download), a checkpoint, or a tiny model")
+    parser.add_argument(
+        "--model",
+        default="random:Qwen/Qwen3-VL-4B-Instruct",
+        help="random:<checkpoint> (no download), a checkpoint, or a tiny model",
+    )
     parser.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
-    parser.add_argument("--quick", action="store_true",
-                        help="tiny model, 10-second 160x120 clips and a few tokens: the CI smoke run")
+    parser.add_argument(
+        "--quick", action="store_true", help="tiny model, 10-second 160x120 clips and a few tokens: the CI smoke run"
+    )
     parser.add_argument("--new-tokens", type=int, default=None, help="tokens per answer (default 64, quick 4)")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench" / "results" / "gpu_check.json")
     args = parser.parse_args(argv)
@@ -92,21 +99,45 @@ def workload(quick: bool, engine: Engine) -> dict:
     (on a GPU 2 fps, up to 128 frames, 448x448: ~12.5 k video tokens on Qwen3-VL, the regime EVS exists
     for), or with --quick a CPU-sized stand-in."""
     if quick:
-        return dict(seconds=10.0, fps=8, size=(160, 120), short_seconds=3.0, short_size=(160, 120),
-                    frame_sampling=FrameSampling(fps=2.0, max_frames=8, max_pixels_per_frame=112 * 112))
-    return dict(seconds=120.0, fps=24, size=(1280, 720), short_seconds=8.0, short_size=(640, 480),
-                frame_sampling=engine.default_frame_sampling)
+        return dict(
+            seconds=10.0,
+            fps=8,
+            size=(160, 120),
+            short_seconds=3.0,
+            short_size=(160, 120),
+            frame_sampling=FrameSampling(fps=2.0, max_frames=8, max_pixels_per_frame=112 * 112),
+        )
+    return dict(
+        seconds=120.0,
+        fps=24,
+        size=(1280, 720),
+        short_seconds=8.0,
+        short_size=(640, 480),
+        frame_sampling=engine.default_frame_sampling,
+    )
 
 
 def live_work(quick: bool, engine: Engine, new_tokens: int) -> LiveWork:
     """The live scenario at the device's default frame size (a 480p recording, scaled to the default cap), as
     many sessions as the memory plan allows, up to 64; with --quick a CPU-sized stand-in."""
     if quick:
-        return LiveWork(moments_s=(5, 10, 30), size=(160, 120), max_pixels_per_frame=112 * 112, session_s=4,
-                        max_sessions=min(2, engine.memory_plan.max_live_sessions), new_tokens=new_tokens, repeats=1)
-    return LiveWork(moments_s=(10, 60, 600), size=(854, 480),
-                    max_pixels_per_frame=engine.default_frame_sampling.max_pixels_per_frame, session_s=20,
-                    max_sessions=min(64, engine.memory_plan.max_live_sessions), new_tokens=new_tokens)
+        return LiveWork(
+            moments_s=(5, 10, 30),
+            size=(160, 120),
+            max_pixels_per_frame=112 * 112,
+            session_s=4,
+            max_sessions=min(2, engine.memory_plan.max_live_sessions),
+            new_tokens=new_tokens,
+            repeats=1,
+        )
+    return LiveWork(
+        moments_s=(10, 60, 600),
+        size=(854, 480),
+        max_pixels_per_frame=engine.default_frame_sampling.max_pixels_per_frame,
+        session_s=20,
+        max_sessions=min(64, engine.memory_plan.max_live_sessions),
+        new_tokens=new_tokens,
+    )
 
 
 def make_clips(folder: Path, work: dict) -> list[Path]:
@@ -116,8 +147,14 @@ def make_clips(folder: Path, work: dict) -> list[Path]:
     options = {"preset": "ultrafast", "crf": "23", "threads": "0"}
 
     def write(i: int) -> Path:
-        return write_clip(folder / f"clip{i}.mp4", kinds[i % len(kinds)], seconds=work["seconds"] + i // len(kinds),
-                          fps=work["fps"], size=work["size"], options=options)
+        return write_clip(
+            folder / f"clip{i}.mp4",
+            kinds[i % len(kinds)],
+            seconds=work["seconds"] + i // len(kinds),
+            fps=work["fps"],
+            size=work["size"],
+            options=options,
+        )
 
     with ThreadPoolExecutor(max_workers=4) as pool:
         return list(pool.map(write, range(USERS)))
@@ -125,13 +162,20 @@ def make_clips(folder: Path, work: dict) -> list[Path]:
 
 def make_short_clip(folder: Path, work: dict) -> Path:
     """The short clip of the reading table (a size and length people upload from a phone's messenger)."""
-    return write_clip(folder / "short.mp4", "pan", seconds=work["short_seconds"], fps=work["fps"],
-                      size=work["short_size"], options={"preset": "ultrafast", "crf": "23", "threads": "0"})
+    return write_clip(
+        folder / "short.mp4",
+        "pan",
+        seconds=work["short_seconds"],
+        fps=work["fps"],
+        size=work["short_size"],
+        options={"preset": "ultrafast", "crf": "23", "threads": "0"},
+    )
 
 
 def params(q: float, work: dict, new_tokens: int) -> GenerationParams:
-    return GenerationParams(pruning_rate=q, max_new_tokens=new_tokens, ignore_eos=True,
-                            frame_sampling=work["frame_sampling"])
+    return GenerationParams(
+        pruning_rate=q, max_new_tokens=new_tokens, ignore_eos=True, frame_sampling=work["frame_sampling"]
+    )
 
 
 def evs_problems(answer: Answer) -> list[str]:
@@ -157,19 +201,28 @@ def vit_batching(engine: Engine, clip: Path, work: dict, repeats: int = 3) -> di
     for _ in range(repeats):
         together.append(vit_forward_s(engine, [prompt] * USERS))
         separate.append(sum(vit_forward_s(engine, [prompt]) for _ in range(USERS)))
-    return {"videos": USERS, "patches_per_video": len(prompt.media[0].pixel_values),
-            "one_forward_s": statistics.median(together), "separate_forwards_s": statistics.median(separate),
-            "ratio": statistics.median(together) / statistics.median(separate)}
+    return {
+        "videos": USERS,
+        "patches_per_video": len(prompt.media[0].pixel_values),
+        "one_forward_s": statistics.median(together),
+        "separate_forwards_s": statistics.median(separate),
+        "ratio": statistics.median(together) / statistics.median(separate),
+    }
 
 
 def burst(engine: Engine, clips: list[Path], q: float, work: dict, new_tokens: int) -> tuple[dict, list[Answer]]:
     """USERS requests submitted at the same instant: mean TTFT, wall time, output tokens per second."""
     run = engine_burst(engine, clips, params(q, work, new_tokens), together=True)
     figures = burst_summary(run)
-    return {"pruning_rate": q, "users": len(clips), "mean_ttft_s": figures["mean_ttft_s"], "wall_s": run.wall_s,
-            "output_tokens_per_s": figures["output_tokens_per_s"],
-            "vit_batch_requests_max": max(a.stats["vit_batch_requests"] for a in run.answers),
-            "decode_batch_max": max(a.stats["decode_batch_max"] for a in run.answers)}, run.answers
+    return {
+        "pruning_rate": q,
+        "users": len(clips),
+        "mean_ttft_s": figures["mean_ttft_s"],
+        "wall_s": run.wall_s,
+        "output_tokens_per_s": figures["output_tokens_per_s"],
+        "vit_batch_requests_max": max(a.stats["vit_batch_requests"] for a in run.answers),
+        "decode_batch_max": max(a.stats["decode_batch_max"] for a in run.answers),
+    }, run.answers
 
 
 # The stats of each user of the arrival burst that the report shows (seconds, and the users of its ViT forward).
@@ -183,64 +236,109 @@ def arrival_burst(engine: Engine, clips: list[Path], single: dict, work: dict, n
     mean_ttft_s = burst_summary(run)["mean_ttft_s"]
     ideal_s = pipelined_ideal_s(single, len(clips))
     # Each user's stages, in the order the first tokens came: where a miss of the ideal comes from.
-    per_user = sorted(({"ttft_s": user.ttft_s, **{key: answer.stats[key] for key in ARRIVAL_STAGES}}
-                       for user, answer in zip(run.users, run.answers)), key=lambda row: row["ttft_s"])
-    return {"users": len(clips), "mean_ttft_s": mean_ttft_s, "pipelined_ideal_s": ideal_s,
-            "ttft_over_ideal": mean_ttft_s / ideal_s, "wall_s": run.wall_s, "per_user": per_user}
+    per_user = sorted(
+        (
+            {"ttft_s": user.ttft_s, **{key: answer.stats[key] for key in ARRIVAL_STAGES}}
+            for user, answer in zip(run.users, run.answers)
+        ),
+        key=lambda row: row["ttft_s"],
+    )
+    return {
+        "users": len(clips),
+        "mean_ttft_s": mean_ttft_s,
+        "pipelined_ideal_s": ideal_s,
+        "ttft_over_ideal": mean_ttft_s / ideal_s,
+        "wall_s": run.wall_s,
+        "per_user": per_user,
+    }
 
 
 def print_table(report: dict) -> None:
     host, model = report["host"], report["model"]
     print(f"\n## GPU check: {model['name']} on {report['device']}")
-    print(f"{host['summary']}; transformers {report['versions']['transformers']}; "
-          f"attention: vision {model['attn_vision']}, language model {model['attn_text']}"
-          + (f", linear-attention layers {model['attn_linear']}" if model.get("attn_linear") else "") + "; "
-          f"dtype {model['dtype']}; load {report['load_s']:.1f} s\n")
+    print(
+        f"{host['summary']}; transformers {report['versions']['transformers']}; "
+        f"attention: vision {model['attn_vision']}, language model {model['attn_text']}"
+        + (f", linear-attention layers {model['attn_linear']}" if model.get("attn_linear") else "")
+        + "; "
+        f"dtype {model['dtype']}; load {report['load_s']:.1f} s\n"
+    )
     print("| q | video tokens kept/total | decode s | ViT s | EVS s | prefill s | TTFT s | ideal s | TTFT/ideal |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in report["ttft_by_rate"]:
-        print(f"| {r['pruning_rate']} | {r['video_tokens_kept']}/{r['video_tokens_total']} | {r['read_video_s']:.3f} "
-              f"| {r['vit_s']:.3f} | {r['evs_s']:.4f} | {r['prefill_s']:.3f} | {r['ttft_s']:.3f} "
-              f"| {r['ideal_ttft_s']:.3f} | {r['ttft_over_ideal']:.2f} |")
-    print("\n| reading, q = 0 | frames | waiting for a reader s | reading s | rest of TTFT s | TTFT s | reading's share |")
+        print(
+            f"| {r['pruning_rate']} | {r['video_tokens_kept']}/{r['video_tokens_total']} | {r['read_video_s']:.3f} "
+            f"| {r['vit_s']:.3f} | {r['evs_s']:.4f} | {r['prefill_s']:.3f} | {r['ttft_s']:.3f} "
+            f"| {r['ideal_ttft_s']:.3f} | {r['ttft_over_ideal']:.2f} |"
+        )
+    print(
+        "\n| reading, q = 0 | frames | waiting for a reader s | reading s | rest of TTFT s | TTFT s | reading's share |"
+    )
     print("|---|---|---|---|---|---|---|")
     for r in report["reading"]:
-        print(f"| {r['video']} | {r['frames_sampled']} | {r['read_wait_s']:.4f} | {r['read_s']:.3f} | {r['rest_s']:.3f} "
-              f"| {r['ttft_s']:.3f} | {100 * r['read_share']:.0f} % |")
+        print(
+            f"| {r['video']} | {r['frames_sampled']} | {r['read_wait_s']:.4f} | {r['read_s']:.3f} | {r['rest_s']:.3f} "
+            f"| {r['ttft_s']:.3f} | {100 * r['read_share']:.0f} % |"
+        )
     vit = report["vit"]
     print(f"\n| ViT over {vit['videos']} videos ({vit['patches_per_video']} patches each) | seconds |\n|---|---|")
-    print(f"| one forward | {vit['one_forward_s']:.3f} |\n| {vit['videos']} separate forwards | "
-          f"{vit['separate_forwards_s']:.3f} |\n| ratio | {vit['ratio']:.3f} |")
+    print(
+        f"| one forward | {vit['one_forward_s']:.3f} |\n| {vit['videos']} separate forwards | "
+        f"{vit['separate_forwards_s']:.3f} |\n| ratio | {vit['ratio']:.3f} |"
+    )
     print("\nPruning methods: " + pruning_markdown(report["pruning_methods"], PRUNING_METHODS_RATE))
     print(f"\n| {USERS} users at once | mean TTFT s | wall s | output tokens/s | ViT batch | decode batch |")
     print("|---|---|---|---|---|---|")
     for b in report["bursts"]:
-        print(f"| q = {b['pruning_rate']} | {b['mean_ttft_s']:.3f} | {b['wall_s']:.2f} | "
-              f"{b['output_tokens_per_s']:.1f} | {b['vit_batch_requests_max']} | {b['decode_batch_max']} |")
+        print(
+            f"| q = {b['pruning_rate']} | {b['mean_ttft_s']:.3f} | {b['wall_s']:.2f} | "
+            f"{b['output_tokens_per_s']:.1f} | {b['vit_batch_requests_max']} | {b['decode_batch_max']} |"
+        )
     arrival = report["arrival_burst"]
-    print(f"\n| {arrival['users']} users at once, q = 0, admitted as read | mean TTFT s | pipelined ideal s | "
-          f"mean TTFT/ideal | wall s |\n|---|---|---|---|---|")
-    print(f"| as in serving | {arrival['mean_ttft_s']:.3f} | {arrival['pipelined_ideal_s']:.3f} | "
-          f"{arrival['ttft_over_ideal']:.2f} | {arrival['wall_s']:.2f} |")
-    print("\n| its users, by first token | TTFT s from the burst's start | read and processor s (waiting) | ViT s (users) | prefill s |"
-          "\n|---|---|---|---|---|")
+    print(
+        f"\n| {arrival['users']} users at once, q = 0, admitted as read | mean TTFT s | pipelined ideal s | "
+        f"mean TTFT/ideal | wall s |\n|---|---|---|---|---|"
+    )
+    print(
+        f"| as in serving | {arrival['mean_ttft_s']:.3f} | {arrival['pipelined_ideal_s']:.3f} | "
+        f"{arrival['ttft_over_ideal']:.2f} | {arrival['wall_s']:.2f} |"
+    )
+    print(
+        "\n| its users, by first token | TTFT s from the burst's start | read and processor s (waiting) "
+        "| ViT s (users) | prefill s |"
+        "\n|---|---|---|---|---|"
+    )
     for rank, u in enumerate(arrival["per_user"], 1):
-        print(f"| {rank} | {u['ttft_s']:.3f} | {u['read_video_s']:.3f} ({u['read_wait_s']:.3f}) | "
-              f"{u['vit_s']:.3f} ({u['vit_batch_requests']}) | {u['prefill_s']:.3f} |")
+        print(
+            f"| {rank} | {u['ttft_s']:.3f} | {u['read_video_s']:.3f} ({u['read_wait_s']:.3f}) | "
+            f"{u['vit_s']:.3f} ({u['vit_batch_requests']}) | {u['prefill_s']:.3f} |"
+        )
     print(f"\n## Live sessions\n\n{live_markdown(report['live'])}\n")
     print(targets_markdown(live_target_rows(report["live"])))
-    print(f"\npeak GPU memory: {report['peak_gpu_memory_gib']} GiB" if report["peak_gpu_memory_gib"] is not None
-          else "\npeak GPU memory: n/a (CPU)")
+    print(
+        f"\npeak GPU memory: {report['peak_gpu_memory_gib']} GiB"
+        if report["peak_gpu_memory_gib"] is not None
+        else "\npeak GPU memory: n/a (CPU)"
+    )
     plan = report["memory_plan"]
     if plan["free_bytes"] is not None:
-        print(f"memory plan: {plan['free_bytes'] / GIB:.1f} GiB free after loading, {plan['cache_summary']}, at most "
-              f"{plan['max_video_tokens']} video tokens per request, {plan['max_running']} decoding together")
+        print(
+            f"memory plan: {plan['free_bytes'] / GIB:.1f} GiB free after loading, {plan['cache_summary']}, at most "
+            f"{plan['max_video_tokens']} video tokens per request, {plan['max_running']} decoding together"
+        )
 
 
 def run(args: argparse.Namespace) -> tuple[dict, list[str]]:
     host = probe_host()
-    config = EngineConfig(model=args.model, device=args.device, feature_cache_bytes=0, prefix_cache_bytes=0,
-                          frame_cache_bytes=0, max_video_seconds=3600, max_live_sessions=64)
+    config = EngineConfig(
+        model=args.model,
+        device=args.device,
+        feature_cache_bytes=0,
+        prefix_cache_bytes=0,
+        frame_cache_bytes=0,
+        max_video_seconds=3600,
+        max_live_sessions=64,
+    )
     start = time.perf_counter()
     engine = Engine(config)
     load_s = time.perf_counter() - start
@@ -258,12 +356,17 @@ def run(args: argparse.Namespace) -> tuple[dict, list[str]]:
             if device.type == "cuda":
                 torch.cuda.empty_cache()
                 torch.cuda.reset_peak_memory_stats(device)
-            rows = ttft_by_rate(engine, clips[0], PRUNING_RATES, QUESTION,
-                                lambda q: params(q, work, args.new_tokens))
+            rows = ttft_by_rate(engine, clips[0], PRUNING_RATES, QUESTION, lambda q: params(q, work, args.new_tokens))
             short = make_short_clip(Path(folder), work)
-            reading = reading_rows(engine, {f"{work['short_seconds']:g}-s {work['short_size'][0]}x{work['short_size'][1]}": short,
-                                            f"{work['seconds']:g}-s {work['size'][0]}x{work['size'][1]}": clips[0]},
-                                   QUESTION, params(0.0, work, args.new_tokens))
+            reading = reading_rows(
+                engine,
+                {
+                    f"{work['short_seconds']:g}-s {work['short_size'][0]}x{work['short_size'][1]}": short,
+                    f"{work['seconds']:g}-s {work['size'][0]}x{work['size'][1]}": clips[0],
+                },
+                QUESTION,
+                params(0.0, work, args.new_tokens),
+            )
             bursts = []
             for q in BURST_RATES:
                 summary, answers = burst(engine, clips, q, work, args.new_tokens)
@@ -282,8 +385,13 @@ def run(args: argparse.Namespace) -> tuple[dict, list[str]]:
         "model": engine.model_info,
         "memory_plan": asdict(engine.memory_plan),
         "load_s": load_s,
-        "workload": {"clip_seconds": work["seconds"], "clip_fps": work["fps"], "clip_size": list(work["size"]),
-                     "frame_sampling": asdict(work["frame_sampling"]), "new_tokens": args.new_tokens},
+        "workload": {
+            "clip_seconds": work["seconds"],
+            "clip_fps": work["fps"],
+            "clip_size": list(work["size"]),
+            "frame_sampling": asdict(work["frame_sampling"]),
+            "new_tokens": args.new_tokens,
+        },
         "ttft_by_rate": rows,
         "reading": reading,
         "readers": engine.readers.size,

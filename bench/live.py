@@ -53,8 +53,14 @@ class LiveWork:
 
 def recording(folder: Path, seconds: float, size: tuple[int, int], name: str = "recording") -> Path:
     """A `seconds`-long 2 fps H.264 recording of a moving object (x264 ultrafast: input, not the subject)."""
-    return write_clip(folder / f"{name}.mp4", "moving_object", seconds=seconds, fps=int(LIVE_FPS), size=size,
-                      options={"preset": "ultrafast", "crf": "23", "threads": "0"})
+    return write_clip(
+        folder / f"{name}.mp4",
+        "moving_object",
+        seconds=seconds,
+        fps=int(LIVE_FPS),
+        size=size,
+        options={"preset": "ultrafast", "crf": "23", "threads": "0"},
+    )
 
 
 def frames_of(path: Path):
@@ -65,8 +71,9 @@ def frames_of(path: Path):
 
 
 def _params(q: float, work: LiveWork) -> GenerationParams:
-    return GenerationParams(pruning_rate=q, max_new_tokens=work.new_tokens, ignore_eos=True,
-                            frame_sampling=work.sampling)
+    return GenerationParams(
+        pruning_rate=q, max_new_tokens=work.new_tokens, ignore_eos=True, frame_sampling=work.sampling
+    )
 
 
 def ttft_into_stream(engine: Engine, folder: Path, work: LiveWork, question: str, q: float = 0.7) -> dict:
@@ -81,15 +88,25 @@ def ttft_into_stream(engine: Engine, folder: Path, work: LiveWork, question: str
             assert live.wait(600), "a live group did not reach the session's state"
             if waiting and time_s + 1 / LIVE_FPS >= waiting[0] - 1e-6:  # the frame that ends this second is in
                 answers = [live.ask(question).result() for _ in range(work.repeats)]
-                moments.append({"seconds": waiting.pop(0),
-                                 "ttft_s": statistics.median(a.stats["ttft_s"] for a in answers),
-                                 "video_tokens_held": live.stats()["video_tokens_held"]})
-    upload = [engine.submit(path, question, GenerationParams(pruning_rate=q, max_new_tokens=work.new_tokens,
-                                                             ignore_eos=True)).result()
-              for _ in range(work.repeats)]
-    return {"pruning_rate": q, "moments": moments,
-            "upload_ttft_s": statistics.median(a.stats["ttft_s"] for a in upload),
-            "upload_video_tokens": upload[0].stats["video_tokens_total"]}
+                moments.append(
+                    {
+                        "seconds": waiting.pop(0),
+                        "ttft_s": statistics.median(a.stats["ttft_s"] for a in answers),
+                        "video_tokens_held": live.stats()["video_tokens_held"],
+                    }
+                )
+    upload = [
+        engine.submit(
+            path, question, GenerationParams(pruning_rate=q, max_new_tokens=work.new_tokens, ignore_eos=True)
+        ).result()
+        for _ in range(work.repeats)
+    ]
+    return {
+        "pruning_rate": q,
+        "moments": moments,
+        "upload_ttft_s": statistics.median(a.stats["ttft_s"] for a in upload),
+        "upload_video_tokens": upload[0].stats["video_tokens_total"],
+    }
 
 
 def _session_frames(folder: Path, work: LiveWork) -> list[list[tuple[np.ndarray, float]]]:
@@ -97,12 +114,15 @@ def _session_frames(folder: Path, work: LiveWork) -> list[list[tuple[np.ndarray,
     show the same frame at once, with capture times from 0 (the frames are shared, not copied)."""
     frames = list(frames_of(recording(folder, work.session_s + work.max_sessions, work.size, name="sessions")))
     count = int(work.session_s * LIVE_FPS)
-    return [[(frame, index / LIVE_FPS) for index, (frame, _) in enumerate(frames[first : first + count])]
-            for first in range(work.max_sessions)]
+    return [
+        [(frame, index / LIVE_FPS) for index, (frame, _) in enumerate(frames[first : first + count])]
+        for first in range(work.max_sessions)
+    ]
 
 
-def _kept_in_real_time(engine: Engine, frames: list[list[tuple[np.ndarray, float]]], q: float,
-                       work: LiveWork) -> tuple[bool, list[dict]]:
+def _kept_in_real_time(
+    engine: Engine, frames: list[list[tuple[np.ndarray, float]]], q: float, work: LiveWork
+) -> tuple[bool, list[dict]]:
     """Play len(frames) sessions at once, each at its frames' capture pace; whether every one kept up, and
     their stats."""
     sessions = [engine.open_live(_params(q, work)) for _ in frames]
@@ -123,8 +143,10 @@ def _kept_in_real_time(engine: Engine, frames: list[list[tuple[np.ndarray, float
     stats = [live.stats() for live in sessions]
     for live in sessions:
         live.close()
-    kept = all(s["frames_dropped"] == 0 and s["lag_s"]["p95"] is not None and s["lag_s"]["p95"] < REAL_TIME_LAG_S
-               for s in stats)
+    kept = all(
+        s["frames_dropped"] == 0 and s["lag_s"]["p95"] is not None and s["lag_s"]["p95"] < REAL_TIME_LAG_S
+        for s in stats
+    )
     return kept, stats
 
 
@@ -142,8 +164,9 @@ def sessions_in_real_time(engine: Engine, folder: Path, work: LiveWork) -> list[
             else:
                 high = n
             n = min(2 * low, high - 1) if high > work.max_sessions else (low + high) // 2
-        rows.append({"pruning_rate": q, "sessions": low, "p95_lag_s": kept_lags.get(low),
-                     "tried_up_to": work.max_sessions})
+        rows.append(
+            {"pruning_rate": q, "sessions": low, "p95_lag_s": kept_lags.get(low), "tried_up_to": work.max_sessions}
+        )
     return rows
 
 
@@ -152,30 +175,49 @@ def live_rows(ttft: dict, sessions: list[dict]) -> dict:
     sessions kept at q = 0.7 over q = 0."""
     first, last = ttft["moments"][0], ttft["moments"][-1]
     at = {row["pruning_rate"]: row["sessions"] for row in sessions}
-    return {"ttft_last_over_first": last["ttft_s"] / first["ttft_s"],
-            "live_over_upload": last["ttft_s"] / ttft["upload_ttft_s"],
-            "sessions_pruned_over_q0": at[0.7] / at[0.0] if at[0.0] else None}
+    return {
+        "ttft_last_over_first": last["ttft_s"] / first["ttft_s"],
+        "live_over_upload": last["ttft_s"] / ttft["upload_ttft_s"],
+        "sessions_pruned_over_q0": at[0.7] / at[0.0] if at[0.0] else None,
+    }
 
 
 def markdown(live: dict) -> str:
     ttft, sessions = live["ttft"], live["sessions"]
     rows = [[f"live, {m['seconds']:g} s in", cell(m["ttft_s"]), m["video_tokens_held"]] for m in ttft["moments"]]
-    rows.append([f"upload of the {ttft['moments'][-1]['seconds']:g} s recording", cell(ttft["upload_ttft_s"]),
-                 ttft["upload_video_tokens"]])
+    rows.append(
+        [
+            f"upload of the {ttft['moments'][-1]['seconds']:g} s recording",
+            cell(ttft["upload_ttft_s"]),
+            ttft["upload_video_tokens"],
+        ]
+    )
     ratios = live["ratios"]
-    return (table([f"question at q = {ttft['pruning_rate']}", "TTFT s", "video tokens (held / upload's)"], rows)
-            + "\n\n" + table(["q", f"sessions kept in real time ({LIVE_FPS:g} fps, p95 lag < {REAL_TIME_LAG_S:g} s)",
-                              "worst p95 lag s", "tried up to"],
-                             [[row["pruning_rate"], row["sessions"], cell(row["p95_lag_s"]), row["tried_up_to"]]
-                              for row in sessions])
-            + f"\n\nTTFT {ttft['moments'][-1]['seconds']:g} s in / {ttft['moments'][0]['seconds']:g} s in: "
-              f"{cell(ratios['ttft_last_over_first'], 2)}; live / upload: {cell(ratios['live_over_upload'], 3)}; "
-              f"sessions at q = 0.7 / q = 0: {cell(ratios['sessions_pruned_over_q0'], 2)}")
+    return (
+        table([f"question at q = {ttft['pruning_rate']}", "TTFT s", "video tokens (held / upload's)"], rows)
+        + "\n\n"
+        + table(
+            [
+                "q",
+                f"sessions kept in real time ({LIVE_FPS:g} fps, p95 lag < {REAL_TIME_LAG_S:g} s)",
+                "worst p95 lag s",
+                "tried up to",
+            ],
+            [[row["pruning_rate"], row["sessions"], cell(row["p95_lag_s"]), row["tried_up_to"]] for row in sessions],
+        )
+        + f"\n\nTTFT {ttft['moments'][-1]['seconds']:g} s in / {ttft['moments'][0]['seconds']:g} s in: "
+        f"{cell(ratios['ttft_last_over_first'], 2)}; live / upload: {cell(ratios['live_over_upload'], 3)}; "
+        f"sessions at q = 0.7 / q = 0: {cell(ratios['sessions_pruned_over_q0'], 2)}"
+    )
 
 
 def live_scenario(engine: Engine, folder: Path, work: LiveWork, question: str) -> dict:
     """Both figures on one engine (its max_live_sessions at least work.max_sessions)."""
     ttft = ttft_into_stream(engine, folder, work, question)
     sessions = sessions_in_real_time(engine, folder, work)
-    return {"work": {**work.__dict__, "fps": LIVE_FPS}, "ttft": ttft, "sessions": sessions,
-            "ratios": live_rows(ttft, sessions)}
+    return {
+        "work": {**work.__dict__, "fps": LIVE_FPS},
+        "ttft": ttft,
+        "sessions": sessions,
+        "ratios": live_rows(ttft, sessions),
+    }

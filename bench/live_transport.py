@@ -52,7 +52,7 @@ WARM_UP_S = 2.0  # frames in the first seconds of a run are not counted: the pag
 # asked for the camera.
 STAMP_SCRIPT = """
 (() => {
-  const BITS = %(bits)d, BLOCK = %(block)d;
+  const BITS = STAMP_BITS, BLOCK = STAMP_BLOCK_PX;
   const devices = navigator.mediaDevices;
   const askCamera = devices.getUserMedia.bind(devices);
   devices.getUserMedia = async (constraints) => {
@@ -76,7 +76,7 @@ STAMP_SCRIPT = """
     return canvas.captureStream();
   };
 })();
-""" % {"bits": STAMP_BITS, "block": STAMP_BLOCK_PX}
+""".replace("STAMP_BITS", str(STAMP_BITS)).replace("STAMP_BLOCK_PX", str(STAMP_BLOCK_PX))
 # The WebRTC page: the camera's track offered to fastrtc's route, with the data channel fastrtc waits for.
 WEBRTC_PAGE = """<!doctype html><title>webrtc</title><button id="start">start</button><script>
 document.getElementById("start").onclick = async () => {
@@ -102,7 +102,7 @@ def read_stamp(frame: np.ndarray) -> int | None:
     value = 0
     for bit in range(STAMP_BITS):
         left = bit * STAMP_BLOCK_PX
-        level = float(frame[half:STAMP_BLOCK_PX - half, left + half:left + STAMP_BLOCK_PX - half].mean())
+        level = float(frame[half : STAMP_BLOCK_PX - half, left + half : left + STAMP_BLOCK_PX - half].mean())
         if 64 < level < 192:
             return None
         value = value << 1 | (level >= 128)
@@ -137,10 +137,14 @@ class Arrivals:
         counted = [(at, lag) for at, lag in seen if at >= start]
         lags = sorted(lag for _, lag in counted if lag is not None)
         span = counted[-1][0] - counted[0][0] if len(counted) > 1 else 0.0
-        return {"frames": len(counted), "fps": (len(counted) - 1) / span if span > 0 else None,
-                "lag_p50_ms": statistics.median(lags) if lags else None,
-                "lag_p95_ms": lags[int(0.95 * (len(lags) - 1))] if lags else None,
-                "lag_max_ms": lags[-1] if lags else None, "unreadable": sum(lag is None for _, lag in counted)}
+        return {
+            "frames": len(counted),
+            "fps": (len(counted) - 1) / span if span > 0 else None,
+            "lag_p50_ms": statistics.median(lags) if lags else None,
+            "lag_p95_ms": lags[int(0.95 * (len(lags) - 1))] if lags else None,
+            "lag_max_ms": lags[-1] if lags else None,
+            "unreadable": sum(lag is None for _, lag in counted),
+        }
 
 
 def fake_camera(folder: Path) -> Path:
@@ -148,15 +152,34 @@ def fake_camera(folder: Path) -> Path:
     clip = write_shape_clip(folder / "shapes.mp4", held_out_seeds(0, 1)[0])
     camera = folder / "camera.y4m"
     width, height = CAMERA_SIZE
-    subprocess.run(["ffmpeg", "-loglevel", "error", "-y", "-i", str(clip), "-vf",
-                    f"scale={height}:{height}:flags=neighbor,pad={width}:{height}:(ow-iw)/2:0:0x464646,"
-                    f"fps={CAMERA_FPS}", "-pix_fmt", "yuv420p", str(camera)], check=True)
+    subprocess.run(
+        [
+            "ffmpeg",
+            "-loglevel",
+            "error",
+            "-y",
+            "-i",
+            str(clip),
+            "-vf",
+            f"scale={height}:{height}:flags=neighbor,pad={width}:{height}:(ow-iw)/2:0:0x464646,fps={CAMERA_FPS}",
+            "-pix_fmt",
+            "yuv420p",
+            str(camera),
+        ],
+        check=True,
+    )
     return camera
 
 
 def chromium_args(camera: Path) -> list[str]:
-    return ["--headless", "--no-sandbox", "--disable-gpu", "--use-fake-device-for-media-stream",
-            "--use-fake-ui-for-media-stream", f"--use-file-for-fake-video-capture={camera}"]
+    return [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--use-fake-device-for-media-stream",
+        "--use-fake-ui-for-media-stream",
+        f"--use-file-for-fake-video-capture={camera}",
+    ]
 
 
 def free_port() -> int:
@@ -250,7 +273,9 @@ def measure(seconds: float, every: list[float], folder: Path) -> list[tuple[str,
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=chromium_args(camera))
         try:
             for every_s in every:
-                rows.append((f"Gradio streaming image, stream_every={every_s:g} s", run_gradio(browser, every_s, seconds)))
+                rows.append(
+                    (f"Gradio streaming image, stream_every={every_s:g} s", run_gradio(browser, every_s, seconds))
+                )
             rows.append(("WebRTC (fastrtc Stream, VP8)", run_webrtc(browser, seconds)))
         finally:
             browser.close()
@@ -263,10 +288,20 @@ def report(rows: list[tuple[str, dict | str]]) -> str:
         if isinstance(found, str):
             lines.append([name, found, "", "", "", "", ""])
             continue
-        lines.append([name, found["frames"], cell(found.get("fps"), 1), cell(found.get("lag_p50_ms"), 0),
-                      cell(found.get("lag_p95_ms"), 0), cell(found.get("lag_max_ms"), 0), found.get("unreadable", 0)])
-    return table(["transport", "frames", "frames/s", "lag p50 (ms)", "lag p95 (ms)", "lag max (ms)", "unreadable"],
-                 lines)
+        lines.append(
+            [
+                name,
+                found["frames"],
+                cell(found.get("fps"), 1),
+                cell(found.get("lag_p50_ms"), 0),
+                cell(found.get("lag_p95_ms"), 0),
+                cell(found.get("lag_max_ms"), 0),
+                found.get("unreadable", 0),
+            ]
+        )
+    return table(
+        ["transport", "frames", "frames/s", "lag p50 (ms)", "lag p95 (ms)", "lag max (ms)", "unreadable"], lines
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

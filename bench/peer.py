@@ -38,13 +38,19 @@ class FirstTokenStreamer(TextIteratorStreamer):
         super().put(value)
 
 
-def answer(engine: Engine, clip: Path, sampling: FrameSampling, new_tokens: int,
-           timeout_s: float = 600.0) -> tuple[str, FirstTokenStreamer]:
+def answer(
+    engine: Engine, clip: Path, sampling: FrameSampling, new_tokens: int, timeout_s: float = 600.0
+) -> tuple[str, FirstTokenStreamer]:
     """One request the stock way; returns the streamed text and the streamer (first-token time, tokens)."""
     loaded, config = engine.loaded, engine.config
-    video = read_video(clip, sampling, max_seconds=config.max_video_seconds, max_bytes=config.max_file_bytes,
-                       timeout_s=config.read_timeout_s,
-                       temporal_patch=engine.family.temporal_patch)
+    video = read_video(
+        clip,
+        sampling,
+        max_seconds=config.max_video_seconds,
+        max_bytes=config.max_file_bytes,
+        timeout_s=config.read_timeout_s,
+        temporal_patch=engine.family.temporal_patch,
+    )
     text = chat_text(engine.family, engine.system_prompt, QUESTION, [])
     inputs = processor_inputs(loaded, video, text, sampling.max_pixels_per_frame).to(loaded.device)
     streamer = FirstTokenStreamer(loaded.processor.tokenizer, timeout_s)
@@ -52,8 +58,9 @@ def answer(engine: Engine, clip: Path, sampling: FrameSampling, new_tokens: int,
 
     def generate() -> None:
         try:
-            loaded.model.generate(**inputs, streamer=streamer, max_new_tokens=new_tokens,
-                                  min_new_tokens=new_tokens, do_sample=False)
+            loaded.model.generate(
+                **inputs, streamer=streamer, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False
+            )
         except BaseException as error:  # reraised below, on the caller's thread
             failures.append(error)
             streamer.end()
@@ -75,6 +82,12 @@ def serve_one_by_one(engine: Engine, clips: list[Path], sampling: FrameSampling,
     for clip in clips:
         _, streamer = answer(engine, clip, sampling, new_tokens)
         done = time.perf_counter()
-        users.append(UserTiming(ttft_s=streamer.first_token_at - start, done_s=done - start,
-                                decode_s=done - streamer.first_token_at, generated_tokens=streamer.generated_tokens))
+        users.append(
+            UserTiming(
+                ttft_s=streamer.first_token_at - start,
+                done_s=done - start,
+                decode_s=done - streamer.first_token_at,
+                generated_tokens=streamer.generated_tokens,
+            )
+        )
     return BurstRun(users, time.perf_counter() - start)

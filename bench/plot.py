@@ -33,8 +33,9 @@ def nice_ticks(top: float, most: int = 6) -> list[float]:
 class Panel:
     """One chart in pixel box (left, top, right, bottom) with data ranges x_range and 0..y ticks."""
 
-    def __init__(self, image: Image.Image, box: tuple[int, int, int, int], x_range: tuple[float, float],
-                 y_ticks: list[float]):
+    def __init__(
+        self, image: Image.Image, box: tuple[int, int, int, int], x_range: tuple[float, float], y_ticks: list[float]
+    ):
         self.image, self.draw = image, ImageDraw.Draw(image)
         self.box, self.x_range, self.y_ticks = box, x_range, y_ticks
 
@@ -74,8 +75,11 @@ class Panel:
             length = math.hypot(x1 - x0, y1 - y0)
             for start in range(0, int(length), 12):
                 a, b = start / length, min(start + 7, length) / length
-                self.draw.line([(x0 + a * (x1 - x0), y0 + a * (y1 - y0)), (x0 + b * (x1 - x0), y0 + b * (y1 - y0))],
-                               fill=colour, width=3)
+                self.draw.line(
+                    [(x0 + a * (x1 - x0), y0 + a * (y1 - y0)), (x0 + b * (x1 - x0), y0 + b * (y1 - y0))],
+                    fill=colour,
+                    width=3,
+                )
         for x, y in pixels:
             self.draw.ellipse([x - 4, y - 4, x + 4, y + 4], fill=colour)
 
@@ -90,9 +94,10 @@ class Panel:
             if kind == "box":
                 self.draw.rectangle([x, y - 6, x + 22, y + 6], fill=colour)
             else:
-                for start in ((0, 8, 16) if kind == "dashed" else (0,)):
-                    self.draw.line([(x + start, y), (x + (start + 6 if kind == "dashed" else 22), y)], fill=colour,
-                                   width=3)
+                for start in (0, 8, 16) if kind == "dashed" else (0,):
+                    self.draw.line(
+                        [(x + start, y), (x + (start + 6 if kind == "dashed" else 22), y)], fill=colour, width=3
+                    )
             self.draw.text((x + 30, y), label, fill=INK, font=font(13), anchor="lm")
 
 
@@ -100,8 +105,7 @@ def ttft_panel(image: Image.Image, box, rows: list[dict], model: str) -> None:
     rates = [row["pruning_rate"] for row in rows]
     top = max(max(row["ttft_s"], row["ideal_ttft_s"]) for row in rows) * 1.45  # room for the legend
     panel = Panel(image, box, (min(rates) - 0.08, max(rates) + 0.08), nice_ticks(top))
-    panel.frame(f"TTFT vs q, one request alone ({model})", [(q, f"{q:g}") for q in rates], "pruning rate q",
-                "seconds")
+    panel.frame(f"TTFT vs q, one request alone ({model})", [(q, f"{q:g}") for q in rates], "pruning rate q", "seconds")
     gaps = [panel.x(b) - panel.x(a) for a, b in zip(rates, rates[1:])]
     half = 0.3 * min(gaps) if gaps else 20
     for row in rows:
@@ -111,8 +115,10 @@ def ttft_panel(image: Image.Image, box, rows: list[dict], model: str) -> None:
             low += row[stage]
     panel.line([(row["pruning_rate"], row["ideal_ttft_s"]) for row in rows], GREY, dashed=True)
     panel.line([(row["pruning_rate"], row["ttft_s"]) for row in rows], INK)
-    panel.legend([("TTFT measured", INK, "line"), ("ideal: prefill scales with kept tokens", GREY, "dashed")]
-                 + [(STAGE_NAMES[stage], colour, "box") for stage, colour in STAGE_COLOURS.items()])
+    panel.legend(
+        [("TTFT measured", INK, "line"), ("ideal: prefill scales with kept tokens", GREY, "dashed")]
+        + [(STAGE_NAMES[stage], colour, "box") for stage, colour in STAGE_COLOURS.items()]
+    )
 
 
 def users_panel(image: Image.Image, box, rows: list[dict]) -> None:
@@ -141,8 +147,9 @@ def write_plot(report: dict, path: Path) -> Path:
     draw = ImageDraw.Draw(image)
     ttft_panel(image, (90, 60, 660, 480), report["ttft_by_rate"], report["environment"]["model"]["name"])
     users_panel(image, (790, 60, 1360, 480), report["users"])
-    draw.text((WIDTH / 2, HEIGHT - 14), f"{report['command']}, {report['started_at']}",
-              fill=GREY, font=font(12), anchor="mb")
+    draw.text(
+        (WIDTH / 2, HEIGHT - 14), f"{report['command']}, {report['started_at']}", fill=GREY, font=font(12), anchor="mb"
+    )
     image.save(path)
     return path
 

@@ -53,8 +53,9 @@ def _fastest_s(work, repeats: int, device: torch.device) -> float:
     return min(times)
 
 
-def pruning_times(engine: Engine, clip: Path, sampling: FrameSampling, q: float, repeats: int,
-                  vit_repeats: int = 3) -> dict:
+def pruning_times(
+    engine: Engine, clip: Path, sampling: FrameSampling, q: float, repeats: int, vit_repeats: int = 3
+) -> dict:
     """{"grid_thw", "feature_dim", "vit_forward_s", "methods": {method: {"kept", "mask_s", "prune_s", "share"}}}
     for one clip at rate q: share = prune_s / vit_forward_s."""
     prompt = prepared_prompts(engine, [clip], sampling, QUESTION)[0]
@@ -67,22 +68,31 @@ def pruning_times(engine: Engine, clip: Path, sampling: FrameSampling, q: float,
         methods = {}
         for method in pruning.PRUNING_METHODS:
             mask = pruning.retention_mask(embeds, grid_thw, q, method)
-            mask_s = _fastest_s(lambda: pruning.retention_mask(embeds, grid_thw, q, method), repeats, device)
-            prune_s = _fastest_s(lambda: prune_prompt(prompt, features, q, method), repeats, device)
-            methods[method] = {"kept": int(mask.sum()), "mask_s": mask_s, "prune_s": prune_s,
-                               "share": prune_s / vit_s}
-    return {"grid_thw": list(grid_thw), "feature_dim": int(embeds.shape[-1]),
-            "dtype": str(embeds.dtype).removeprefix("torch."), "vit_forward_s": vit_s, "methods": methods}
+            mask_s = _fastest_s(lambda m=method: pruning.retention_mask(embeds, grid_thw, q, m), repeats, device)
+            prune_s = _fastest_s(lambda m=method: prune_prompt(prompt, features, q, m), repeats, device)
+            methods[method] = {"kept": int(mask.sum()), "mask_s": mask_s, "prune_s": prune_s, "share": prune_s / vit_s}
+    return {
+        "grid_thw": list(grid_thw),
+        "feature_dim": int(embeds.shape[-1]),
+        "dtype": str(embeds.dtype).removeprefix("torch."),
+        "vit_forward_s": vit_s,
+        "methods": methods,
+    }
 
 
 def markdown(result: dict, q: float) -> str:
     T, h, w = result["grid_thw"]
-    lines = [f"{T} groups of {h}×{w} tokens ({T * h * w:,} video tokens, {result['feature_dim']} wide, "
-             f"{result['dtype']}), q = {q:g}; one vision forward: {result['vit_forward_s'] * 1000:.1f} ms\n",
-             "| method | kept | mask ms | pruning step ms | share of the vision forward |", "|---|---|---|---|---|"]
+    lines = [
+        f"{T} groups of {h}×{w} tokens ({T * h * w:,} video tokens, {result['feature_dim']} wide, "
+        f"{result['dtype']}), q = {q:g}; one vision forward: {result['vit_forward_s'] * 1000:.1f} ms\n",
+        "| method | kept | mask ms | pruning step ms | share of the vision forward |",
+        "|---|---|---|---|---|",
+    ]
     for method, row in result["methods"].items():
-        lines.append(f"| {method} | {row['kept']:,} | {row['mask_s'] * 1000:.2f} | {row['prune_s'] * 1000:.2f} | "
-                     f"{100 * row['share']:.2f} % |")
+        lines.append(
+            f"| {method} | {row['kept']:,} | {row['mask_s'] * 1000:.2f} | {row['prune_s'] * 1000:.2f} | "
+            f"{100 * row['share']:.2f} % |"
+        )
     over = [method for method, row in result["methods"].items() if row["share"] >= TARGET_SHARE]
     lines.append(f"\nover the {100 * TARGET_SHARE:g} % target: {', '.join(over) or 'none'}")
     return "\n".join(lines)
@@ -90,17 +100,28 @@ def markdown(result: dict, q: float) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python bench/pruning_time.py", description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="random:Qwen/Qwen3.5-0.8B",
-                        help="random:<checkpoint> (no download), a checkpoint, or a tiny model")
+    parser.add_argument(
+        "--model",
+        default="random:Qwen/Qwen3.5-0.8B",
+        help="random:<checkpoint> (no download), a checkpoint, or a tiny model",
+    )
     parser.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
     parser.add_argument("--q", type=float, default=0.7, help="the pruning rate (default 0.7)")
     parser.add_argument("--repeats", type=int, default=20, help="timed calls per method (default 20)")
     parser.add_argument("--json", action="store_true", help="also print the result as one JSON line, last")
     args = parser.parse_args(argv)
-    with Engine(EngineConfig(model=args.model, device=args.device, video_readers=1)) as engine, \
-            tempfile.TemporaryDirectory() as folder:
-        clip = write_clip(Path(folder) / "clip.mp4", "moving_object", seconds=120.0, fps=24, size=(1280, 720),
-                          options={"preset": "ultrafast", "crf": "23", "threads": "0"})
+    with (
+        Engine(EngineConfig(model=args.model, device=args.device, video_readers=1)) as engine,
+        tempfile.TemporaryDirectory() as folder,
+    ):
+        clip = write_clip(
+            Path(folder) / "clip.mp4",
+            "moving_object",
+            seconds=120.0,
+            fps=24,
+            size=(1280, 720),
+            options={"preset": "ultrafast", "crf": "23", "threads": "0"},
+        )
         result = pruning_times(engine, clip, engine.default_frame_sampling, args.q, args.repeats)
         print(f"{engine.model_info['name']} on {engine.loaded.model.device}\n")
     print(markdown(result, args.q))

@@ -14,24 +14,46 @@ from engine import Engine, GenerationParams
 from .markdown import cell, table
 
 
-def reading_rows(engine: Engine, videos: dict[str, Path], question: str, params: GenerationParams,
-                 repeats: int = 1) -> list[dict]:
+def reading_rows(
+    engine: Engine, videos: dict[str, Path], question: str, params: GenerationParams, repeats: int = 1
+) -> list[dict]:
     """One row per video (name -> file): the median-TTFT request of `repeats`, one request at a time,
     seconds waiting for a reader, reading, and the rest of its TTFT."""
     rows = []
     for name, path in videos.items():
-        runs = sorted((engine.submit(path, question, params).result().stats for _ in range(repeats)),
-                      key=lambda stats: stats["ttft_s"])
+        runs = sorted(
+            (engine.submit(path, question, params).result().stats for _ in range(repeats)),
+            key=lambda stats: stats["ttft_s"],
+        )
         stats = runs[(len(runs) - 1) // 2]
         read = stats["read_wait_s"] + stats["read_s"]
-        rows.append({"video": name, "frames_sampled": stats["frames_sampled"], "read_wait_s": stats["read_wait_s"],
-                     "read_s": stats["read_s"], "rest_s": stats["ttft_s"] - read, "ttft_s": stats["ttft_s"],
-                     "read_share": read / stats["ttft_s"]})
+        rows.append(
+            {
+                "video": name,
+                "frames_sampled": stats["frames_sampled"],
+                "read_wait_s": stats["read_wait_s"],
+                "read_s": stats["read_s"],
+                "rest_s": stats["ttft_s"] - read,
+                "ttft_s": stats["ttft_s"],
+                "read_share": read / stats["ttft_s"],
+            }
+        )
     return rows
 
 
 def markdown(rows: list[dict]) -> str:
-    body = [[row["video"], row["frames_sampled"], cell(row["read_wait_s"], 4), cell(row["read_s"]), cell(row["rest_s"]),
-             cell(row["ttft_s"]), f"{100 * row['read_share']:.0f} %"] for row in rows]
-    return table(["video", "frames", "waiting for a reader s", "reading s", "rest of TTFT s", "TTFT s",
-                  "reading's share"], body)
+    body = [
+        [
+            row["video"],
+            row["frames_sampled"],
+            cell(row["read_wait_s"], 4),
+            cell(row["read_s"]),
+            cell(row["rest_s"]),
+            cell(row["ttft_s"]),
+            f"{100 * row['read_share']:.0f} %",
+        ]
+        for row in rows
+    ]
+    return table(
+        ["video", "frames", "waiting for a reader s", "reading s", "rest of TTFT s", "TTFT s", "reading's share"], body
+    )

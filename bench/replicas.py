@@ -49,8 +49,8 @@ def replicas_scenario(quick: bool, device: str = "cpu") -> dict:
         # Byte-distinct clips, none seen twice by a setup: per round one user alone and 8 users; then
         # spares for warming up each replica.
         clips = make_clips(Path(folder), ROUNDS * (USERS + 1) + 8)
-        rounds = [(clips[r * (USERS + 1)], clips[r * (USERS + 1) + 1:(r + 1) * (USERS + 1)]) for r in range(ROUNDS)]
-        spares = clips[ROUNDS * (USERS + 1):]
+        rounds = [(clips[r * (USERS + 1)], clips[r * (USERS + 1) + 1 : (r + 1) * (USERS + 1)]) for r in range(ROUNDS)]
+        spares = clips[ROUNDS * (USERS + 1) :]
         rows = []
         with Engine(config) as engine:
             engine.submit(spares[0], QUESTION, params(PRUNING_RATE, work.new_tokens)).result()
@@ -59,8 +59,9 @@ def replicas_scenario(quick: bool, device: str = "cpu") -> dict:
         for count in (1, 2):
             with ReplicatedEngine(config, replicas=count, quiet=True) as replicated:
                 _warm_up(replicated, spares, work.new_tokens)
-                row, firsts = _setup_row(f"{count} replica{'s' if count > 1 else ''}", count, replicated, rounds,
-                                         work.new_tokens)
+                row, firsts = _setup_row(
+                    f"{count} replica{'s' if count > 1 else ''}", count, replicated, rounds, work.new_tokens
+                )
                 rows.append(row)
                 if count == 2:
                     affinity = _follow_ups(replicated, [users for _, users in rounds], firsts, work.new_tokens)
@@ -77,10 +78,12 @@ def replicas_scenario(quick: bool, device: str = "cpu") -> dict:
         # Above 1 when 2 replicas serve the 8 users faster than 1 does (medians of the rounds).
         "throughput_ratio_2_over_1": two["answers_per_s"] / one["answers_per_s"],
         "affinity": affinity,
-        "note": ("On a CPU, 2 replicas split the cores that 1 replica had: they gain only where one engine "
-                 "leaves cores idle (a tiny model, bound by its one Python worker thread) and lose to Ray's "
-                 "overhead and contention where its forwards already use every core. Read a CPU ratio as a "
-                 "check of the code path; on GPUs each replica has a device of its own."),
+        "note": (
+            "On a CPU, 2 replicas split the cores that 1 replica had: they gain only where one engine "
+            "leaves cores idle (a tiny model, bound by its one Python worker thread) and lose to Ray's "
+            "overhead and contention where its forwards already use every core. Read a CPU ratio as a "
+            "check of the code path; on GPUs each replica has a device of its own."
+        ),
     }
 
 
@@ -110,14 +113,16 @@ def _setup_row(setup: str, replicas: int, engine, rounds: list, new_tokens: int)
         for answer in burst:
             if (replica := answer.stats.get("replica")) is not None:
                 served[replica] = served.get(replica, 0) + 1
-        measured.append({
-            "one_user_ttft_s": alone.stats["ttft_s"],
-            "wall_s": wall_s,
-            "answers_per_s": len(burst) / wall_s,
-            "tokens_per_s": sum(a.stats["generated_tokens"] for a in burst) / wall_s,
-            "mean_ttft_s": sum(a.stats["ttft_s"] for a in burst) / len(burst),
-            "users_per_replica": sorted(served.values(), reverse=True),
-        })
+        measured.append(
+            {
+                "one_user_ttft_s": alone.stats["ttft_s"],
+                "wall_s": wall_s,
+                "answers_per_s": len(burst) / wall_s,
+                "tokens_per_s": sum(a.stats["generated_tokens"] for a in burst) / wall_s,
+                "mean_ttft_s": sum(a.stats["ttft_s"] for a in burst) / len(burst),
+                "users_per_replica": sorted(served.values(), reverse=True),
+            }
+        )
         answers += burst
     row = {"setup": setup, "replicas": replicas}
     for key in ("one_user_ttft_s", "wall_s", "answers_per_s", "tokens_per_s", "mean_ttft_s"):
@@ -132,10 +137,13 @@ def _follow_ups(replicated, rounds: list[list[Path]], firsts: list, new_tokens: 
     against the replica of their first answer. firsts: every round's first answers, in order."""
     firsts, pairs = list(firsts), []
     for users in rounds:
-        answers, firsts = firsts[:len(users)], firsts[len(users):]
-        streams = [replicated.submit(clip, FOLLOW_UP_QUESTION, params(PRUNING_RATE, new_tokens),
-                                     history=[(QUESTION, first.text)])
-                   for clip, first in zip(users, answers)]
+        answers, firsts = firsts[: len(users)], firsts[len(users) :]
+        streams = [
+            replicated.submit(
+                clip, FOLLOW_UP_QUESTION, params(PRUNING_RATE, new_tokens), history=[(QUESTION, first.text)]
+            )
+            for clip, first in zip(users, answers)
+        ]
         pairs += zip(answers, [stream.result() for stream in streams])
     same = sum(follow.stats["replica"] == first.stats["replica"] for first, follow in pairs)
     return {
@@ -148,22 +156,46 @@ def _follow_ups(replicated, rounds: list[list[Path]], firsts: list, new_tokens: 
 
 
 def markdown(result: dict) -> str:
-    body = [[row["setup"], cell(row["one_user_ttft_s"], 2), cell(row["wall_s"], 2), cell(row["answers_per_s"], 2),
-             cell(row["tokens_per_s"], 1), cell(row["mean_ttft_s"], 2),
-             ", ".join("/".join(map(str, split)) for split in row["users_per_replica"] if split) or "—"]
-            for row in result["throughput"]]
-    lines = [f"{result['users']} users on {result['users']} videos, {result['model']} on {result['device']} "
-             f"({result['cpu_cores']} cores), {result['new_tokens']} new tokens, q = {result['pruning_rate']}; "
-             f"medians of {result['rounds']} rounds",
-             "", table(["setup", "one user's TTFT s", "8 users: wall s", "answers/s", "tokens/s", "mean TTFT s",
-                        "users per replica, each round"], body), "",
-             f"throughput, 2 replicas / 1 replica: {result['throughput_ratio_2_over_1']:.2f}"]
+    body = [
+        [
+            row["setup"],
+            cell(row["one_user_ttft_s"], 2),
+            cell(row["wall_s"], 2),
+            cell(row["answers_per_s"], 2),
+            cell(row["tokens_per_s"], 1),
+            cell(row["mean_ttft_s"], 2),
+            ", ".join("/".join(map(str, split)) for split in row["users_per_replica"] if split) or "—",
+        ]
+        for row in result["throughput"]
+    ]
+    lines = [
+        f"{result['users']} users on {result['users']} videos, {result['model']} on {result['device']} "
+        f"({result['cpu_cores']} cores), {result['new_tokens']} new tokens, q = {result['pruning_rate']}; "
+        f"medians of {result['rounds']} rounds",
+        "",
+        table(
+            [
+                "setup",
+                "one user's TTFT s",
+                "8 users: wall s",
+                "answers/s",
+                "tokens/s",
+                "mean TTFT s",
+                "users per replica, each round",
+            ],
+            body,
+        ),
+        "",
+        f"throughput, 2 replicas / 1 replica: {result['throughput_ratio_2_over_1']:.2f}",
+    ]
     affinity = result["affinity"]
     if affinity:
         count = affinity["follow_ups"]
-        lines.append(f"follow-ups on the first answer's replica: {affinity['same_replica']}/{count} (hit rate "
-                     f"{affinity['hit_rate']:.2f}; random routing {affinity['random_routing_hit_rate']:.2f}), "
-                     f"prefix-cache hits {affinity['prefix_cache_hits']}/{count}")
+        lines.append(
+            f"follow-ups on the first answer's replica: {affinity['same_replica']}/{count} (hit rate "
+            f"{affinity['hit_rate']:.2f}; random routing {affinity['random_routing_hit_rate']:.2f}), "
+            f"prefix-cache hits {affinity['prefix_cache_hits']}/{count}"
+        )
     lines += ["", result["note"]]
     return "\n".join(lines)
 
@@ -171,8 +203,9 @@ def markdown(result: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.replicas", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny-random and 8 new tokens: a smoke run")
-    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
-                        help="where the replicas run (cuda: one GPU each, 2 needed)")
+    parser.add_argument(
+        "--device", default="cpu", choices=["cpu", "cuda"], help="where the replicas run (cuda: one GPU each, 2 needed)"
+    )
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args(argv)
     result = replicas_scenario(args.quick, args.device)

@@ -8,8 +8,11 @@ from . import concurrency, decoding_hook, follow_up, live, reading, targets, ttf
 # (report key, heading, table maker), in printing order.
 SECTIONS = (
     ("ttft_by_rate", "TTFT vs q, one request alone, by stage", ttft_by_rate.markdown),
-    ("users", "N users at once: engine vs pipelined ideal vs the peer (stock transformers, one at a time)",
-     users.markdown),
+    (
+        "users",
+        "N users at once: engine vs pipelined ideal vs the peer (stock transformers, one at a time)",
+        users.markdown,
+    ),
     ("concurrency", "Throughput vs concurrency", concurrency.markdown),
     ("follow_up", "Follow-up question vs cold", follow_up.markdown),
     ("vit_batching", "ViT batching", vit_batching.markdown),
@@ -23,14 +26,16 @@ SECTIONS = (
 def header(report: dict) -> str:
     env, work = report["environment"], report["workload"]
     model, machine, sampling = env["model"], env["machine"], work["frame_sampling"]
-    return (f"# {report['command']} ({report['mode']}), {report['started_at']}\n\n"
-            f"{model['name']} ({model['parameters'] / 1e6:.1f} M parameters, {model['dtype']}) on "
-            f"{env['device']['device']} ({env['device']['name']}); {machine['cores']} cores; "
-            f"torch {env['versions']['torch']}, transformers {env['versions']['transformers']}; "
-            f"commit {env['git_commit'] or 'unknown'}\n"
-            f"{sampling['max_frames']}-frame clips of at most {sampling['max_pixels_per_frame']} "
-            f"pixels, {work['new_tokens']} new tokens (EOS ignored), median of {work['repeats']} runs; "
-            f"times in seconds, TTFT from the burst's start")
+    return (
+        f"# {report['command']} ({report['mode']}), {report['started_at']}\n\n"
+        f"{model['name']} ({model['parameters'] / 1e6:.1f} M parameters, {model['dtype']}) on "
+        f"{env['device']['device']} ({env['device']['name']}); {machine['cores']} cores; "
+        f"torch {env['versions']['torch']}, transformers {env['versions']['transformers']}; "
+        f"commit {env['git_commit'] or 'unknown'}\n"
+        f"{sampling['max_frames']}-frame clips of at most {sampling['max_pixels_per_frame']} "
+        f"pixels, {work['new_tokens']} new tokens (EOS ignored), median of {work['repeats']} runs; "
+        f"times in seconds, TTFT from the burst's start"
+    )
 
 
 def markdown(report: dict) -> str:

@@ -3,7 +3,7 @@
 import tempfile
 import time
 from dataclasses import asdict
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from engine import Engine, EngineConfig
@@ -33,7 +33,7 @@ def run(work: Workload, device: str, mode: str, command: str, keep: Path | None 
     """Every scenario on `work`: caches off (each request reads, encodes and prefills for itself) except
     for the follow-up, which measures them. mode: "full" or "quick"; command: the command line, recorded;
     keep: a folder to make the long-GOP file in (or reuse it from) instead of a temporary one."""
-    started = datetime.now(timezone.utc)
+    started = datetime.now(UTC)
     start = time.perf_counter()
     report: dict = {"command": command, "mode": mode, "started_at": started.isoformat(timespec="seconds")}
     with tempfile.TemporaryDirectory() as folder:
@@ -45,23 +45,33 @@ def run(work: Workload, device: str, mode: str, command: str, keep: Path | None 
             report["environment"] = environment.describe(engine)
             engine_burst(engine, clips[:2], params(0.5, 2))  # first-request costs, untimed
             log("TTFT vs q")
-            report["ttft_by_rate"] = ttft_by_rate(engine, clips[0], work.rates, QUESTION,
-                                                  lambda q: params(q, work.new_tokens), work.repeats)
+            report["ttft_by_rate"] = ttft_by_rate(
+                engine, clips[0], work.rates, QUESTION, lambda q: params(q, work.new_tokens), work.repeats
+            )
             peer.answer(engine, clips[-1], work.frame_sampling, 2)  # the peer's first-request costs, untimed
             rounds, peer_runs = [], []
             for round_ in range(1, work.repeats + 1):  # rounds, so drift hits the engine and the peer alike
-                log(f"round {round_}/{work.repeats}: bursts of {list(work.burst_sizes)} users at "
-                    f"q = {list(work.burst_rates)}, then the peer: {max(work.users)} users one at a time")
+                log(
+                    f"round {round_}/{work.repeats}: bursts of {list(work.burst_sizes)} users at "
+                    f"q = {list(work.burst_rates)}, then the peer: {max(work.users)} users one at a time"
+                )
                 rounds.append(burst_round(engine, clips, work.burst_sizes, work.burst_rates, work.new_tokens))
-                peer_runs.append(peer.serve_one_by_one(engine, clips[:max(work.users)], work.frame_sampling,
-                                                       work.new_tokens))
+                peer_runs.append(
+                    peer.serve_one_by_one(engine, clips[: max(work.users)], work.frame_sampling, work.new_tokens)
+                )
             grid, served = median_runs(rounds), median_run(peer_runs)
             log("ViT batching")
-            report["vit_batching"] = vit_batching(engine, clips[:work.vit_videos], work.frame_sampling,
-                                                  work.vit_repeats)
+            report["vit_batching"] = vit_batching(
+                engine, clips[: work.vit_videos], work.frame_sampling, work.vit_repeats
+            )
             log("reading vs the rest of TTFT")
-            report["reading"] = reading_rows(engine, {"short clip (4 s, 224x224)": clips[0], "long-GOP file": long_file},
-                                             QUESTION, params(0.0, work.new_tokens), work.repeats)
+            report["reading"] = reading_rows(
+                engine,
+                {"short clip (4 s, 224x224)": clips[0], "long-GOP file": long_file},
+                QUESTION,
+                params(0.0, work.new_tokens),
+                work.repeats,
+            )
         report["users"] = users_rows(grid, served, work.users, work.burst_rates)
         report["peer"] = peer_record(served, work.new_tokens)
         report["concurrency"] = concurrency_rows(grid, work.concurrency, work.burst_rates)
@@ -69,14 +79,20 @@ def run(work: Workload, device: str, mode: str, command: str, keep: Path | None 
         with Engine(EngineConfig(model=work.model, device=device, frame_sampling=work.frame_sampling)) as engine:
             report["follow_up"] = follow_up_rows(engine, clips, work.burst_rates, work.new_tokens)
         log("live sessions: TTFT into a stream against an upload, sessions kept in real time")
-        config = EngineConfig(model=work.model, device=device, frame_sampling=work.frame_sampling,
-                              max_live_sessions=work.live.max_sessions, **NO_CACHES)
+        config = EngineConfig(
+            model=work.model,
+            device=device,
+            frame_sampling=work.frame_sampling,
+            max_live_sessions=work.live.max_sessions,
+            **NO_CACHES,
+        )
         with Engine(config) as engine:
             report["live"] = live_scenario(engine, Path(folder), work.live, QUESTION)
         log("video reading")
         report["decoding"] = decoding_results(mode == "quick", long_file.parent)
-    report["targets"] = target_rows(report["users"], report["concurrency"], report["reading"], report["decoding"],
-                                    report["live"])
+    report["targets"] = target_rows(
+        report["users"], report["concurrency"], report["reading"], report["decoding"], report["live"]
+    )
     report["workload"] = {**asdict(work), "clips": "224x224, 8 fps, 4-4.75 s, distinct per user"}
     report["duration_s"] = time.perf_counter() - start
     return report

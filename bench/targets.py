@@ -21,27 +21,56 @@ LIVE_OVER_UPLOAD = 0.1
 LIVE_SESSIONS_GAIN = 1.5
 
 
-def target_rows(users_rows: list[dict], concurrency_rows: list[dict], reading_rows: list[dict] = (),
-                decoding: dict | None = None, live: dict | None = None) -> list[dict]:
+def target_rows(
+    users_rows: list[dict],
+    concurrency_rows: list[dict],
+    reading_rows: list[dict] = (),
+    decoding: dict | None = None,
+    live: dict | None = None,
+) -> list[dict]:
     largest = max(row["users"] for row in users_rows)
     at_q0 = next(row for row in users_rows if row["users"] == largest and row["pruning_rate"] == 0)
-    rows = [{"measure": f"{name} ({largest} users, q = 0)", "target": f"<= {limit}", "measured": at_q0[key],
-             "met": at_q0[key] <= limit} for name, key, limit in BURST_TARGETS]
+    rows = [
+        {
+            "measure": f"{name} ({largest} users, q = 0)",
+            "target": f"<= {limit}",
+            "measured": at_q0[key],
+            "met": at_q0[key] <= limit,
+        }
+        for name, key, limit in BURST_TARGETS
+    ]
     pruned = [row for row in concurrency_rows if row["pruning_rate"] > 0]
     lowest = min(pruned, key=lambda row: row["requests_per_s_over_q0"])
-    rows.append({"measure": f"req/s q > 0 / q = 0, lowest over concurrency (c = {lowest['concurrency']}, "
-                            f"q = {lowest['pruning_rate']})",
-                 "target": f">= {THROUGHPUT_FLOOR}", "measured": lowest["requests_per_s_over_q0"],
-                 "met": lowest["requests_per_s_over_q0"] >= THROUGHPUT_FLOOR})
+    rows.append(
+        {
+            "measure": f"req/s q > 0 / q = 0, lowest over concurrency (c = {lowest['concurrency']}, "
+            f"q = {lowest['pruning_rate']})",
+            "target": f">= {THROUGHPUT_FLOOR}",
+            "measured": lowest["requests_per_s_over_q0"],
+            "met": lowest["requests_per_s_over_q0"] >= THROUGHPUT_FLOOR,
+        }
+    )
     for row in reading_rows[:1]:  # the short clip
         read_s = row["read_wait_s"] + row["read_s"]
-        rows.append({"measure": f"read s through the engine, {row['video']}", "target": f"<= {SHORT_READ_S}",
-                     "measured": read_s, "met": read_s <= SHORT_READ_S})
+        rows.append(
+            {
+                "measure": f"read s through the engine, {row['video']}",
+                "target": f"<= {SHORT_READ_S}",
+                "measured": read_s,
+                "met": read_s <= SHORT_READ_S,
+            }
+        )
     if decoding and "warm_readers_s" in decoding:
         ratio = decoding["warm_readers_s"] / decoding["started_reader_s"]
-        rows.append({"measure": f"long-GOP read, warm pool of {decoding['warm_readers']} readers / a reader "
-                                f"started for it ({decoding['file']})",
-                     "target": f"<= {LONG_READ_RATIO}", "measured": ratio, "met": ratio <= LONG_READ_RATIO})
+        rows.append(
+            {
+                "measure": f"long-GOP read, warm pool of {decoding['warm_readers']} readers / a reader "
+                f"started for it ({decoding['file']})",
+                "target": f"<= {LONG_READ_RATIO}",
+                "measured": ratio,
+                "met": ratio <= LONG_READ_RATIO,
+            }
+        )
     if live:
         rows += live_target_rows(live)
     return rows
@@ -51,9 +80,11 @@ def live_target_rows(live: dict) -> list[dict]:
     """The live scenario's three ratios (bench/live.py) against their targets."""
     moments, ratios = live["ttft"]["moments"], live["ratios"]
     first, last = moments[0]["seconds"], moments[-1]["seconds"]
-    checks = [(f"live TTFT {last:g} s into a stream / {first:g} s in", "ttft_last_over_first", "<=", LIVE_TTFT_GROWTH),
-              (f"live TTFT / the upload's, {last:g} s recording", "live_over_upload", "<=", LIVE_OVER_UPLOAD),
-              ("sessions kept in real time, q = 0.7 / q = 0", "sessions_pruned_over_q0", ">=", LIVE_SESSIONS_GAIN)]
+    checks = [
+        (f"live TTFT {last:g} s into a stream / {first:g} s in", "ttft_last_over_first", "<=", LIVE_TTFT_GROWTH),
+        (f"live TTFT / the upload's, {last:g} s recording", "live_over_upload", "<=", LIVE_OVER_UPLOAD),
+        ("sessions kept in real time, q = 0.7 / q = 0", "sessions_pruned_over_q0", ">=", LIVE_SESSIONS_GAIN),
+    ]
     rows = []
     for measure, key, sign, limit in checks:
         value = ratios[key]
@@ -63,6 +94,7 @@ def live_target_rows(live: dict) -> list[dict]:
 
 
 def markdown(rows: list[dict]) -> str:
-    return table(["measure", "target", "measured", "met"],
-                 [[row["measure"], row["target"], cell(row["measured"], 2), "yes" if row["met"] else "**no**"]
-                  for row in rows])
+    return table(
+        ["measure", "target", "measured", "met"],
+        [[row["measure"], row["target"], cell(row["measured"], 2), "yes" if row["met"] else "**no**"] for row in rows],
+    )

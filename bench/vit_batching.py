@@ -47,7 +47,10 @@ def markdown(result: dict) -> str:
     rows = [
         [f"{n} separate forwards", f"{result['separate_forwards_s']:.3f}", "1"],
         [f"one forward over {n}", f"{result['one_forward_s']:.3f}", f"{result['one_over_separate']:.3f}"],
-        [f"the engine's {result['budgeted_forwards']} forwards ({result['patch_budget']}-patch budget)",
-         f"{result['budgeted_forwards_s']:.3f}", f"{result['budgeted_over_separate']:.3f}"],
+        [
+            f"the engine's {result['budgeted_forwards']} forwards ({result['patch_budget']}-patch budget)",
+            f"{result['budgeted_forwards_s']:.3f}",
+            f"{result['budgeted_over_separate']:.3f}",
+        ],
     ]
     return table([f"ViT over {n} videos ({result['patches_per_video']} patches each)", "seconds", "/ separate"], rows)

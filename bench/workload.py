@@ -49,23 +49,61 @@ class Workload:
         return max(*self.burst_sizes, self.vit_videos, len(self.burst_rates) + 1)
 
 
-FULL = Workload(model="random-qwen3-vl-50m", new_tokens=32, rates=(0.0, 0.3, 0.5, 0.7, 0.9), users=(1, 2, 4, 8),
-                concurrency=(1, 4, 8, 16), burst_rates=(0.0, 0.7), repeats=3, vit_videos=8, vit_repeats=3,
-                live=LiveWork(moments_s=(10, 60, 600), size=(224, 224), max_pixels_per_frame=224 * 224,
-                              session_s=20, max_sessions=32, new_tokens=32))
+FULL = Workload(
+    model="random-qwen3-vl-50m",
+    new_tokens=32,
+    rates=(0.0, 0.3, 0.5, 0.7, 0.9),
+    users=(1, 2, 4, 8),
+    concurrency=(1, 4, 8, 16),
+    burst_rates=(0.0, 0.7),
+    repeats=3,
+    vit_videos=8,
+    vit_repeats=3,
+    live=LiveWork(
+        moments_s=(10, 60, 600),
+        size=(224, 224),
+        max_pixels_per_frame=224 * 224,
+        session_s=20,
+        max_sessions=32,
+        new_tokens=32,
+    ),
+)
 # Every scenario's code path, peer included, on the tiny model: about a minute and a half on two cores.
-QUICK = Workload(model="tiny-random", new_tokens=8, rates=FULL.rates, users=(1, 2, 4), concurrency=(1, 4),
-                 burst_rates=FULL.burst_rates, repeats=1, vit_videos=4, vit_repeats=1,
-                 live=LiveWork(moments_s=(5, 10, 30), size=(160, 120), max_pixels_per_frame=160 * 120,
-                               session_s=4, max_sessions=2, new_tokens=8, repeats=1))
+QUICK = Workload(
+    model="tiny-random",
+    new_tokens=8,
+    rates=FULL.rates,
+    users=(1, 2, 4),
+    concurrency=(1, 4),
+    burst_rates=FULL.burst_rates,
+    repeats=1,
+    vit_videos=4,
+    vit_repeats=1,
+    live=LiveWork(
+        moments_s=(5, 10, 30),
+        size=(160, 120),
+        max_pixels_per_frame=160 * 120,
+        session_s=4,
+        max_sessions=2,
+        new_tokens=8,
+        repeats=1,
+    ),
+)
 
 
 def make_clips(folder: Path, count: int) -> list[Path]:
     """`count` byte-distinct 224x224 clips at 8 fps, 4 s and longer by a quarter second every four
     (each samples to 16 frames at 4 fps), so no content-hash dedup merges two users."""
-    return [write_clip(folder / f"clip{i}.mp4", CLIP_KINDS[i % len(CLIP_KINDS)], seconds=4.0 + 0.25 * (i // 4),
-                       fps=8, size=(224, 224))
-            for i in range(count)]
+    return [
+        write_clip(
+            folder / f"clip{i}.mp4",
+            CLIP_KINDS[i % len(CLIP_KINDS)],
+            seconds=4.0 + 0.25 * (i // 4),
+            fps=8,
+            size=(224, 224),
+        )
+        for i in range(count)
+    ]
 
 
 def params(q: float, new_tokens: int) -> GenerationParams:

@@ -33,8 +33,8 @@ detokenize). docs/architecture.md says the same at length.
 from .config import EngineConfig, FrameSampling, GenerationParams
 from .engine import Engine
 from .errors import BusyError, InputError
-from .stats import STATS_KEYS
 from .live.session import LiveSession
+from .stats import STATS_KEYS
 from .stream import Answer, Event, EvsPicture, Stream
 
 __all__ = [

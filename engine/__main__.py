@@ -39,8 +39,8 @@ from .config import GPU_FRAME_SAMPLING, EngineConfig, GenerationParams
 from .engine import Engine
 from .errors import InputError, one_line
 from .front.door import request_params
-from .loading.device import DeviceUnavailable
 from .live.playback import play
+from .loading.device import DeviceUnavailable
 from .loading.load import ModelUnavailable, UnsupportedModel, describe_model, resolve_device
 from .memory.dims import GIB
 from .memory.plan import InsufficientMemory, checkpoint_config, checkpoint_plan
@@ -52,34 +52,69 @@ BAD_ASK_AT = "--ask-at takes seconds into the recording, 0 or more, separated by
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m engine", description=__doc__.splitlines()[0])
-    parser.add_argument("--describe", action="store_true",
-                        help="print what loading --model on --device would give, as JSON, and exit")
-    parser.add_argument("--plan-gib", type=float, nargs="+", metavar="GIB",
-                        help="print the GPU memory plan --model would get with GIB free after loading, and exit")
-    parser.add_argument("--video", action="append", dest="media", metavar="PATH",
-                        help="a video file (repeat for several; with --image, in the order given)")
-    parser.add_argument("--image", action="append", dest="media", metavar="PATH",
-                        help="a picture (repeat for several; with --video, in the order given)")
+    parser.add_argument(
+        "--describe", action="store_true", help="print what loading --model on --device would give, as JSON, and exit"
+    )
+    parser.add_argument(
+        "--plan-gib",
+        type=float,
+        nargs="+",
+        metavar="GIB",
+        help="print the GPU memory plan --model would get with GIB free after loading, and exit",
+    )
+    parser.add_argument(
+        "--video",
+        action="append",
+        dest="media",
+        metavar="PATH",
+        help="a video file (repeat for several; with --image, in the order given)",
+    )
+    parser.add_argument(
+        "--image",
+        action="append",
+        dest="media",
+        metavar="PATH",
+        help="a picture (repeat for several; with --video, in the order given)",
+    )
     parser.add_argument("--question")
-    parser.add_argument("--live", metavar="FILE_OR_URL",
-                        help="play a recording (or read a stream URL at a public address) into a live session")
-    parser.add_argument("--ask-at", metavar="SECONDS",
-                        help="with --live: ask the question at these seconds of the recording, e.g. 5,30,60")
-    parser.add_argument("--as-fast-as-possible", action="store_true",
-                        help="with --live: push frames as soon as they are read, waiting for the session instead "
-                             "of dropping frames (default: at the recording's own pace)")
+    parser.add_argument(
+        "--live",
+        metavar="FILE_OR_URL",
+        help="play a recording (or read a stream URL at a public address) into a live session",
+    )
+    parser.add_argument(
+        "--ask-at",
+        metavar="SECONDS",
+        help="with --live: ask the question at these seconds of the recording, e.g. 5,30,60",
+    )
+    parser.add_argument(
+        "--as-fast-as-possible",
+        action="store_true",
+        help="with --live: push frames as soon as they are read, waiting for the session instead "
+        "of dropping frames (default: at the recording's own pace)",
+    )
     parser.add_argument("live_question", nargs="?", metavar="QUESTION", help="with --live: the question")
     # Settings stay text here: the front door reads them, with the sentence every way in gives for a bad one.
-    parser.add_argument("--pruning-rate",
-                        help="EVS rate q in [0, 1) (default: the model's, Engine.model_info['default_pruning_rate'])")
+    parser.add_argument(
+        "--pruning-rate", help="EVS rate q in [0, 1) (default: the model's, Engine.model_info['default_pruning_rate'])"
+    )
     parser.add_argument("--pruning-method", help="which video tokens are pruned: evs (the default), vidcom2 or uniform")
-    parser.add_argument("--think", action="store_true",
-                        help="think before answering, for a model that can (the thinking goes to stderr)")
-    parser.add_argument("--no-soundtrack", action="store_true",
-                        help="answer from the frames alone: a model with an audio tower hears the soundtrack otherwise")
-    parser.add_argument("--model", default="tiny-random",
-                        help="a built-in model (tiny-random, tiny-random-qwen3.5, tiny-random-nemotron-omni, "
-                             "tiny-trained, ...), a Hub id or folder, or random:<checkpoint>")
+    parser.add_argument(
+        "--think",
+        action="store_true",
+        help="think before answering, for a model that can (the thinking goes to stderr)",
+    )
+    parser.add_argument(
+        "--no-soundtrack",
+        action="store_true",
+        help="answer from the frames alone: a model with an audio tower hears the soundtrack otherwise",
+    )
+    parser.add_argument(
+        "--model",
+        default="tiny-random",
+        help="a built-in model (tiny-random, tiny-random-qwen3.5, tiny-random-nemotron-omni, "
+        "tiny-trained, ...), a Hub id or folder, or random:<checkpoint>",
+    )
     parser.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
     parser.add_argument("--max-new-tokens", help=f"default {GenerationParams.max_new_tokens}")
     parser.add_argument("--temperature", help=f"0 answers greedily (default {GenerationParams.temperature:g})")
@@ -117,8 +152,10 @@ def print_plans(model: str, free_gib: list[float]) -> int:
         print(f"error: cannot plan {model!r}: {one_line(error)}", file=sys.stderr)
         return 2
     sampling = GPU_FRAME_SAMPLING
-    print(f"{model} ({config.model_type}), bfloat16, the GPU's default sampling ({sampling.fps:g} fps, at most "
-          f"{sampling.max_frames} frames of {sampling.max_pixels_per_frame:,} pixels)")
+    print(
+        f"{model} ({config.model_type}), bfloat16, the GPU's default sampling ({sampling.fps:g} fps, at most "
+        f"{sampling.max_frames} frames of {sampling.max_pixels_per_frame:,} pixels)"
+    )
     for plan in plans:
         print(plan.summary())
         for reason in plan.reasons:
@@ -184,9 +221,15 @@ def play_live(engine: Engine, args: argparse.Namespace, params, source: str | Pa
     try:
         with feed, engine.open_live(params) as live:
             started_s = time.monotonic()
-            last_s = play(live, feed, asked_at, lambda: live.ask(args.question, params=params),
-                          lambda *item: answers.put(item), lambda line: print(f"[{line}]", file=sys.stderr),
-                          as_fast_as_possible=args.as_fast_as_possible)
+            last_s = play(
+                live,
+                feed,
+                asked_at,
+                lambda: live.ask(args.question, params=params),
+                lambda *item: answers.put(item),
+                lambda line: print(f"[{line}]", file=sys.stderr),
+                as_fast_as_possible=args.as_fast_as_possible,
+            )
             answers.put(None)
             printing.join()
             print(json.dumps({"session": live.stats(), "played_s": round(time.monotonic() - started_s, 3)}, indent=2))
@@ -217,9 +260,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {one_line(error)}", file=sys.stderr)
         return 2
     try:
-        params = request_params(engine, pruning_rate=args.pruning_rate, pruning_method=args.pruning_method,
-                                max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                                enable_thinking=args.think, hear_soundtrack=False if args.no_soundtrack else None)
+        params = request_params(
+            engine,
+            pruning_rate=args.pruning_rate,
+            pruning_method=args.pruning_method,
+            max_new_tokens=args.max_new_tokens,
+            temperature=args.temperature,
+            enable_thinking=args.think,
+            hear_soundtrack=False if args.no_soundtrack else None,
+        )
         if args.live is not None:
             return play_live(engine, args, params, source, asked_at)
         print_answer(engine.submit(media=args.media, question=args.question, params=params))

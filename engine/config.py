@@ -98,8 +98,8 @@ DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
 # before decoding, since each decoded frame alone is 50 MB and the decoder holds a dozen.
 MAX_VIDEO_SECONDS = 3 * 3600.0
 MAX_VIDEO_SOURCE_PIXELS = 4096 * 2160
-# Heap and private writable memory of a reader process while it reads one file (RLIMIT_DATA). Measured on a 2-minute 1080p file:
-# 0.2 GB for 32 frames of 224x224, 0.8 GB at the UI's largest (256 frames of up to 896x896, 0.6 GB of them);
+# Heap and private writable memory of a reader process while it reads one file (RLIMIT_DATA). Measured on a 2-minute
+# 1080p file: 0.2 GB for 32 frames of 224x224, 0.8 GB at the UI's largest (256 frames of up to 896x896, 0.6 GB of them);
 # a 4K source adds a few hundred MB of reference frames. A file that makes FFmpeg allocate without bound
 # gets a MemoryError in its own process and the user a sentence.
 READ_MEMORY_BYTES = 4 << 30
@@ -228,8 +228,9 @@ def limits_from_env(environ=os.environ) -> dict:
     """EngineConfig fields for every LIMIT_ENV variable set in environ (or its OLD_LIMIT_ENV name);
     ValueError names a bad one."""
     # A limit whose default is None (picked by device) takes a whole number.
-    kinds = {name: int if getattr(EngineConfig, name) is None else type(getattr(EngineConfig, name))
-             for name in LIMIT_ENV}
+    kinds = {
+        name: int if getattr(EngineConfig, name) is None else type(getattr(EngineConfig, name)) for name in LIMIT_ENV
+    }
     found = {}
     for name, variable in LIMIT_ENV.items():
         text = environ.get(variable, "").strip()

@@ -26,8 +26,8 @@ from .errors import QUEUE_FULL, RESTARTING, BusyError, InputError
 from .families.registry import family_for, video_geometry
 from .front.checks import check_markup, check_request, media_paths, model_markup
 from .front.metrics import Metrics
-from .live_sessions import LiveSessions
 from .live.session import LiveSession
+from .live_sessions import LiveSessions
 from .loading.load import load_model
 from .memory.plan import Plan, engine_plan
 from .prepare import Preparer
@@ -38,6 +38,7 @@ from .stream import Stream
 from .worker.loop import Worker
 
 log = logging.getLogger(__name__)
+
 
 def think_end_id(family, tokenizer) -> int | None:
     """The token that ends the model's thinking, or None when the model has no thinking switch."""
@@ -84,11 +85,16 @@ class Engine:
 
         planned_video_tokens = self._planned_video_tokens = tokens_of(self._default_frame_sampling)
         # A model that hears is planned with the longest soundtrack it may be given.
-        planned_audio_tokens = audio_token_count(
-            self.loaded.processor, int(self.config.max_soundtrack_seconds * self._soundtrack_rate_hz)
-        ) if self._hears else 0
+        planned_audio_tokens = (
+            audio_token_count(self.loaded.processor, int(self.config.max_soundtrack_seconds * self._soundtrack_rate_hz))
+            if self._hears
+            else 0
+        )
         self._memory_plan = engine_plan(
-            self.loaded, self.config, planned_video_tokens, vit_patch_budget(self.config, self.loaded.device.type),
+            self.loaded,
+            self.config,
+            planned_video_tokens,
+            vit_patch_budget(self.config, self.loaded.device.type),
             planned_audio_tokens,
         )
         log.info("%s", self._memory_plan.summary())
@@ -97,14 +103,24 @@ class Engine:
         self._memory_plan.check_serviceable(min(planned_video_tokens, tokens_of(FrameSampling())))
         self._worker = Worker(self.loaded, self.family, self.config, max_running=self._memory_plan.max_running)
         cuda = self.loaded.device.type == "cuda"
-        self.metrics = Metrics(running=lambda: self.running_requests, queued=lambda: self.queued_requests,
-                               gpu_bytes=(lambda: torch.cuda.memory_allocated(self.loaded.device)) if cuda else None)
+        self.metrics = Metrics(
+            running=lambda: self.running_requests,
+            queued=lambda: self.queued_requests,
+            gpu_bytes=(lambda: torch.cuda.memory_allocated(self.loaded.device)) if cuda else None,
+        )
         # Started last, once nothing above can fail: the readers live until shutdown.
         self._readers = ReaderPool(self.config.video_readers or default_size())
         self._preparer = Preparer(
-            self.loaded, self.family, self.config, self._readers, self._memory_plan,
-            system_prompt=self.system_prompt, hears=self._hears, soundtrack_rate_hz=self._soundtrack_rate_hz,
-            think_end=self._think_end, enqueue=self._worker.enqueue,
+            self.loaded,
+            self.family,
+            self.config,
+            self._readers,
+            self._memory_plan,
+            system_prompt=self.system_prompt,
+            hears=self._hears,
+            soundtrack_rate_hz=self._soundtrack_rate_hz,
+            think_end=self._think_end,
+            enqueue=self._worker.enqueue,
         )
         self._live = LiveSessions(self)
         self._worker.start()
@@ -211,8 +227,9 @@ class Engine:
         try:
             params = params or GenerationParams(pruning_rate=self._default_pruning_rate)
             paths = media_paths(video, media)
-            history = check_request(paths, question, params, history, self.config, self._frame_sampling_limits,
-                                    self.max_media)
+            history = check_request(
+                paths, question, params, history, self.config, self._frame_sampling_limits, self.max_media
+            )
             self._check_text_tokens(question, history)
             with self._submit_lock:
                 if self._closed:
@@ -234,12 +251,22 @@ class Engine:
         tokenizer = self.loaded.processor.tokenizer
         asked = len(tokenizer(question, add_special_tokens=False)["input_ids"])
         if asked > self.config.max_question_tokens:
-            raise InputError(f"The question is {asked:,} tokens long; the limit is {self.config.max_question_tokens:,}.")
-        earlier = sum(len(ids) for ids in tokenizer([text for turn in history for text in turn],
-                                                     add_special_tokens=False)["input_ids"]) if history else 0
+            raise InputError(
+                f"The question is {asked:,} tokens long; the limit is {self.config.max_question_tokens:,}."
+            )
+        earlier = (
+            sum(
+                len(ids)
+                for ids in tokenizer([text for turn in history for text in turn], add_special_tokens=False)["input_ids"]
+            )
+            if history
+            else 0
+        )
         if earlier > self.config.max_history_tokens:
-            raise InputError(f"The conversation so far is {earlier:,} tokens long; the limit is "
-                             f"{self.config.max_history_tokens:,}: please start a new conversation.")
+            raise InputError(
+                f"The conversation so far is {earlier:,} tokens long; the limit is "
+                f"{self.config.max_history_tokens:,}: please start a new conversation."
+            )
 
     def _accept(self, paths: list, question: str, params: GenerationParams, history) -> Stream:
         stream = Stream(next(self._ids), on_end=self.metrics.ended)

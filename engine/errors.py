@@ -21,7 +21,6 @@ SHUTTING_DOWN = "The engine is shutting down."
 # What a user reads for a bug: the log has the traceback.
 SERVER_FAULT = "Something went wrong on the server; please try again."
 NO_VIDEO = "Please upload a video or a picture."
-EXPIRED_VIDEO = ("This video is no longer on the server (uploads are deleted after a while); "
-                 "please upload it again.")
+EXPIRED_VIDEO = "This video is no longer on the server (uploads are deleted after a while); please upload it again."
 BAD_NUMBERS = "The pruning rate, fps, frame, pixel and token limits and temperature must be numbers."
 BAD_HISTORY = "The conversation history must be a list of (question, answer) pairs."

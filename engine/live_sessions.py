@@ -50,20 +50,35 @@ class LiveSessions:
         check_live_settings(params, engine.config, engine.frame_sampling_limits)
         sampling = params.frame_sampling or engine.default_frame_sampling
         family, loaded = engine.family, engine.loaded
-        layout = LiveLayout(family, loaded.processor.tokenizer, loaded.processor.video_token,
-                            family.video_token_id(loaded.model.config), engine.system_prompt,
-                            family.temporal_patch / sampling.fps)
+        layout = LiveLayout(
+            family,
+            loaded.processor.tokenizer,
+            loaded.processor.video_token,
+            family.video_token_id(loaded.model.config),
+            engine.system_prompt,
+            family.temporal_patch / sampling.fps,
+        )
         with self._lock:
             if self._closed:
                 raise BusyError(RESTARTING)
             self._open = [session for session in self._open if not session.ended]
             if len(self._open) >= self.max_sessions:
                 engine.metrics.refused()
-                raise BusyError(f"This server already has {self.max_sessions} live sessions open, as many as it "
-                                "takes; close one or try again later.")
-            session = LiveSession(next(self._ids), loaded, family, params, sampling,
-                                  engine.config.max_video_source_pixels, self.window_tokens, ask=self._ask,
-                                  wake=engine._worker.wake)
+                raise BusyError(
+                    f"This server already has {self.max_sessions} live sessions open, as many as it "
+                    "takes; close one or try again later."
+                )
+            session = LiveSession(
+                next(self._ids),
+                loaded,
+                family,
+                params,
+                sampling,
+                engine.config.max_video_source_pixels,
+                self.window_tokens,
+                ask=self._ask,
+                wake=engine._worker.wake,
+            )
             self._open.append(session)
             self._layouts = {s.id: self._layouts[s.id] for s in self._open if s.id in self._layouts}
             self._layouts[session.id] = layout
@@ -75,11 +90,22 @@ class LiveSessions:
         session's state once its first `groups` groups are in it. The rate, the method (causal EVS) and the frame
         sampling are the session's."""
         engine = self._engine
-        params = dataclasses.replace(params, pruning_rate=session.params.pruning_rate,
-                                     pruning_method=session.params.pruning_method, frame_sampling=session.sampling)
+        params = dataclasses.replace(
+            params,
+            pruning_rate=session.params.pruning_rate,
+            pruning_method=session.params.pruning_method,
+            frame_sampling=session.sampling,
+        )
         try:
-            history = check_request([f"live session {session.id}"], question, params, history, engine.config,
-                                    engine.frame_sampling_limits, max_media=1)
+            history = check_request(
+                [f"live session {session.id}"],
+                question,
+                params,
+                history,
+                engine.config,
+                engine.frame_sampling_limits,
+                max_media=1,
+            )
             engine._check_text_tokens(question, history)
             if not engine._admission.acquire(blocking=False):
                 raise BusyError(QUEUE_FULL)
@@ -89,18 +115,27 @@ class LiveSessions:
         thinking = params.enable_thinking and engine._think_end is not None
         tail = self._layouts[session.id].tail(question.strip(), history, thinking)
         try:  # its row holds at most the window, the question and the answer (the plan counts it as a request)
-            engine.memory_plan.check_fits(session.window_tokens, session.window_tokens + tail.numel(),
-                                          params.max_new_tokens)
+            engine.memory_plan.check_fits(
+                session.window_tokens, session.window_tokens + tail.numel(), params.max_new_tokens
+            )
         except InputError:
             engine._admission.release()
             engine.metrics.refused()
             raise
         stream = Stream(next(engine._ids), on_end=engine.metrics.ended)
-        request = Request(stream=stream, media_paths=[], question=question.strip(),
-                          history=history, params=params, frame_sampling=session.sampling,
-                          admission=engine._admission, live=LiveQuestion(session.id, groups, tail))
-        request.detokenizer = SplitDetokenizer(engine.loaded.processor.tokenizer,
-                                               engine._think_end if thinking else None)
+        request = Request(
+            stream=stream,
+            media_paths=[],
+            question=question.strip(),
+            history=history,
+            params=params,
+            frame_sampling=session.sampling,
+            admission=engine._admission,
+            live=LiveQuestion(session.id, groups, tail),
+        )
+        request.detokenizer = SplitDetokenizer(
+            engine.loaded.processor.tokenizer, engine._think_end if thinking else None
+        )
         request.generator = torch.Generator().manual_seed(params.seed)
         stats = request.stats
         stats.pruning_rate, stats.sampled_fps = float(params.pruning_rate), session.sampling.fps

@@ -1,7 +1,8 @@
 """A least-recently-used map bounded in bytes (feature cache, prefix KV cache)."""
 
 from collections import OrderedDict
-from typing import Any, Hashable
+from collections.abc import Hashable
+from typing import Any
 
 
 class ByteLRU:

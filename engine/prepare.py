@@ -49,8 +49,7 @@ def soundtrack_verdict(hears: bool, asked: bool | None, medium: Medium, prompt: 
     return "cut" if medium.soundtrack.cut else "heard"
 
 
-def read_stats(stats: Stats, media: list[Medium], prompt: UnprunedPrompt, hears: bool,
-               asked: bool | None) -> list[str]:
+def read_stats(stats: Stats, media: list[Medium], prompt: UnprunedPrompt, hears: bool, asked: bool | None) -> list[str]:
     """Fill what reading and the processor say into stats: `media`, one dict per medium (kept tokens come after
     EVS), and the totals over the videos; returns the status lines to send (one medium's lines as before, each
     named by its place among several)."""
@@ -63,9 +62,15 @@ def read_stats(stats: Stats, media: list[Medium], prompt: UnprunedPrompt, hears:
         else:
             verdict = soundtrack_verdict(hears, asked, medium, part)
             seconds = medium.soundtrack.seconds if part.audio is not None else 0.0
-            entry.update(frames_sampled=len(medium.frames), sampled_fps=medium.sampled_fps,
-                         timestamps_s=list(part.timestamps_s), tokens_kept_per_frame=None, soundtrack=verdict,
-                         audio_tokens=part.audio_tokens, audio_seconds=seconds)
+            entry.update(
+                frames_sampled=len(medium.frames),
+                sampled_fps=medium.sampled_fps,
+                timestamps_s=list(part.timestamps_s),
+                tokens_kept_per_frame=None,
+                soundtrack=verdict,
+                audio_tokens=part.audio_tokens,
+                audio_seconds=seconds,
+            )
             said = [f"read {len(medium.frames)} frames at {medium.sampled_fps:.3g} fps"]
             if line := soundtrack_status_line(verdict, seconds):
                 said.append(line)
@@ -99,9 +104,20 @@ class Preparer:
     that ends thinking, None when the model cannot think. enqueue: hands a prepared request to the worker.
     """
 
-    def __init__(self, loaded, family, config: EngineConfig, readers: ReaderPool, memory_plan: Plan, *,
-                 system_prompt: str, hears: bool, soundtrack_rate_hz: int | None, think_end: int | None,
-                 enqueue: Callable[[Request], None]):
+    def __init__(
+        self,
+        loaded,
+        family,
+        config: EngineConfig,
+        readers: ReaderPool,
+        memory_plan: Plan,
+        *,
+        system_prompt: str,
+        hears: bool,
+        soundtrack_rate_hz: int | None,
+        think_end: int | None,
+        enqueue: Callable[[Request], None],
+    ):
         self.loaded, self.family, self.config = loaded, family, config
         self._readers, self._memory_plan = readers, memory_plan
         self._system_prompt, self._hears = system_prompt, hears
@@ -176,8 +192,9 @@ class Preparer:
             prompt_tokens = request.prompt.input_ids.numel()
             self._check_context(prompt_tokens, request.prompt.media_tokens, request.params.max_new_tokens, count)
             # Refused here, before the ViT, the KV cache or any device memory is touched.
-            self._memory_plan.check_fits(request.prompt.media_tokens, prompt_tokens, request.params.max_new_tokens,
-                                         media=count)
+            self._memory_plan.check_fits(
+                request.prompt.media_tokens, prompt_tokens, request.params.max_new_tokens, media=count
+            )
             request.detokenizer = SplitDetokenizer(self.loaded.processor.tokenizer, think_end)
             request.generator = torch.Generator().manual_seed(request.params.seed)
             for line in lines:
@@ -199,7 +216,8 @@ class Preparer:
             raise InputError(
                 f"{what} ({media_tokens:,} tokens), the conversation and up to {max_new_tokens:,} new tokens "
                 f"need {prompt_tokens + max_new_tokens:,} tokens, more than the model's context of {context:,}: "
-                "sample fewer frames or fewer pixels per frame, or start a new conversation.")
+                "sample fewer frames or fewer pixels per frame, or start a new conversation."
+            )
 
     def _read_media(self, paths: list[str], sampling: FrameSampling, hear: bool) -> tuple[list[Medium], list[bool]]:
         """(each upload read, whether it was read for this request), in order; the same bytes sent twice are

@@ -7,8 +7,9 @@ The worker thread pushes events; the caller reads them from a plain thread (iter
 import asyncio
 import queue
 import threading
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Callable, Iterator, Literal
+from typing import Literal
 
 import numpy as np
 
@@ -193,5 +194,11 @@ class Stream:
             raise TimeoutError(f"request {self.request_id} did not finish in {timeout_s} s")
         if self._error is not None:
             raise self._error
-        return Answer("".join(self._text), self._stats or {}, self._token_ids, self.cancelled, self._logits,
-                      "".join(self._thinking))
+        return Answer(
+            "".join(self._text),
+            self._stats or {},
+            self._token_ids,
+            self.cancelled,
+            self._logits,
+            "".join(self._thinking),
+        )

@@ -53,8 +53,9 @@ def newest_group_mask(window: torch.Tensor, q: float) -> torch.Tensor:
     return mask & (window[-1] > 0)
 
 
-def causal_retention_mask_from_dissimilarity(dissimilarity: torch.Tensor, q,
-                                             window_groups: int = WINDOW_GROUPS) -> torch.Tensor:
+def causal_retention_mask_from_dissimilarity(
+    dissimilarity: torch.Tensor, q, window_groups: int = WINDOW_GROUPS
+) -> torch.Tensor:
     """The causal rule over a whole stream at once: (T, h, w) dissimilarity (group 0: the session's first) ->
     (T*h*w,) bool in raster order. Row block t depends on groups 0..t only, so it equals what `CausalEVS` decided
     when group t arrived."""
@@ -72,8 +73,9 @@ def causal_retention_mask(features: torch.Tensor, grid_thw, q, window_groups: in
     """The causal rule over a whole stream's features: (T*h*w, D) rows in (t, h, w) raster order -> (T*h*w,)
     bool. What a live session keeps of the same groups, computed offline (tests, and a cold request that is to
     see what a live session saw)."""
-    return causal_retention_mask_from_dissimilarity(frame_dissimilarity(features, parse_grid(grid_thw)), q,
-                                                    window_groups)
+    return causal_retention_mask_from_dissimilarity(
+        frame_dissimilarity(features, parse_grid(grid_thw)), q, window_groups
+    )
 
 
 class CausalEVS:
@@ -96,8 +98,10 @@ class CausalEVS:
         dissimilarity to the group before, +inf for the first)."""
         h, w = grid_hw
         if self._previous is not None and self._previous.shape != features.shape:
-            raise ValueError(f"a group of {tuple(features.shape)} features follows one of "
-                             f"{tuple(self._previous.shape)}; every group of a stream has the same grid.")
+            raise ValueError(
+                f"a group of {tuple(features.shape)} features follows one of "
+                f"{tuple(self._previous.shape)}; every group of a stream has the same grid."
+            )
         if self._previous is None:
             dissimilarity = frame_dissimilarity(features, (1, h, w))[0]
             self._previous = features
@@ -105,6 +109,6 @@ class CausalEVS:
         dissimilarity = frame_dissimilarity(torch.cat([self._previous, features]), (2, h, w))[1]
         newest = dissimilarity.reshape(1, h * w)
         window = newest if self._window is None else torch.cat([self._window, newest])
-        self._window = window[-(self.window_groups - 1):] if self.window_groups > 1 else None
+        self._window = window[-(self.window_groups - 1) :] if self.window_groups > 1 else None
         self._previous = features
         return newest_group_mask(window, self.q), dissimilarity

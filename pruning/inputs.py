@@ -34,9 +34,7 @@ def check_counts(tokens_per_frame, num_frames) -> tuple[int, int]:
 def parse_grid(grid_thw) -> tuple[int, int, int]:
     """`(T, h, w)` as Python ints from a tuple, list or tensor of three positive integers."""
     values = grid_thw.reshape(-1).tolist() if isinstance(grid_thw, torch.Tensor) else list(grid_thw)
-    if len(values) != 3 or any(
-        isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1 for v in values
-    ):
+    if len(values) != 3 or any(isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1 for v in values):
         raise ValueError(f"grid_thw must be three positive integers (T, h, w); got {grid_thw!r}.")
     t, h, w = (int(v) for v in values)
     return t, h, w

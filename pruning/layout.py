@@ -14,9 +14,7 @@ def tokens_kept_per_group(mask: torch.Tensor, grid_thw) -> torch.Tensor:
     """
     t, h, w = parse_grid(grid_thw)
     if mask.numel() != t * h * w:
-        raise ValueError(
-            f"mask must hold T*h*w = {t * h * w} entries for grid ({t}, {h}, {w}); got {mask.numel()}."
-        )
+        raise ValueError(f"mask must hold T*h*w = {t * h * w} entries for grid ({t}, {h}, {w}); got {mask.numel()}.")
     return mask.reshape(t, h * w).sum(dim=1, dtype=torch.int64)
 
 
@@ -31,8 +29,7 @@ def prompt_keep_mask(is_video_token: torch.Tensor, retention_mask: torch.Tensor)
     video_tokens = int(is_video_token.sum())
     if video_tokens != retention_mask.numel():
         raise ValueError(
-            f"The prompt holds {video_tokens} video tokens but the retention mask has "
-            f"{retention_mask.numel()} entries."
+            f"The prompt holds {video_tokens} video tokens but the retention mask has {retention_mask.numel()} entries."
         )
     keep = torch.ones_like(is_video_token, dtype=torch.bool)
     keep[is_video_token.to(torch.bool)] = retention_mask.to(device=keep.device, dtype=torch.bool)
@@ -57,9 +54,7 @@ def select_positions(position_ids: torch.Tensor, keep: torch.Tensor) -> torch.Te
     if rows not in (3, 4) or position_ids.dim() not in (2, 3):
         raise ValueError(f"position_ids must be (3 or 4, [B,] L); got {tuple(position_ids.shape)}.")
     if keep.dim() != 1 or keep.shape[0] != position_ids.shape[-1]:
-        raise ValueError(
-            f"keep must be (L,) with L = {position_ids.shape[-1]}; got {tuple(keep.shape)}."
-        )
+        raise ValueError(f"keep must be (L,) with L = {position_ids.shape[-1]}; got {tuple(keep.shape)}.")
     kept = position_ids[..., keep.to(device=position_ids.device, dtype=torch.bool)]
     if rows == 4:
         start = position_ids[0, ..., :1]

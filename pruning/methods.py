@@ -35,8 +35,9 @@ def kept_token_count(method: str, tokens_per_frame: int, num_frames: int, q: flo
     return _METHODS[validate_pruning_method(method)][1](tokens_per_frame, num_frames, q)
 
 
-def retention_mask(features: torch.Tensor, grid_thw, q, method: str,
-                   dissimilarity: torch.Tensor | None = None) -> torch.Tensor:
+def retention_mask(
+    features: torch.Tensor, grid_thw, q, method: str, dissimilarity: torch.Tensor | None = None
+) -> torch.Tensor:
     """Which of one video's tokens `method` keeps at rate q: (T*h*w,) bool on the features' device.
 
     features: (T*h*w, D), any float dtype. grid_thw: (T, h, w) in LLM tokens. dissimilarity: EVS's (T, h, w)

@@ -13,9 +13,17 @@ through the same interface. Importing this package imports Ray; the single-engin
     wire.py        events and errors as plain picklable data
 """
 
-from .client import REPLICA_LOST, Placement, ReplicasUnavailable, ReplicatedEngine, ReplicaLost
+from .client import REPLICA_LOST, Placement, ReplicaLost, ReplicasUnavailable, ReplicatedEngine
 from .live import RemoteLiveSession
 from .wire import LIVE_SESSION_LOST, SessionLost
 
-__all__ = ["LIVE_SESSION_LOST", "REPLICA_LOST", "Placement", "RemoteLiveSession", "ReplicaLost", "ReplicasUnavailable",
-           "ReplicatedEngine", "SessionLost"]
+__all__ = [
+    "LIVE_SESSION_LOST",
+    "REPLICA_LOST",
+    "Placement",
+    "RemoteLiveSession",
+    "ReplicaLost",
+    "ReplicasUnavailable",
+    "ReplicatedEngine",
+    "SessionLost",
+]

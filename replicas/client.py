@@ -31,11 +31,11 @@ from ray import serve
 from ray.exceptions import RayActorError
 from ray.serve.exceptions import RequestCancelledError
 
-from engine.front.checks import check_live_settings, check_request, media_paths
 from engine.config import EngineConfig, FrameSampling, FrameSamplingLimits, GenerationParams
 from engine.errors import QUEUE_FULL, RESTARTING, SERVER_FAULT, SHUTTING_DOWN, BusyError, InputError
-from engine.memory.plan import Plan
+from engine.front.checks import check_live_settings, check_request, media_paths
 from engine.front.metrics import Metrics
+from engine.memory.plan import Plan
 from engine.stats import Stats
 from engine.stream import Event, Stream
 
@@ -150,8 +150,14 @@ class ReplicatedEngine:
         # answers it. Queue depth and GPU memory are each replica's own and are not gathered.
         self.metrics = Metrics(running=lambda: self.running_requests)
 
-    def _start(self, address: str | None, ship_bytes: bool | None, cpus_per_replica: float | None,
-               spill_after: int, warm_up_clip) -> None:
+    def _start(
+        self,
+        address: str | None,
+        ship_bytes: bool | None,
+        cpus_per_replica: float | None,
+        spill_after: int,
+        warm_up_clip,
+    ) -> None:
         """Deploy the replicas, wait until they answer, and read what every replica shares."""
         replicas = self.replica_count
         local = address is None and len([n for n in ray.nodes() if n["Alive"]]) == 1
@@ -159,8 +165,14 @@ class ReplicatedEngine:
         if not gpus:
             cpus_per_replica = cpus_per_replica or ray.cluster_resources().get("CPU", 1) / replicas
         serve.start(proxy_location="Disabled")
-        app = engine_app(self.config, replicas, gpus=gpus, cpus_per_replica=cpus_per_replica or 1,
-                         spill_after=spill_after, warm_up_clip=warm_up_clip)
+        app = engine_app(
+            self.config,
+            replicas,
+            gpus=gpus,
+            cpus_per_replica=cpus_per_replica or 1,
+            spill_after=spill_after,
+            warm_up_clip=warm_up_clip,
+        )
         self._deployed = True
         try:
             handle = serve.run(app, name=self.app_name, route_prefix=None)
@@ -170,9 +182,11 @@ class ReplicatedEngine:
         self.handle = handle  # unary calls (a live session's); answers stream through _calls
         self._calls = handle.options(stream=True)
         self._about = handle.describe.remote().result()
-        self._videos = VideoSender(ship_bytes=not local if ship_bytes is None else ship_bytes,
-                                   max_file_bytes=self.config.max_file_bytes,
-                                   cache_bytes=SHIPPED_VIDEO_CACHE_BYTES)
+        self._videos = VideoSender(
+            ship_bytes=not local if ship_bytes is None else ship_bytes,
+            max_file_bytes=self.config.max_file_bytes,
+            cache_bytes=SHIPPED_VIDEO_CACHE_BYTES,
+        )
 
     # --- what the UI reads ------------------------------------------------------------------------
     @property
@@ -216,7 +230,7 @@ class ReplicatedEngine:
         # Serve names each replica's actor SERVE_REPLICA::<app>#<deployment>#<replica id>.
         prefix = f"SERVE_REPLICA::{self.app_name}#{DEPLOYMENT_NAME}#"
         names = ray.util.list_named_actors(all_namespaces=True)
-        return sorted(n["name"][len(prefix):] for n in names if n["name"].startswith(prefix))
+        return sorted(n["name"][len(prefix) :] for n in names if n["name"].startswith(prefix))
 
     def placement(self, request_id: int) -> Placement | None:
         """Where the request is answered, once its replica has started on it (recent requests only)."""
@@ -240,23 +254,26 @@ class ReplicatedEngine:
         """
         paths, params, history = self._admit(video, question, params, history, media)
         with self._lock:
-            job = _Job(Stream(next(self._ids), on_end=self.metrics.ended), str(paths[0]), question.strip(), params,
-                       history)
+            job = _Job(
+                Stream(next(self._ids), on_end=self.metrics.ended), str(paths[0]), question.strip(), params, history
+            )
             if self._held is not None:
                 self._held.append(job)
                 return job.stream
         self._send([job])
         return job.stream
 
-    def _admit(self, video, question: str, params: GenerationParams | None, history,
-               media=None) -> tuple[list, GenerationParams, list]:
+    def _admit(
+        self, video, question: str, params: GenerationParams | None, history, media=None
+    ) -> tuple[list, GenerationParams, list]:
         """(upload paths, params, history) of a request checked as Engine.submit checks it, with an admission slot
         taken; the refusal counted and raised otherwise."""
         try:
             params = params or GenerationParams()
             paths = media_paths(video, media)
-            history = check_request(paths, question, params, history, self.config, self.frame_sampling_limits,
-                                    self.model_info["max_media"])
+            history = check_request(
+                paths, question, params, history, self.config, self.frame_sampling_limits, self.model_info["max_media"]
+            )
             if len(paths) > 1:
                 raise InputError(SEVERAL_MEDIA)
             with self._lock:
@@ -308,7 +325,7 @@ class ReplicatedEngine:
                 _fail_unfinished(streams, error)
                 return
             requests = [{"question": j.question, "params": j.params, "history": j.history} for j in jobs]
-            for attempt in range(2):
+            for _attempt in range(2):
                 response = self._calls.answer.remote(digest=digest, video=video, requests=requests)
                 started = await self._call(response, streams)
                 if started or all(s.finished or s.cancelled for s in streams):
@@ -400,7 +417,8 @@ class ReplicatedEngine:
             for replica in ids[first:] + ids[:first]:
                 # pinned there by the router, as every later call of the session will be
                 reply = self.handle.open_live.remote(session=f"{replica}/", params=params).result(
-                    timeout_s=LIVE_OPEN_TIMEOUT_S)
+                    timeout_s=LIVE_OPEN_TIMEOUT_S
+                )
                 if reply.get("kind") != ERROR:
                     break
                 error = error_from_wire(reply)
@@ -419,7 +437,8 @@ class ReplicatedEngine:
         _, params, history = self._admit(f"live session {session}", question, params, history)
         stream = Stream(next(self._ids), on_end=self.metrics.ended)
         future = asyncio.run_coroutine_threadsafe(
-            self._serve_live(session, question.strip(), history, params, stream), self._loop)
+            self._serve_live(session, question.strip(), history, params, stream), self._loop
+        )
         future.add_done_callback(lambda _: self._admission.release())
         return stream
 
@@ -427,8 +446,7 @@ class ReplicatedEngine:
         task = asyncio.current_task()
         self._open[task] = 1
         try:
-            response = self._calls.live_ask.remote(session=session, question=question, history=history,
-                                                   params=params)
+            response = self._calls.live_ask.remote(session=session, question=question, history=history, params=params)
             if not await self._call(response, [stream]):  # failed before its replica said hello: that one is gone
                 _fail_unfinished([stream], SessionLost(LIVE_SESSION_LOST))
         except asyncio.CancelledError:  # shutdown
@@ -488,8 +506,9 @@ class ReplicatedEngine:
         if device == "cpu" or (device == "auto" and gpus == 0):
             return False
         if gpus < self.replica_count:
-            raise ReplicasUnavailable(f"{self.replica_count} replicas need {self.replica_count} GPUs, one each; "
-                               f"the Ray cluster has {gpus}.")
+            raise ReplicasUnavailable(
+                f"{self.replica_count} replicas need {self.replica_count} GPUs, one each; the Ray cluster has {gpus}."
+            )
         return True
 
     def __enter__(self) -> "ReplicatedEngine":
@@ -546,8 +565,12 @@ def _init_options(address: str | None, num_cpus: int | None, quiet: bool) -> dic
     # The replicas unpickle EngineConfig and import engine/ and replicas/ from this checkout, whatever
     # the directory the app was started from.
     python_path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    return {**options, "address": "local", "num_cpus": num_cpus,
-            "runtime_env": {"env_vars": {"PYTHONPATH": python_path}}}
+    return {
+        **options,
+        "address": "local",
+        "num_cpus": num_cpus,
+        "runtime_env": {"env_vars": {"PYTHONPATH": python_path}},
+    }
 
 
 def _deploy_failure(app_name: str, error: BaseException) -> str:

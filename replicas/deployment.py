@@ -197,8 +197,9 @@ class EngineReplica:
         def submit_all():
             for index, request in enumerate(requests):
                 try:
-                    streams[index] = self.engine.submit(video=path, question=request["question"],
-                                                        params=request["params"], history=request["history"])
+                    streams[index] = self.engine.submit(
+                        video=path, question=request["question"], params=request["params"], history=request["history"]
+                    )
                 except Exception as error:  # InputError / BusyError carry their sentence to the client
                     failed.append((index, error))
 
@@ -218,8 +219,15 @@ class EngineReplica:
 _burst_lock = threading.Lock()
 
 
-def engine_app(config: EngineConfig, replicas: int, *, gpus: bool, cpus_per_replica: float, spill_after: int,
-               warm_up_clip: str | None = None):
+def engine_app(
+    config: EngineConfig,
+    replicas: int,
+    *,
+    gpus: bool,
+    cpus_per_replica: float,
+    spill_after: int,
+    warm_up_clip: str | None = None,
+):
     """The bound Serve application: `replicas` engines, one GPU each when `gpus`, else
     `cpus_per_replica` CPUs each (torch then runs that many threads, at least one), routed by video;
     each answers `warm_up_clip` once before it takes requests. Unless the config sets video_readers, each

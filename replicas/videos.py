@@ -19,7 +19,7 @@ import ray
 
 from engine.errors import NO_VIDEO, InputError
 from engine.lru import ByteLRU
-from engine.reading.video import size_pair, file_sha256
+from engine.reading.video import file_sha256, size_pair
 
 
 class VideoSender:

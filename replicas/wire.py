@@ -18,12 +18,13 @@ from engine.stream import Event, EvsPicture
 
 HELLO = "hello"
 ERROR = "error"
-LIVE_SESSION_LOST = ("The server restarted the part of it that held this live session; please open a new one "
-                     "to go on.")
+LIVE_SESSION_LOST = "The server restarted the part of it that held this live session; please open a new one to go on."
 
 
 class SessionLost(BusyError):
     """The replica holding a live session is gone (or never held it): the session has ended."""
+
+
 TEXT_KINDS = ("status", "thinking", "text")  # the events that carry only text
 
 
@@ -56,14 +57,17 @@ def event_from_wire(message: dict) -> Event:
         return Event(kind, message["text"])
     if kind == "evs":
         picture = message["evs"]
-        return Event("evs", evs=EvsPicture(
-            frames=picture["frames"],
-            timestamps_s=list(picture["timestamps_s"]),
-            grid_thw=tuple(picture["grid_thw"]),
-            kept_mask=picture["kept_mask"],
-            dissimilarity=picture["dissimilarity"],
-            medium=picture.get("medium", 0),
-        ))
+        return Event(
+            "evs",
+            evs=EvsPicture(
+                frames=picture["frames"],
+                timestamps_s=list(picture["timestamps_s"]),
+                grid_thw=tuple(picture["grid_thw"]),
+                kept_mask=picture["kept_mask"],
+                dissimilarity=picture["dissimilarity"],
+                medium=picture.get("medium", 0),
+            ),
+        )
     if kind == "done":
         return Event("done", stats=message["stats"], token_ids=tuple(message["token_ids"]), logits=message["logits"])
     raise ValueError(f"not an engine event: {kind!r}")

@@ -80,15 +80,25 @@ def launched_app(cache_dir: Path, model: str = "tiny-random", record_live: bool 
     WebSocket and the MCP server as app.py serves them; closed and shut down afterwards. record_live: the spy
     records its live sessions (SubmitSpy). engine_settings: EngineConfig fields (max_queue; read_timeout_s is also
     /v1/live's idle time, as in app.py)."""
-    engine = Engine(EngineConfig(model=model, device="cpu", cache_dir=cache_dir,
-                                 max_video_seconds=MAX_VIDEO_S, **engine_settings))
+    engine = Engine(
+        EngineConfig(model=model, device="cpu", cache_dir=cache_dir, max_video_seconds=MAX_VIDEO_S, **engine_settings)
+    )
     spy = SubmitSpy(engine, record_live)
     demo = ui.build_demo(spy, max_file_bytes=MAX_FILE_BYTES)
     try:
-        routes = [metrics_route(spy), *ui.openai_routes(spy, MAX_FILE_BYTES),
-                  *ui.live_routes(spy, engine.config.max_video_source_pixels, engine.config.read_timeout_s)]
-        _, url, _ = demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=free_port(),
-                                quiet=True, app_kwargs={"routes": routes}, **ui.launch_kwargs(MAX_FILE_BYTES))
+        routes = [
+            metrics_route(spy),
+            *ui.openai_routes(spy, MAX_FILE_BYTES),
+            *ui.live_routes(spy, engine.config.max_video_source_pixels, engine.config.read_timeout_s),
+        ]
+        _, url, _ = demo.launch(
+            prevent_thread_lock=True,
+            server_name="127.0.0.1",
+            server_port=free_port(),
+            quiet=True,
+            app_kwargs={"routes": routes},
+            **ui.launch_kwargs(MAX_FILE_BYTES),
+        )
         assert demo.mcp_server, demo.mcp_error  # Gradio only prints why its MCP server did not start
         yield RunningApp(url=url, client=Client(url, verbose=False), spy=spy, demo=demo)
     finally:
@@ -107,8 +117,11 @@ def wait_until(condition, timeout_s: float = 20.0) -> bool:
 
 def parse_metrics(text: str) -> dict[tuple, float]:
     """A /metrics body as {(sample name, sorted (label, value) pairs): value}."""
-    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
-            for family in text_string_to_metric_families(text) for sample in family.samples}
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
 
 
 def scrape_metrics(url: str) -> dict[tuple, float]:

@@ -59,6 +59,7 @@ def fallback_app(tmp_path_factory):
     CPU and the banner saying why; shared by the start-up and browser tests."""
     from test_app_startup import UNREACHABLE_MODEL, app_process
 
-    with app_process(tmp_path_factory.mktemp("fallback-app"), "--model", UNREACHABLE_MODEL,
-                     "--device", "cpu") as started:
+    with app_process(
+        tmp_path_factory.mktemp("fallback-app"), "--model", UNREACHABLE_MODEL, "--device", "cpu"
+    ) as started:
         yield started

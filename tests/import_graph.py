@@ -100,7 +100,8 @@ def _imports(module: str, path: Path, files: dict[str, str]) -> tuple[set[str], 
 def _is_type_checking(test: ast.expr) -> bool:
     """`TYPE_CHECKING` or `typing.TYPE_CHECKING`."""
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def cycles(graph: Graph) -> list[list[str]]:
@@ -165,8 +166,15 @@ def table(graph: Graph) -> str:
     lines = ["| module | imports of the project | third-party imports |", "|---|---|---|"]
     for module, path in sorted(graph.files.items(), key=lambda item: item[1]):
         internal = ", ".join(f"`{name}`" for name in sorted(graph.internal[module])) or "—"
-        external = ", ".join([*(f"`{name}`" for name in sorted(graph.external[module])),
-                              *(f"`{name}` (annotations)" for name in sorted(graph.annotations[module]))]) or "—"
+        external = (
+            ", ".join(
+                [
+                    *(f"`{name}`" for name in sorted(graph.external[module])),
+                    *(f"`{name}` (annotations)" for name in sorted(graph.annotations[module])),
+                ]
+            )
+            or "—"
+        )
         lines.append(f"| `{path}` | {internal} | {external} |")
     return "\n".join(lines) + "\n"
 

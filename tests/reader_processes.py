@@ -23,7 +23,7 @@ from pathlib import Path
 
 from engine.reading import pool as reader_pool
 
-FAULTS = '''
+FAULTS = """
 import os as _os, signal as _signal, time as _time
 import av as _av
 import engine.reading.reader_process as _reader
@@ -61,7 +61,7 @@ def _faulty_read_soundtrack(path, rate_hz, max_seconds):
 
 _reader._read = _faulty_read
 _reader.read_soundtrack = _faulty_read_soundtrack
-'''
+"""
 _ANCHOR = "from engine.reading.reader_process import serve\n"
 
 

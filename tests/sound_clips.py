@@ -15,16 +15,27 @@ def tone(hz: float, seconds: float, rate_hz: int, amplitude: float = 0.5) -> np.
     return amplitude * np.sin(2 * np.pi * hz * np.arange(round(seconds * rate_hz)) / rate_hz)
 
 
-def write_clip_with_sound(path: Path, waveform: np.ndarray | None, rate_hz: int = 0, *, container: str = "mp4",
-                          codec: str = "aac", seconds: float = SECONDS, keyframe_every: int | None = None) -> Path:
+def write_clip_with_sound(
+    path: Path,
+    waveform: np.ndarray | None,
+    rate_hz: int = 0,
+    *,
+    container: str = "mp4",
+    codec: str = "aac",
+    seconds: float = SECONDS,
+    keyframe_every: int | None = None,
+) -> Path:
     """A `seconds`-long 64x48 H.264 clip at FPS, with waveform ((channels, n) float in [-1, 1], at rate_hz;
     one channel is mono, two stereo) encoded by `codec` as its audio stream, or none when waveform is None.
     keyframe_every: frames between keyframes (x264's own choice when None), so a reader pool can split it."""
     with av.open(str(path), mode="w", format=container) as output:
         video = output.add_stream("libx264", rate=Fraction(FPS))
         video.width, video.height, video.pix_fmt = 64, 48, "yuv420p"
-        video.options = {"preset": "ultrafast", "threads": "1",
-                         **({"g": str(keyframe_every), "keyint_min": str(keyframe_every)} if keyframe_every else {})}
+        video.options = {
+            "preset": "ultrafast",
+            "threads": "1",
+            **({"g": str(keyframe_every), "keyint_min": str(keyframe_every)} if keyframe_every else {}),
+        }
         audio = None
         if waveform is not None:
             layout = "mono" if len(waveform) == 1 else "stereo"

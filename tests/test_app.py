@@ -33,12 +33,24 @@ def is_update(value) -> bool:
 
 # --- the endpoint ----------------------------------------------------------------------------
 
+
 def test_ask_endpoint_takes_video_question_rate_and_defaults_the_rest(app):
     params = app.client.view_api(return_format="dict", print_info=False)["named_endpoints"]["/ask"]["parameters"]
     names = [p["parameter_name"] for p in params]
     assert names[:3] == ["video", "question", "pruning_rate"]
-    assert {"fps", "max_frames", "max_pixels_per_frame", "max_new_tokens", "temperature", "compare",
-            "history", "enable_thinking", "hear_soundtrack", "pruning_method", "compare_methods"} <= set(names)
+    assert {
+        "fps",
+        "max_frames",
+        "max_pixels_per_frame",
+        "max_new_tokens",
+        "temperature",
+        "compare",
+        "history",
+        "enable_thinking",
+        "hear_soundtrack",
+        "pruning_method",
+        "compare_methods",
+    } <= set(names)
     assert all(p["parameter_has_default"] for p in params[2:])
 
 
@@ -79,8 +91,9 @@ def test_a_higher_pruning_rate_keeps_fewer_tokens(app, clip):
 
 
 def test_compare_mode_answers_at_zero_and_at_the_chosen_rate(app, clip):
-    answer, stats, _, _ = app.client.predict(handle_file(str(clip("scene_cut"))), "What changes?", 0.7,
-                                             compare=True, api_name="/ask", **FAST)
+    answer, stats, _, _ = app.client.predict(
+        handle_file(str(clip("scene_cut"))), "What changes?", 0.7, compare=True, api_name="/ask", **FAST
+    )
     baseline = stats["compare"]
     assert baseline["pruning_rate"] == 0.0 and stats["pruning_rate"] == 0.7
     assert isinstance(baseline["answer"], str) and baseline["answer"] and answer
@@ -93,9 +106,16 @@ def test_compare_mode_answers_at_zero_and_at_the_chosen_rate(app, clip):
 def test_compare_methods_answers_with_every_method_from_one_vit_forward(app, clip):
     video = clip("scene_cut", seconds=2.0, size=(176, 144))  # encoded by no other test: not in the feature cache
     forwards = app.spy.engine.vision.forwards
-    answer, stats, _, frames = app.client.predict(handle_file(str(video)), "What changes?", 0.5, fps=4.0,
-                                                  pruning_method="vidcom2", compare_methods=True, api_name="/ask",
-                                                  **FAST)
+    answer, stats, _, frames = app.client.predict(
+        handle_file(str(video)),
+        "What changes?",
+        0.5,
+        fps=4.0,
+        pruning_method="vidcom2",
+        compare_methods=True,
+        api_name="/ask",
+        **FAST,
+    )
     assert app.spy.engine.vision.forwards == forwards + 1
     methods = stats["compare_methods"]
     assert list(methods) == list(pruning.PRUNING_METHODS)
@@ -114,15 +134,17 @@ def test_a_follow_up_question_reuses_the_caches(app, clip):
     video = handle_file(str(clip("pan", seconds=2.5)))
     first, stats, _, _ = app.client.predict(video, "Where does the camera go?", 0.5, api_name="/ask", **FAST)
     assert not stats["vit_cache_hit"] and not stats["prefix_cache_hit"]
-    _, follow_up, _, _ = app.client.predict(video, "And then?", 0.5, history=[["Where does the camera go?", first]],
-                                            api_name="/ask", **FAST)
+    _, follow_up, _, _ = app.client.predict(
+        video, "And then?", 0.5, history=[["Where does the camera go?", first]], api_name="/ask", **FAST
+    )
     assert follow_up["vit_cache_hit"] and follow_up["prefix_cache_hit"]
     assert follow_up["prompt_tokens"] > stats["prompt_tokens"]  # the earlier turn is in the prompt
 
 
 def test_cancelling_a_call_cancels_the_engine_request(app, clip):
-    job = app.client.submit(handle_file(str(clip("moving_object"))), "Talk for a long time.", 0.7,
-                            max_new_tokens=1024, api_name="/ask")
+    job = app.client.submit(
+        handle_file(str(clip("moving_object"))), "Talk for a long time.", 0.7, max_new_tokens=1024, api_name="/ask"
+    )
     assert wait_until(lambda: any(update[0] for update in job.outputs()), timeout_s=60)
     stream = app.spy.streams[-1]
     job.cancel()
@@ -132,6 +154,7 @@ def test_cancelling_a_call_cancels_the_engine_request(app, clip):
 
 
 # --- user errors -----------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="session")
 def bad_files(tmp_path_factory, clip):
@@ -183,10 +206,13 @@ def test_concurrent_users_with_bad_uploads_among_them_are_all_served(app, clip, 
     engine's batches; the bad ones get their sentence; the server stays up."""
     kinds = ["moving_object", "pan", "scene_cut", "moving_object"]
     # long enough answers that the requests overlap in the decode batch
-    good = [app.client.submit(handle_file(str(clip(kind))), f"What happens? ({i})", 0.5, api_name="/ask",
-                              max_new_tokens=40) for i, kind in enumerate(kinds)]
-    bad = [app.client.submit(handle_file(str(bad_files["junk"])), "What moves?", api_name="/ask", **FAST)
-           for _ in range(2)]
+    good = [
+        app.client.submit(handle_file(str(clip(kind))), f"What happens? ({i})", 0.5, api_name="/ask", max_new_tokens=40)
+        for i, kind in enumerate(kinds)
+    ]
+    bad = [
+        app.client.submit(handle_file(str(bad_files["junk"])), "What moves?", api_name="/ask", **FAST) for _ in range(2)
+    ]
     results = [job.result(timeout=180) for job in good]
     for job in bad:
         with pytest.raises(Exception, match="could not be read as a video or a picture"):

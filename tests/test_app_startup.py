@@ -18,8 +18,8 @@ from huggingface_hub.errors import GatedRepoError, LocalEntryNotFoundError, Repo
 
 import app
 from engine.loading.device import MIN_DRIVER_FOR_CUDA_MAJOR
-from engine.memory.plan import InsufficientMemory
 from engine.loading.load import ModelUnavailable, UnsupportedModel
+from engine.memory.plan import InsufficientMemory
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "Qwen/Qwen3-VL-4B-Instruct"
@@ -94,8 +94,13 @@ def app_process(home: Path, *flags: str):
     port = free_port()
     log_path = home / "app.log"
     with open(log_path, "w") as log:
-        proc = subprocess.Popen([sys.executable, "app.py", *flags, "--port", str(port)], cwd=ROOT,
-                                env=offline_env(home), stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [sys.executable, "app.py", *flags, "--port", str(port)],
+            cwd=ROOT,
+            env=offline_env(home),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         try:
             health = wait_for_health(proc, port)
             yield StartedApp(url=f"http://127.0.0.1:{port}/", health=health, log=log_path)
@@ -107,17 +112,26 @@ def test_unreachable_model_falls_back_to_tiny_trained_with_a_banner(fallback_app
     status, page = get(fallback_app.url)
     _, config = get(f"{fallback_app.url}config")
     output = fallback_app.log.read_text()
-    assert fallback_app.health == {"status": "ok", "model": "tiny-trained", "device": "cpu", "fallback": True,
-                                   "replicas": 1}
+    assert fallback_app.health == {
+        "status": "ok",
+        "model": "tiny-trained",
+        "device": "cpu",
+        "fallback": True,
+        "replicas": 1,
+    }
     assert status == 200 and "<html" in page.lower()
     # The Hub client's own words go to the log, on one line.
-    assert (f"falling back to tiny-trained: model {UNREACHABLE_MODEL} cannot be served (We couldn't connect to "
-            "'http://127.0.0.1:9'") in output
+    assert (
+        f"falling back to tiny-trained: model {UNREACHABLE_MODEL} cannot be served (We couldn't connect to "
+        "'http://127.0.0.1:9'"
+    ) in output
     assert "warm-up done" in output
     assert "attention: vision tower sdpa, language model sdpa" in output
     # The page a user sees says why in one sentence, and what the offline model knows.
-    assert (f"The model {UNREACHABLE_MODEL} could not be downloaded: no network connection, and no copy on this "
-            "machine. This app runs tiny-trained instead, a tiny model trained on synthetic clips") in config
+    assert (
+        f"The model {UNREACHABLE_MODEL} could not be downloaded: no network connection, and no copy on this "
+        "machine. This app runs tiny-trained instead, a tiny model trained on synthetic clips"
+    ) in config
     assert "couldn" not in config and "offline-mode" not in config
 
 
@@ -194,13 +208,20 @@ def test_bad_port_in_environment_is_a_usage_error(monkeypatch, capsys):
 
 # ---- the host self-check ------------------------------------------------------------------------
 
+
 def run_app(tmp_path: Path, *flags: str, path_prefix: Path | None = None, **env: str) -> subprocess.CompletedProcess:
     """`python app.py FLAGS` that is expected to end by itself (a start-up refusal)."""
     environment = offline_env(tmp_path, **env)
     if path_prefix is not None:
         environment["PATH"] = f"{path_prefix}{os.pathsep}{environment['PATH']}"
-    return subprocess.run([sys.executable, "app.py", "--port", str(free_port()), *flags], cwd=ROOT,
-                          env=environment, capture_output=True, text=True, timeout=START_TIMEOUT_S)
+    return subprocess.run(
+        [sys.executable, "app.py", "--port", str(free_port()), *flags],
+        cwd=ROOT,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=START_TIMEOUT_S,
+    )
 
 
 def error_lines(result: subprocess.CompletedProcess) -> list[str]:
@@ -239,7 +260,9 @@ def test_device_cuda_without_a_gpu_is_one_line(tmp_path):
 
 def checkpoint_folder(tmp_path: Path, checkpoint: str) -> Path:
     """A folder holding only the checkpoint's published config.json: enough to count its parameters."""
-    stored = json.loads((ROOT / "engine" / "checkpoints" / "specs" / f"{checkpoint.replace('/', '--')}.json").read_text())
+    stored = json.loads(
+        (ROOT / "engine" / "checkpoints" / "specs" / f"{checkpoint.replace('/', '--')}.json").read_text()
+    )
     folder = tmp_path / checkpoint.split("/")[-1]
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps(stored["config"]))
@@ -252,12 +275,15 @@ def test_auto_on_a_cpu_serves_a_4b_checkpoint_only_when_asked(tmp_path):
     with app_process(tmp_path, "--model", str(folder)) as started:
         _, config = get(f"{started.url}config")
         output = started.log.read_text()
-    assert started.health == {"status": "ok", "model": "tiny-trained", "device": "cpu", "fallback": True,
-                              "replicas": 1}
-    assert (f"model {folder} cannot be served (no usable GPU was found and it has 4.4 B parameters, too many to "
-            "serve on a CPU; pass --device cpu to run it there anyway)") in output
-    assert (f"No usable GPU was found, and {folder} (4.4 B parameters) is too large to run on a CPU. This app runs "
-            "tiny-trained instead, a tiny model trained on synthetic clips") in config
+    assert started.health == {"status": "ok", "model": "tiny-trained", "device": "cpu", "fallback": True, "replicas": 1}
+    assert (
+        f"model {folder} cannot be served (no usable GPU was found and it has 4.4 B parameters, too many to "
+        "serve on a CPU; pass --device cpu to run it there anyway)"
+    ) in output
+    assert (
+        f"No usable GPU was found, and {folder} (4.4 B parameters) is too large to run on a CPU. This app runs "
+        "tiny-trained instead, a tiny model trained on synthetic clips"
+    ) in config
     assert "attention: vision tower sdpa, language model sdpa" in output
 
 
@@ -273,9 +299,11 @@ def test_auto_on_a_cpu_with_a_4b_checkpoint_exits_when_strict(tmp_path):
 # ---- the banner's sentence ----------------------------------------------------------------------
 
 # What the Hub client says when it cannot connect: a developer's advice and a URL wider than a phone.
-HUB_MESSAGE = ("We couldn't connect to 'https://huggingface.co' to load the files, and couldn't find them in the "
-               "cached files. Check your internet connection or see how to run the library in offline mode at "
-               "'https://huggingface.co/docs/transformers/installation#offline-mode'.")
+HUB_MESSAGE = (
+    "We couldn't connect to 'https://huggingface.co' to load the files, and couldn't find them in the "
+    "cached files. Check your internet connection or see how to run the library in offline mode at "
+    "'https://huggingface.co/docs/transformers/installation#offline-mode'."
+)
 
 
 def chained(*errors: BaseException) -> BaseException:
@@ -287,8 +315,9 @@ def chained(*errors: BaseException) -> BaseException:
 
 
 def unavailable(hub_error: BaseException) -> ModelUnavailable:
-    return chained(ModelUnavailable(f"Model '{MODEL}' is unavailable: OSError: {HUB_MESSAGE}"),
-                   OSError(HUB_MESSAGE), hub_error)
+    return chained(
+        ModelUnavailable(f"Model '{MODEL}' is unavailable: OSError: {HUB_MESSAGE}"), OSError(HUB_MESSAGE), hub_error
+    )
 
 
 def hub_refusal(kind: type, status: int) -> BaseException:
@@ -296,25 +325,48 @@ def hub_refusal(kind: type, status: int) -> BaseException:
     return kind(f"{status} Client Error. Repository Not Found for url: {response.request.url}.", response=response)
 
 
-@pytest.mark.parametrize("error, why", [
-    (unavailable(LocalEntryNotFoundError("Cannot find the requested files in the disk cache and outgoing traffic "
-                                         "has been disabled.")),
-     f"The model {MODEL} could not be downloaded: no network connection, and no copy on this machine."),
-    (unavailable(hub_refusal(RepositoryNotFoundError, 404)),
-     f"The model {MODEL} was found neither on this machine nor on the Hugging Face Hub, or it is private."),
-    (unavailable(hub_refusal(GatedRepoError, 403)),
-     f"The model {MODEL} is gated on the Hugging Face Hub, and this server has no token for it."),
-    # No Hub error beneath it: an unknown random:<id>, or weights checked out as LFS pointers.
-    (ModelUnavailable(f"Model '{MODEL}' is unavailable: OSError: {HUB_MESSAGE}"),
-     f"The model {MODEL} could not be downloaded or read."),
-    (app.TooLargeForCpu(4_437_815_808),
-     f"No usable GPU was found, and {MODEL} (4.4 B parameters) is too large to run on a CPU."),
-    (InsufficientMemory("After loading the model the GPU has 1.0 GiB free, room for 0 video tokens per request, "
-                        "fewer than the 256 of a small clip: use a GPU with more memory or a smaller checkpoint."),
-     f"The GPU has too little free memory to run {MODEL}."),
-    (UnsupportedModel(f"Model '{MODEL}' has model_type 'llava'; only ['qwen3_vl'] checkpoints are supported."),
-     f"The model {MODEL} is not a kind of model this app can run."),
-], ids=["offline", "not-found", "gated", "unreadable", "cpu-too-small", "gpu-memory", "unsupported"])
+@pytest.mark.parametrize(
+    "error, why",
+    [
+        (
+            unavailable(
+                LocalEntryNotFoundError(
+                    "Cannot find the requested files in the disk cache and outgoing traffic has been disabled."
+                )
+            ),
+            f"The model {MODEL} could not be downloaded: no network connection, and no copy on this machine.",
+        ),
+        (
+            unavailable(hub_refusal(RepositoryNotFoundError, 404)),
+            f"The model {MODEL} was found neither on this machine nor on the Hugging Face Hub, or it is private.",
+        ),
+        (
+            unavailable(hub_refusal(GatedRepoError, 403)),
+            f"The model {MODEL} is gated on the Hugging Face Hub, and this server has no token for it.",
+        ),
+        # No Hub error beneath it: an unknown random:<id>, or weights checked out as LFS pointers.
+        (
+            ModelUnavailable(f"Model '{MODEL}' is unavailable: OSError: {HUB_MESSAGE}"),
+            f"The model {MODEL} could not be downloaded or read.",
+        ),
+        (
+            app.TooLargeForCpu(4_437_815_808),
+            f"No usable GPU was found, and {MODEL} (4.4 B parameters) is too large to run on a CPU.",
+        ),
+        (
+            InsufficientMemory(
+                "After loading the model the GPU has 1.0 GiB free, room for 0 video tokens per request, "
+                "fewer than the 256 of a small clip: use a GPU with more memory or a smaller checkpoint."
+            ),
+            f"The GPU has too little free memory to run {MODEL}.",
+        ),
+        (
+            UnsupportedModel(f"Model '{MODEL}' has model_type 'llava'; only ['qwen3_vl'] checkpoints are supported."),
+            f"The model {MODEL} is not a kind of model this app can run.",
+        ),
+    ],
+    ids=["offline", "not-found", "gated", "unreadable", "cpu-too-small", "gpu-memory", "unsupported"],
+)
 def test_the_banner_says_why_in_one_sentence_a_person_can_read(error, why):
     assert isinstance(error, app.CANNOT_SERVE)
     sentence = app.fallback_reason(MODEL, error)
@@ -339,20 +391,25 @@ def test_too_little_gpu_memory_falls_back_unless_strict(monkeypatch, capsys, str
     for name in ("EVS_STRICT_MODEL", "EVS_VIDEO_READERS", "EVS_REPLICAS"):
         monkeypatch.delenv(name, raising=False)
     # Asked for cuda, served on the CPU here: the fake stands in for the GPU, and no parameter count is fetched.
-    args = app.parse_args(["--model", MODEL, "--device", "cuda", "--video-readers", "1",
-                           *(["--strict-model"] if strict else [])])
+    args = app.parse_args(
+        ["--model", MODEL, "--device", "cuda", "--video-readers", "1", *(["--strict-model"] if strict else [])]
+    )
     if strict:
         with pytest.raises(SystemExit) as exit_info:
             app.build_engine(args, "cpu", max_file_bytes=1_000_000)
         assert exit_info.value.code == app.EXIT_DEVICE_UNAVAILABLE
-        assert capsys.readouterr().err == (f"error: model {MODEL} cannot be served (After loading the model the GPU "
-                                           "has 1.0 GiB free, room for 0 video tokens.); EVS_STRICT_MODEL is set, so "
-                                           "the app does not fall back to tiny-trained.\n")
+        assert capsys.readouterr().err == (
+            f"error: model {MODEL} cannot be served (After loading the model the GPU "
+            "has 1.0 GiB free, room for 0 video tokens.); EVS_STRICT_MODEL is set, so "
+            "the app does not fall back to tiny-trained.\n"
+        )
         return
     served, banner = app.build_engine(args, "cpu", max_file_bytes=1_000_000)
     try:
         assert served.model_info["name"] == "tiny-trained"
-        assert banner.startswith(f"The GPU has too little free memory to run {MODEL}. This app runs tiny-trained "
-                                 "instead, a tiny model trained on synthetic clips")
+        assert banner.startswith(
+            f"The GPU has too little free memory to run {MODEL}. This app runs tiny-trained "
+            "instead, a tiny model trained on synthetic clips"
+        )
     finally:
         served.shutdown()

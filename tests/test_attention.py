@@ -12,8 +12,8 @@ import math
 import pytest
 import torch
 
-from engine.loading import kernels, load
 from engine.config import FrameSampling
+from engine.loading import kernels, load
 from engine.loading.load import _pick_attention, load_model
 from engine.prompt.unpruned import unpruned_prompt
 from engine.reading.video import read_video
@@ -248,5 +248,6 @@ def test_the_linear_attention_kernels_are_named_as_transformers_picks_them(monke
     importable = {"fla"}
     monkeypatch.setattr(kernels, "_importable", lambda module: module in importable)
     assert kernels.linear_attention_kernels(torch.device("cuda")) == (
-        "delta rule flash-linear-attention (Triton), short convolution torch")
+        "delta rule flash-linear-attention (Triton), short convolution torch"
+    )
     assert kernels.linear_attention_kernels(torch.device("cpu")).endswith("these kernels need CUDA tensors")

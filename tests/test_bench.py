@@ -29,8 +29,14 @@ POSITIVE_TIMES = ("mean_ttft_s", "p90_ttft_s", "wall_s", "pipelined_ideal_s", "p
 def quick_run(tmp_path_factory, tiny_cache_dir):
     out = tmp_path_factory.mktemp("bench-results")
     env = {**os.environ, "EVS_CACHE_DIR": str(tiny_cache_dir)}
-    result = subprocess.run([sys.executable, "-m", "bench", "--quick", "--device", "cpu", "--out-dir", str(out)],
-                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [sys.executable, "-m", "bench", "--quick", "--device", "cpu", "--out-dir", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     saved = sorted(out.glob("bench-quick-*.json"))
     assert len(saved) == 1, sorted(out.iterdir())
@@ -73,7 +79,8 @@ def test_ttft_by_rate_splits_by_stage_with_the_ideal(saved):
 def test_users_compare_the_engine_with_the_ideal_and_the_peer(saved):
     rows = saved["users"]
     assert [(row["pruning_rate"], row["users"]) for row in rows] == [
-        (q, n) for q in QUICK.burst_rates for n in QUICK.users]
+        (q, n) for q in QUICK.burst_rates for n in QUICK.users
+    ]
     for row in rows:
         assert all(row[key] > 0 for key in POSITIVE_TIMES), row
         assert row["p90_ttft_s"] >= row["mean_ttft_s"] * 0.99 and row["wall_s"] >= row["p90_ttft_s"]
@@ -98,7 +105,8 @@ def test_the_peer_answered_every_user_in_full(saved):
 def test_concurrency_follow_up_and_vit_figures(saved):
     rows = saved["concurrency"]
     assert [(row["concurrency"], row["pruning_rate"]) for row in rows] == [
-        (c, q) for c in QUICK.concurrency for q in QUICK.burst_rates]
+        (c, q) for c in QUICK.concurrency for q in QUICK.burst_rates
+    ]
     for row in rows:
         assert row["p99_ttft_s"] >= row["p50_ttft_s"] > 0 and row["tpot_s"] > 0
         assert row["requests_per_s"] > 0 and row["output_tokens_per_s"] > 0 and row["requests_per_s_over_q0"] > 0
@@ -186,9 +194,15 @@ def test_pipelined_ideal_scales_the_device_stages_only():
 
 
 def test_the_gpu_check_still_starts_as_a_script(tmp_path):
-    """`python bench/gpu_check.py` from anywhere (docs/performance.md's form on a GPU host) finds the `bench` package."""
-    result = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--help"], cwd=tmp_path,
-                            capture_output=True, text=True, timeout=300)
+    """`python bench/gpu_check.py` from anywhere (docs/performance.md's form on a GPU host) finds the `bench`
+    package."""
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--help"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "usage: python bench/gpu_check.py" in result.stdout
 
@@ -202,21 +216,28 @@ def test_the_stamp_the_live_transport_bench_reads_is_the_one_its_page_draws():
     frame = np.full((120, 480, 3), 70, np.uint8)
     for bit in range(STAMP_BITS):
         on = stamp >> (STAMP_BITS - 1 - bit) & 1
-        frame[:STAMP_BLOCK_PX, bit * STAMP_BLOCK_PX:(bit + 1) * STAMP_BLOCK_PX] = 235 if on else 18
+        frame[:STAMP_BLOCK_PX, bit * STAMP_BLOCK_PX : (bit + 1) * STAMP_BLOCK_PX] = 235 if on else 18
     assert read_stamp(frame) == stamp
-    frame[4:12, 5 * STAMP_BLOCK_PX + 4:5 * STAMP_BLOCK_PX + 12] = 128  # a square blurred to grey: unreadable
+    frame[4:12, 5 * STAMP_BLOCK_PX + 4 : 5 * STAMP_BLOCK_PX + 12] = 128  # a square blurred to grey: unreadable
     assert read_stamp(frame) is None
     assert lag_ms(stamp, (1 << 40) + stamp + 42.5) == 42.5
     assert lag_ms((1 << STAMP_BITS) - 10, 5.0 + (3 << STAMP_BITS)) == 15.0  # the clock's low bits wrapped
 
 
-@pytest.mark.skipif(not Path("/usr/bin/chromium").exists() or shutil.which("ffmpeg") is None,
-                    reason="needs Debian's chromium and ffmpeg")
+@pytest.mark.skipif(
+    not Path("/usr/bin/chromium").exists() or shutil.which("ffmpeg") is None,
+    reason="needs Debian's chromium and ffmpeg",
+)
 def test_the_live_transport_bench_measures_the_live_tabs_input():
     """The documented command, shortened: stamped frames reach the Live tab's handler at its 10 a second, all
     readable, with a lag; the WebRTC row says why it was skipped where fastrtc is not installed."""
-    result = subprocess.run([sys.executable, "-m", "bench.live_transport", "--seconds", "5", "--every", "0.1"],
-                            cwd=ROOT, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.live_transport", "--seconds", "5", "--every", "0.1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     rows = [line.split("|")[1:-1] for line in result.stdout.splitlines() if line.startswith("| Gradio")]
     assert len(rows) == 1

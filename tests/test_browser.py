@@ -13,8 +13,15 @@ from engine.errors import NO_VIDEO
 from ui.runs import METHOD_LABELS
 
 CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts"
 TIMEOUT_MS = 90_000
 PHONE = dict(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True)  # an iPhone 12-15's width
@@ -61,8 +68,11 @@ def set_slider(page, elem_id: str, value: float) -> None:
 def upload(page, *files: Path) -> None:
     """Upload files at once into the strip, as a drop of several files does, and wait until it shows them."""
     page.set_input_files("#evs-media input[type=file]", [str(file) for file in files])
-    page.wait_for_function("n => document.querySelectorAll('#evs-media video, #evs-media img').length === n",
-                           arg=len(files), timeout=TIMEOUT_MS)
+    page.wait_for_function(
+        "n => document.querySelectorAll('#evs-media video, #evs-media img').length === n",
+        arg=len(files),
+        timeout=TIMEOUT_MS,
+    )
 
 
 def ask(page, question: str) -> None:
@@ -80,7 +90,9 @@ def sweep_and_wait(page, rates: int = 5) -> None:
     page.wait_for_function(
         "n => { const cards = [...document.querySelectorAll('#evs-sweep-answers .evs-answer-numbers')];"
         " return cards.length === n && cards.every(card => card.innerText.includes('TTFT')); }",
-        arg=rates, timeout=TIMEOUT_MS)
+        arg=rates,
+        timeout=TIMEOUT_MS,
+    )
     page.wait_for_selector("#evs-sweep-plot .js-plotly-plot .bars")
     page.wait_for_function("document.querySelector('#evs-sweep-table').innerText.includes('0.9')", timeout=TIMEOUT_MS)
 
@@ -112,8 +124,9 @@ def test_upload_ask_and_see_answer_numbers_and_pictures(page, clip):
     # a follow-up in compare mode keeps the conversation and shows both answers side by side
     page.check("#evs-compare input[type=checkbox]")
     ask(page, "And what happens next?")
-    page.wait_for_function("document.querySelector('#evs-compare-summary').innerText.includes('shorter')",
-                           timeout=TIMEOUT_MS)
+    page.wait_for_function(
+        "document.querySelector('#evs-compare-summary').innerText.includes('shorter')", timeout=TIMEOUT_MS
+    )
     assert page.locator('#evs-chat [data-testid="user"]').count() == 2
     cards = page.locator("#evs-compare-cards .evs-answer-card")
     assert cards.count() == 2 and "q = 0 · all tokens" in cards.first.inner_text()
@@ -127,7 +140,9 @@ def test_upload_ask_and_see_answer_numbers_and_pictures(page, clip):
     ask(page, "Which parts are kept?")
     page.wait_for_function(
         "() => { const cards = [...document.querySelectorAll('#evs-compare-cards .evs-answer-numbers')];"
-        " return cards.length === 3 && cards.every(card => card.innerText.includes('TTFT')); }", timeout=TIMEOUT_MS)
+        " return cards.length === 3 && cards.every(card => card.innerText.includes('TTFT')); }",
+        timeout=TIMEOUT_MS,
+    )
     titles = page.locator("#evs-compare-cards .evs-answer-title").all_inner_texts()
     assert titles == ["evs · q = 0.5", "uniform · q = 0.5", "vidcom2 · q = 0.5"]
     page.wait_for_function("document.querySelectorAll('#evs-compare-pictures img').length === 3", timeout=TIMEOUT_MS)
@@ -165,14 +180,22 @@ def test_a_phone_gets_one_column_and_never_scrolls_sideways(browser, app, clip):
         phone.click("#evs-advanced button")
         set_slider(phone, "evs-max-new-tokens", 8)
         ask(phone, "What moves in this clip?")
-        phone.wait_for_function("document.querySelector('#evs-status').innerText.includes('done')",
-                                timeout=TIMEOUT_MS)
+        phone.wait_for_function("document.querySelector('#evs-status').innerText.includes('done')", timeout=TIMEOUT_MS)
         phone.wait_for_selector("#evs-bars .js-plotly-plot .bars")
         sweep_and_wait(phone)
 
         assert page_width() <= width
-        for selector in ("#evs-ask", '#evs-chat [data-testid="bot"]', "#evs-stats", "#evs-bars", "#evs-heatmap",
-                         "#evs-gallery", "#evs-sweep-answers", "#evs-sweep-plot", "#evs-sweep-table"):
+        for selector in (
+            "#evs-ask",
+            '#evs-chat [data-testid="bot"]',
+            "#evs-stats",
+            "#evs-bars",
+            "#evs-heatmap",
+            "#evs-gallery",
+            "#evs-sweep-answers",
+            "#evs-sweep-plot",
+            "#evs-sweep-table",
+        ):
             left, right = horizontal_extent(phone, selector)
             assert 0 <= left and right <= width, (selector, left, right)
         # the columns stack: the conversation is below the inputs, not beside them
@@ -244,7 +267,7 @@ def test_stop_and_closing_the_tab_cancel_the_engine_request(browser, app, clip):
             tab = new_tab()
             stream = start_long_answer(tab)
             stop(tab)
-            assert wait_until(lambda: stream.finished, timeout_s=30)
+            assert wait_until(lambda stream=stream: stream.finished, timeout_s=30)
             if not tab.is_closed():
                 tab.close()
             if stream.cancelled:
@@ -264,8 +287,7 @@ def test_stop_and_closing_the_tab_cancel_the_engine_request(browser, app, clip):
 
 
 @pytest.mark.parametrize("viewport", ["desktop", "phone"])
-def test_two_videos_and_a_picture_are_answered_with_a_pruning_picture_per_video(browser, app, clip, tmp_path,
-                                                                                 viewport):
+def test_two_videos_and_a_picture_are_answered_with_a_pruning_picture_per_video(browser, app, clip, tmp_path, viewport):
     """Three files dropped at once show as a strip; the answer's pruning picture is the first video's, the choice
     above it switches to the other video's (its own frames and kept counts), and the stats say each upload's
     tokens. On a phone all of it fits the screen's width."""

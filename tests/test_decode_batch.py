@@ -90,10 +90,12 @@ def test_rows_of_different_lengths_keep_their_own_kv_when_others_leave():
     assert batch.attention_mask.tolist() == [[0, 0, 0, 1, 1, 1, 1, 1], [1] * 8]
     for row, (name, old_row) in enumerate([("c", 2), ("d", 3)]):  # each one's row before the others left
         alone = batch.row_state(name).layers[0]
-        for got, own_alone, prompt, stepped in ((keys, alone.keys, prompts[name][0], [k for k, _ in steps]),
-                                                (values, alone.values, prompts[name][1], [v for _, v in steps])):
+        for got, own_alone, prompt, stepped in (
+            (keys, alone.keys, prompts[name][0], [k for k, _ in steps]),
+            (values, alone.values, prompts[name][1], [v for _, v in steps]),
+        ):
             own = torch.cat([prompt[0], *(step[old_row] for step in stepped)], dim=1)  # (heads, tokens, dim)
-            assert torch.equal(own_alone[0], own) and torch.equal(got[row, :, -own.shape[1]:], own)
+            assert torch.equal(own_alone[0], own) and torch.equal(got[row, :, -own.shape[1] :], own)
             assert not got[row, :, : got.shape[2] - own.shape[1]].any()
 
 

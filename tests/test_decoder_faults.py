@@ -24,12 +24,11 @@ from pathlib import Path
 import pytest
 
 import engine.reading.video as video
-from engine import Engine, EngineConfig, GenerationParams, STATS_KEYS
-from engine.reading import pool as reader_pool
-from engine.prepare import UNREADABLE_SOUNDTRACK
-from engine.errors import InputError
-
 from app_harness import wait_until
+from engine import STATS_KEYS, Engine, EngineConfig, GenerationParams
+from engine.errors import InputError
+from engine.prepare import UNREADABLE_SOUNDTRACK
+from engine.reading import pool as reader_pool
 from reader_processes import alive, faulty_program, reader_children
 from sound_clips import tone, write_clip_with_sound
 
@@ -53,8 +52,15 @@ def engine(tiny_cache_dir):
     OTHER_READERS.update(reader_children())
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(reader_pool, "READER_PROGRAM", faulty_program())
-        with Engine(EngineConfig(model="tiny-random", device="cpu", cache_dir=tiny_cache_dir,
-                                 read_timeout_s=READ_TIMEOUT_S, video_readers=READERS)) as running:
+        with Engine(
+            EngineConfig(
+                model="tiny-random",
+                device="cpu",
+                cache_dir=tiny_cache_dir,
+                read_timeout_s=READ_TIMEOUT_S,
+                video_readers=READERS,
+            )
+        ) as running:
             yield running
 
 
@@ -162,8 +168,9 @@ def test_a_soundtrack_that_does_not_decode_costs_the_soundtrack_only(tiny_cache_
     deaf = write_clip_with_sound(tmp_path / "deaf_clip.mp4", tone(440, 2.0, 16000)[None], 16000)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(reader_pool, "READER_PROGRAM", faulty_program())
-        with Engine(EngineConfig(model="tiny-random-nemotron-omni", device="cpu", cache_dir=tiny_cache_dir,
-                                 video_readers=1)) as hearing:
+        with Engine(
+            EngineConfig(model="tiny-random-nemotron-omni", device="cpu", cache_dir=tiny_cache_dir, video_readers=1)
+        ) as hearing:
             assert wait_until(lambda: hearing.readers.idle == 1, 60)
             pids = hearing.readers.pids()
             stream = hearing.submit(deaf, "What is said?", FAST)

@@ -17,8 +17,9 @@ FRAME_SAMPLING = FrameSampling(fps=4.0, max_frames=8, max_pixels_per_frame=160 *
 
 
 def tiny_config(cache_dir, **overrides) -> EngineConfig:
-    return EngineConfig(model="tiny-random", device="cpu", cache_dir=cache_dir, frame_sampling=FRAME_SAMPLING,
-                        **overrides)
+    return EngineConfig(
+        model="tiny-random", device="cpu", cache_dir=cache_dir, frame_sampling=FRAME_SAMPLING, **overrides
+    )
 
 
 @pytest.fixture(scope="module")
@@ -89,14 +90,34 @@ def test_unreadable_video_fails_its_stream_only(engine, clip, tmp_path):
 
 def test_command_line(tiny_cache_dir, clip):
     env = {**os.environ, "EVS_CACHE_DIR": str(tiny_cache_dir)}
-    args = ["--video", str(clip("scene_cut")), "--question", "What changes?", "--pruning-rate", "0.7",
-            "--model", "tiny-random", "--device", "cpu", "--max-new-tokens", "5"]
-    done = subprocess.run([sys.executable, "-m", "engine", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    args = [
+        "--video",
+        str(clip("scene_cut")),
+        "--question",
+        "What changes?",
+        "--pruning-rate",
+        "0.7",
+        "--model",
+        "tiny-random",
+        "--device",
+        "cpu",
+        "--max-new-tokens",
+        "5",
+    ]
+    done = subprocess.run(
+        [sys.executable, "-m", "engine", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr
     assert '"video_tokens_kept"' in done.stdout and '"generated_tokens": 5' in done.stdout
     blank_question = [*args[:3], "   ", *args[4:]]
-    bad = subprocess.run([sys.executable, "-m", "engine", *blank_question], cwd=REPO, env=env,
-                         capture_output=True, text=True, timeout=300)
+    bad = subprocess.run(
+        [sys.executable, "-m", "engine", *blank_question],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert bad.returncode == 2 and "Please type a question" in bad.stderr and "Traceback" not in bad.stderr
 
 
@@ -119,8 +140,10 @@ def test_malformed_history_is_refused(engine, clip):
 
 def test_shutdown_ends_every_accepted_stream_and_refuses_new_ones(tiny_cache_dir, clip):
     closing = Engine(tiny_config(tiny_cache_dir))
-    streams = [closing.submit(clip(kind), "What?", GenerationParams(max_new_tokens=200, ignore_eos=True))
-               for kind in ("moving_object", "pan", "scene_cut")]
+    streams = [
+        closing.submit(clip(kind), "What?", GenerationParams(max_new_tokens=200, ignore_eos=True))
+        for kind in ("moving_object", "pan", "scene_cut")
+    ]
     closing.shutdown()
     for stream in streams:
         assert stream.finished  # ended with an answer or "shutting down", never left open
@@ -154,8 +177,10 @@ def test_two_requests_on_the_same_upload_at_once_decode_it_once(tiny_cache_dir, 
     monkeypatch.setattr(engine_module, "read_medium", counting_load)
     with Engine(tiny_config(tiny_cache_dir)) as eng:
         with eng.paused():  # compare mode: q = 0 and the chosen q on the same file, submitted together
-            pair = [eng.submit(clip("scene_cut"), "What?", GenerationParams(pruning_rate=q, max_new_tokens=3))
-                    for q in (0.0, 0.7)]
+            pair = [
+                eng.submit(clip("scene_cut"), "What?", GenerationParams(pruning_rate=q, max_new_tokens=3))
+                for q in (0.0, 0.7)
+            ]
         answers = [stream.result(60) for stream in pair]
     assert len(decodes) == 1
     assert answers[0].stats["video_tokens_kept"] > answers[1].stats["video_tokens_kept"]
@@ -203,8 +228,12 @@ def test_question_and_history_are_counted_in_tokens(tiny_cache_dir, clip):
             small.submit(clip("pan"), "Why? " * 10, GenerationParams(max_new_tokens=1))
         with pytest.raises(InputError, match="the limit is 50: please start a new conversation"):
             small.submit(clip("pan"), "Why?", GenerationParams(max_new_tokens=1), history=[("What?", "x" * 60)])
-        assert small.submit(clip("pan"), "Why?", GenerationParams(max_new_tokens=1),
-                            history=[("What?", "x" * 20)]).result(60).stats["generated_tokens"] == 1
+        assert (
+            small.submit(clip("pan"), "Why?", GenerationParams(max_new_tokens=1), history=[("What?", "x" * 20)])
+            .result(60)
+            .stats["generated_tokens"]
+            == 1
+        )
 
 
 def test_a_request_past_the_models_context_is_refused_before_the_gpu(engine, clip, monkeypatch):
@@ -214,7 +243,8 @@ def test_a_request_past_the_models_context_is_refused_before_the_gpu(engine, cli
 
 
 def test_sampling_past_the_servers_limits_is_refused(engine, clip):
-    too_many = FrameSampling(fps=2.0, max_frames=engine.frame_sampling_limits.max_frames + 2,
-                             max_pixels_per_frame=160 * 128)
+    too_many = FrameSampling(
+        fps=2.0, max_frames=engine.frame_sampling_limits.max_frames + 2, max_pixels_per_frame=160 * 128
+    )
     with pytest.raises(InputError, match="frames were asked for; this server samples at most"):
         engine.submit(clip("pan"), "What?", GenerationParams(frame_sampling=too_many))

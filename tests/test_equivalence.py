@@ -8,10 +8,10 @@ import torch
 import pruning
 from engine import Engine, EngineConfig, GenerationParams
 from engine.config import FrameSampling
-from engine.worker.lm import LMInput, embed_prompt, lm_logits
-from engine.prompt.unpruned import chat_text, processor_inputs, unpruned_prompt
 from engine.prompt.pruned import prune_prompt
+from engine.prompt.unpruned import chat_text, processor_inputs, unpruned_prompt
 from engine.reading.video import read_video
+from engine.worker.lm import LMInput, embed_prompt, lm_logits
 
 SYSTEM = "You are a helpful assistant."
 QUESTION = "What moves?"

@@ -223,7 +223,10 @@ def test_mask_from_precomputed_dissimilarity_matches():
     features = torch.randn(4 * 3 * 5, 8)
     for q in (0.0, 0.3, 0.75):
         dissimilarity = pruning.frame_dissimilarity(features, (4, 3, 5))
-        assert torch.equal(pruning.retention_mask_from_dissimilarity(dissimilarity, q), pruning.compute_retention_mask(features, (4, 3, 5), q))
+        assert torch.equal(
+            pruning.retention_mask_from_dissimilarity(dissimilarity, q),
+            pruning.compute_retention_mask(features, (4, 3, 5), q),
+        )
 
 
 # --- the old name ---------------------------------------------------------------------------------

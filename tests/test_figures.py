@@ -37,12 +37,30 @@ def make_picture(height_px: int = 12, width_px: int = 18) -> EvsPicture:
 def sample_stats(**overrides) -> dict:
     """A done event's stats: every key (engine.stats.Stats), these values, None for keys the cards don't use."""
     values = dict(
-        pruning_rate=0.7, pruning_method="evs", frames_sampled=6, sampled_fps=2.0, grid_thw=[3, 2, 3],
-        video_tokens_total=18, video_tokens_kept=8, tokens_kept_per_frame=[6, 2, 0], prompt_tokens=40,
-        prefill_tokens=40, generated_tokens=11,
-        ttft_s=0.5, total_s=1.5, read_video_s=0.004, vit_s=0.12, evs_s=0.0021, prefill_s=0.2,
-        decode_s=1.0, vit_batch_requests=2, vit_cache_hit=True, prefix_cache_hit=False, decode_batch_max=3,
-        thinking_tokens=0, answer_tokens=11,
+        pruning_rate=0.7,
+        pruning_method="evs",
+        frames_sampled=6,
+        sampled_fps=2.0,
+        grid_thw=[3, 2, 3],
+        video_tokens_total=18,
+        video_tokens_kept=8,
+        tokens_kept_per_frame=[6, 2, 0],
+        prompt_tokens=40,
+        prefill_tokens=40,
+        generated_tokens=11,
+        ttft_s=0.5,
+        total_s=1.5,
+        read_video_s=0.004,
+        vit_s=0.12,
+        evs_s=0.0021,
+        prefill_s=0.2,
+        decode_s=1.0,
+        vit_batch_requests=2,
+        vit_cache_hit=True,
+        prefix_cache_hit=False,
+        decode_batch_max=3,
+        thinking_tokens=0,
+        answer_tokens=11,
     )
     values.update(overrides)
     assert set(values) <= set(STATS_KEYS)
@@ -55,6 +73,7 @@ def decoded(array_or_list) -> np.ndarray:
 
 
 # --- bar chart ---------------------------------------------------------------------------------
+
 
 def test_bars_split_every_group_into_kept_and_pruned():
     fig = figures.tokens_per_group_figure(make_picture())
@@ -69,13 +88,13 @@ def test_bars_split_every_group_into_kept_and_pruned():
 
 def test_groups_with_the_same_rounded_time_keep_separate_bars():
     picture = make_picture()
-    picture = EvsPicture(picture.frames, [0.0, 0.01, 0.02], picture.grid_thw, picture.kept_mask,
-                         picture.dissimilarity)
+    picture = EvsPicture(picture.frames, [0.0, 0.01, 0.02], picture.grid_thw, picture.kept_mask, picture.dissimilarity)
     kept_bar = figures.tokens_per_group_figure(picture).data[0]
     assert len(set(decoded(kept_bar.x).tolist())) == 3
 
 
 # --- heatmap ---------------------------------------------------------------------------------
+
 
 def test_heatmap_rows_are_groups_and_first_group_is_blank():
     picture = make_picture()
@@ -99,6 +118,7 @@ def test_heatmap_of_a_single_group_has_no_finite_values_and_still_builds():
 
 # --- API payload -----------------------------------------------------------------------------
 
+
 def test_payload_is_json_with_compact_arrays_and_round_trips():
     payload = figures.figures_payload(make_picture())
     text = json.dumps(payload, allow_nan=False)
@@ -111,14 +131,17 @@ def test_payload_is_json_with_compact_arrays_and_round_trips():
 
 # --- frame overlays --------------------------------------------------------------------------
 
+
 def test_overlay_dims_pruned_patches_and_leaves_kept_ones():
     picture = make_picture()
     frame = picture.frames[1]
     out = overlays.dim_pruned(frame, KEPT[1])
     # 12x18 pixels over 2x3 tokens: token (0, 0) is rows 0-5, cols 0-5 (kept); token (0, 1) is pruned.
     np.testing.assert_array_equal(out[:6, :6], frame[:6, :6])
-    expected = np.rint(frame[:6, 6:12].astype(np.float32) * overlays.PRUNED_DIM
-                       + overlays.PRUNED_TINT_RGB * overlays.PRUNED_TINT_WEIGHT)
+    expected = np.rint(
+        frame[:6, 6:12].astype(np.float32) * overlays.PRUNED_DIM
+        + overlays.PRUNED_TINT_RGB * overlays.PRUNED_TINT_WEIGHT
+    )
     np.testing.assert_array_equal(out[:6, 6:12], expected.astype(np.uint8))
     assert out.dtype == np.uint8 and out.shape == frame.shape
     assert not np.shares_memory(out, frame)
@@ -135,8 +158,7 @@ def test_pixel_mask_covers_frames_that_are_not_a_multiple_of_the_grid():
 
 def test_gallery_captions_give_time_and_kept_count():
     gallery = overlays.frame_gallery(make_picture())
-    assert [caption for _, caption in gallery] == [
-        "t=0.2 s · kept 6/6", "t=1.2 s · kept 2/6", "t=2.2 s · kept 0/6"]
+    assert [caption for _, caption in gallery] == ["t=0.2 s · kept 6/6", "t=1.2 s · kept 2/6", "t=2.2 s · kept 0/6"]
     fully_pruned, _ = gallery[2]
     assert fully_pruned.max() <= np.ceil(255 * overlays.PRUNED_DIM + 225 * overlays.PRUNED_TINT_WEIGHT)
 
@@ -156,6 +178,7 @@ def test_the_montage_holds_every_groups_dimmed_frame_in_time_order():
 
 # --- stats panel -----------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("seconds, text", [(None, "—"), (0.0021, "2.1 ms"), (0.12, "120 ms"), (1.5, "1.50 s")])
 def test_format_seconds(seconds, text):
     assert stats_panel.format_seconds(seconds) == text
@@ -163,10 +186,21 @@ def test_format_seconds(seconds, text):
 
 def test_stats_cards_show_the_headline_numbers():
     html = stats_panel.stats_html(sample_stats())
-    for fragment in ["18 → 8", "56% pruned at q=0.70", "Prompt tokens", ">40<", "11 tokens",
-                     "10.0 tokens/s decode", "500 ms", "ViT × 2 · decode × 3", "features hit · prefix miss",
-                     "ViT cached · pruning 2.1 ms", "56% pruned at q=0.70 by evs",
-                     "6 frames at 2 fps · grid 3 × 2 × 3", "prefilled 40 of 40 prompt tokens"]:
+    for fragment in [
+        "18 → 8",
+        "56% pruned at q=0.70",
+        "Prompt tokens",
+        ">40<",
+        "11 tokens",
+        "10.0 tokens/s decode",
+        "500 ms",
+        "ViT × 2 · decode × 3",
+        "features hit · prefix miss",
+        "ViT cached · pruning 2.1 ms",
+        "56% pruned at q=0.70 by evs",
+        "6 frames at 2 fps · grid 3 × 2 × 3",
+        "prefilled 40 of 40 prompt tokens",
+    ]:
         assert fragment in html, fragment
 
 
@@ -185,15 +219,24 @@ def test_decode_speed_is_unknown_for_a_single_token():
     assert "—" in stats_panel.stats_html(sample_stats(generated_tokens=1))
 
 
-@pytest.mark.parametrize("soundtrack, card", [
-    ("heard", "heard 2.0 s"), ("cut", "heard the first 2.0 s"), ("off", "Hear the soundtrack is off"),
-    ("none", "no sound to hear"), ("unreadable", "could not be read"), ("unsupported", None)])
+@pytest.mark.parametrize(
+    "soundtrack, card",
+    [
+        ("heard", "heard 2.0 s"),
+        ("cut", "heard the first 2.0 s"),
+        ("off", "Hear the soundtrack is off"),
+        ("none", "no sound to hear"),
+        ("unreadable", "could not be read"),
+        ("unsupported", None),
+    ],
+)
 def test_the_soundtrack_card_says_what_was_heard(soundtrack, card):
     """A card for a model that hears: how much, with its tokens all kept, or why nothing; none for a model that
     cannot hear, where it would only say so."""
     heard = soundtrack in ("heard", "cut")
-    html = stats_panel.stats_html(sample_stats(soundtrack=soundtrack, audio_tokens=26 if heard else 0,
-                                               audio_seconds=2.0 if heard else 0.0))
+    html = stats_panel.stats_html(
+        sample_stats(soundtrack=soundtrack, audio_tokens=26 if heard else 0, audio_seconds=2.0 if heard else 0.0)
+    )
     assert ("Soundtrack" in html) == (card is not None)
     if card:
         assert card in html

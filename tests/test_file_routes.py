@@ -96,8 +96,14 @@ def leaks(body: bytes, needles: list[bytes]) -> bool:
     return any(needle in body for needle in needles)
 
 
-def check_refused(url: str, routes: list[str], targets: dict[str, list[bytes]], inside: list[Path],
-                  methods=("GET",), skip=lambda route, name: False) -> list[str]:
+def check_refused(
+    url: str,
+    routes: list[str],
+    targets: dict[str, list[bytes]],
+    inside: list[Path],
+    methods=("GET",),
+    skip=lambda route, name: False,
+) -> list[str]:
     """Every route x target x spelling x method; returns a line for each answer that was not refused."""
     failures = []
     for route in routes:
@@ -149,8 +155,7 @@ def test_the_proxy_route_reads_no_local_file_or_loopback_url(served, targets):
     server's own loopback address (an SSRF into whatever listens there)."""
     # A NUL byte makes Gradio's reverse proxy fail with a 500 (httpx.InvalidURL, unhandled; nothing is
     # served); it is not a file route, so that spelling is left to the file routes above.
-    failures = check_refused(served["url"], [PROXY_ROUTE], targets, inside=[],
-                             skip=lambda route, name: "%00" in name)
+    failures = check_refused(served["url"], [PROXY_ROUTE], targets, inside=[], skip=lambda route, name: "%00" in name)
     for route in (PROXY_ROUTE, "/gradio_api/file="):
         status, body = request(served["url"], f"{route}{served['url'].rstrip('/')}/config")
         if status not in REFUSED or b"components" in body:

@@ -19,8 +19,8 @@ from mcp import ClientSession
 from mcp.client.streamable_http import streamablehttp_client
 
 from engine import Engine, GenerationParams
-from engine.front.checks import check_params
 from engine.errors import BAD_HISTORY, BAD_NUMBERS, NO_VIDEO, InputError
+from engine.front.checks import check_params
 from engine.front.door import defaults, history_pairs, merged, request_params
 from engine.front.serving import Serving
 from engine.stream import Event, Stream
@@ -40,6 +40,7 @@ def refusal(attempt) -> str:
 
 # --- the same mistake, every way in ------------------------------------------------------------
 
+
 def data_url(video: Path) -> str:
     return "data:video/mp4;base64," + base64.b64encode(video.read_bytes()).decode()
 
@@ -51,10 +52,22 @@ def through_the_page(app, video: Path | None, question: str, rate: float, method
     sampling = settings.frame_sampling
 
     async def ask():
-        async for _ in Handlers(app.spy).chat(str(video) if video else None, question, rate, method, sampling.fps,
-                                              sampling.max_frames, sampling.max_pixels_per_frame,
-                                              settings.max_new_tokens, settings.temperature, False, False, False,
-                                              False, []):
+        async for _ in Handlers(app.spy).chat(
+            str(video) if video else None,
+            question,
+            rate,
+            method,
+            sampling.fps,
+            sampling.max_frames,
+            sampling.max_pixels_per_frame,
+            settings.max_new_tokens,
+            settings.temperature,
+            False,
+            False,
+            False,
+            False,
+            [],
+        ):
             pass
 
     with pytest.raises(gr.Error) as caught:
@@ -64,8 +77,9 @@ def through_the_page(app, video: Path | None, question: str, rate: float, method
 
 def through_ask(app, video: Path | None, question: str, rate: float, method: str) -> str:
     file = handle_file(str(video)) if video else None
-    return refusal(lambda: app.client.predict(file, question, rate, max_new_tokens=6, pruning_method=method,
-                                              api_name="/ask"))
+    return refusal(
+        lambda: app.client.predict(file, question, rate, max_new_tokens=6, pruning_method=method, api_name="/ask")
+    )
 
 
 def through_openai(app, video: Path | None, question: str, rate: float, method: str) -> str:
@@ -73,14 +87,23 @@ def through_openai(app, video: Path | None, question: str, rate: float, method: 
     parts = [{"type": "video_url", "video_url": {"url": data_url(video)}}] if video else []
     messages = [{"role": "user", "content": [*parts, {"type": "text", "text": question}]}]
     with pytest.raises(openai.BadRequestError) as caught:
-        client.chat.completions.create(model=app.spy.model_info["name"], messages=messages, max_tokens=6,
-                                       extra_body={"pruning_rate": rate, "pruning_method": method})
+        client.chat.completions.create(
+            model=app.spy.model_info["name"],
+            messages=messages,
+            max_tokens=6,
+            extra_body={"pruning_rate": rate, "pruning_method": method},
+        )
     return caught.value.body["message"]
 
 
 def through_mcp(app, video: Path | None, question: str, rate: float, method: str) -> str:
-    arguments = {"video": data_url(video) if video else "", "question": question, "pruning_rate": rate,
-                 "max_new_tokens": 6, "pruning_method": method}
+    arguments = {
+        "video": data_url(video) if video else "",
+        "question": question,
+        "pruning_rate": rate,
+        "max_new_tokens": 6,
+        "pruning_method": method,
+    }
 
     async def call():
         async with streamablehttp_client(f"{app.url}gradio_api/mcp/") as (read, write, _):
@@ -96,24 +119,44 @@ def through_mcp(app, video: Path | None, question: str, rate: float, method: str
 
 def through_sweep(app, video: Path | None, question: str, rate: float, method: str) -> str:
     file = handle_file(str(video)) if video else None
-    return refusal(lambda: app.client.predict(file, question, str(rate), max_new_tokens=6, methods=method,
-                                              api_name="/sweep"))
+    return refusal(
+        lambda: app.client.predict(file, question, str(rate), max_new_tokens=6, methods=method, api_name="/sweep")
+    )
 
 
 def through_the_command_line(app, video: Path | None, question: str, rate: float, method: str) -> str:
     """`python -m engine` in its own process, on the app's model: its sentence is stderr's "error: " line (the
     engine's log lines go to stderr too)."""
-    args = ["--video", str(video), "--question", question, "--pruning-rate", str(rate), "--pruning-method", method,
-            "--model", app.spy.model_info["name"], "--device", "cpu", "--max-new-tokens", "6"]
+    args = [
+        "--video",
+        str(video),
+        "--question",
+        question,
+        "--pruning-rate",
+        str(rate),
+        "--pruning-method",
+        method,
+        "--model",
+        app.spy.model_info["name"],
+        "--device",
+        "cpu",
+        "--max-new-tokens",
+        "6",
+    ]
     env = {**os.environ, "EVS_CACHE_DIR": str(app.spy.engine.config.cache_dir)}
-    done = subprocess.run([sys.executable, "-m", "engine", *args], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "engine", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     return next(line for line in done.stderr.splitlines() if line.startswith("error: ")).removeprefix("error: ")
 
 
-WAYS_IN = {"the page": through_the_page, "/ask": through_ask, "/v1/chat/completions": through_openai,
-           "the MCP tool": through_mcp}
+WAYS_IN = {
+    "the page": through_the_page,
+    "/ask": through_ask,
+    "/v1/chat/completions": through_openai,
+    "the MCP tool": through_mcp,
+}
 # A bad method also through the sweep and the command line: the other mistakes need no second look there.
 EVERY_WAY_IN = {**WAYS_IN, "/sweep": through_sweep, "python -m engine": through_the_command_line}
 
@@ -154,6 +197,7 @@ def test_a_bad_pruning_method_is_one_sentence_every_way_in(app, clip):
 
 # --- loose values ------------------------------------------------------------------------------
 
+
 def test_loose_values_become_settings_and_left_out_ones_the_engines_defaults(app):
     engine = app.spy
     params = request_params(engine, pruning_rate="0.5", max_frames=12.0, max_new_tokens="7", temperature=None)
@@ -184,8 +228,10 @@ def test_the_merge_interleaves_streams_and_reports_a_failure_in_its_place():
     first.push(Event("done", stats={}))
 
     async def read():
-        return [(index, event and event.kind, error and str(error))
-                async for index, event, error in merged({0: first, 1: second})]
+        return [
+            (index, event and event.kind, error and str(error))
+            async for index, event, error in merged({0: first, 1: second})
+        ]
 
     seen = asyncio.run(read())
     assert [kind for index, kind, _ in seen if index == 0] == ["text", "done"]
@@ -193,6 +239,7 @@ def test_the_merge_interleaves_streams_and_reports_a_failure_in_its_place():
 
 
 # --- one interface -----------------------------------------------------------------------------
+
 
 def test_engine_and_replicated_engine_offer_the_serving_interface():
     from replicas.client import ReplicatedEngine
@@ -202,8 +249,9 @@ def test_engine_and_replicated_engine_offer_the_serving_interface():
         for name, declared in members.items():
             offered = getattr(served, name)
             if callable(declared):
-                assert list(inspect.signature(offered).parameters) == list(inspect.signature(declared).parameters), \
+                assert list(inspect.signature(offered).parameters) == list(inspect.signature(declared).parameters), (
                     f"{served.__name__}.{name}"
+                )
             else:
                 assert isinstance(offered, property), f"{served.__name__}.{name}"
         init = inspect.getsource(served.__init__)

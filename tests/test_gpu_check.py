@@ -31,9 +31,25 @@ def quick_run(request, tmp_path_factory):
         (shadows / name / "__init__.py").write_text(f"raise ImportError('gpu_check must not import {name}')\n")
     env = {**os.environ, "PYTHONPATH": str(shadows), "EVS_CACHE_DIR": str(folder / "models")}
     out = folder / "gpu_check.json"
-    result = subprocess.run([sys.executable, "-m", "bench.gpu_check", "--quick", "--device", "cpu", "--model", request.param,
-                             "--out", str(out)],
-                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.gpu_check",
+            "--quick",
+            "--device",
+            "cpu",
+            "--model",
+            request.param,
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     return result, out
 
 
@@ -42,7 +58,8 @@ def test_quick_run_passes_and_prints_one_table(quick_run):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "gpu_check: all checks passed" in result.stdout
     assert "| q | video tokens kept/total | decode s | ViT s | EVS s | prefill s | TTFT s | ideal s | TTFT/ideal |" in (
-        result.stdout)
+        result.stdout
+    )
     assert "| 8 users at once |" in result.stdout
     assert "| 8 users at once, q = 0, admitted as read | mean TTFT s | pipelined ideal s |" in result.stdout
     assert "| reading, q = 0 | frames | waiting for a reader s | reading s | rest of TTFT s | TTFT s |" in result.stdout

@@ -21,13 +21,26 @@ from engine.loading.device import (
 
 GIB = 1024**3
 NO_GPU = HostReport(driver_version=None, torch_version="2.14.1", torch_cuda="13.0", cuda_usable=False)
-OLD_DRIVER = HostReport(driver_version="575.57.08", torch_version="2.14.1", torch_cuda="13.0", cuda_usable=False,
-                        cuda_error="The NVIDIA driver on your system is too old (found version 12090).")
+OLD_DRIVER = HostReport(
+    driver_version="575.57.08",
+    torch_version="2.14.1",
+    torch_cuda="13.0",
+    cuda_usable=False,
+    cuda_error="The NVIDIA driver on your system is too old (found version 12090).",
+)
 CPU_TORCH = HostReport(driver_version="575.57.08", torch_version="2.14.1", torch_cuda=None, cuda_usable=False)
 NO_ACCESS = HostReport(driver_version="575.57.08", torch_version="2.14.1", torch_cuda="12.6", cuda_usable=False)
-ONE_GPU = HostReport(driver_version="575.57.08", torch_version="2.14.1", torch_cuda="12.6", cuda_usable=True,
-                     gpu_count=1, gpu_name="NVIDIA L40S", capability=(8, 9), free_bytes=44 * GIB,
-                     total_bytes=45 * GIB)
+ONE_GPU = HostReport(
+    driver_version="575.57.08",
+    torch_version="2.14.1",
+    torch_cuda="12.6",
+    cuda_usable=True,
+    gpu_count=1,
+    gpu_name="NVIDIA L40S",
+    capability=(8, 9),
+    free_bytes=44 * GIB,
+    total_bytes=45 * GIB,
+)
 
 
 def fake_nvidia_smi(folder, stdout: str, code: int = 0):
@@ -39,14 +52,22 @@ def fake_nvidia_smi(folder, stdout: str, code: int = 0):
     return folder
 
 
-@pytest.mark.parametrize("text, version", [
-    ("NVRM version: NVIDIA UNIX x86_64 Kernel Module  575.57.08  Sat May 24 07:21:18 UTC 2025\n"
-     "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n", "575.57.08"),
-    ("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.65.06  Release Build  (dvs-builder@U16)\n",
-     "580.65.06"),
-    ("NVRM version: NVIDIA UNIX aarch64 Kernel Module  535.104  Thu Aug 10 2023\n", "535.104"),
-    ("nothing like a driver\n", None),
-])
+@pytest.mark.parametrize(
+    "text, version",
+    [
+        (
+            "NVRM version: NVIDIA UNIX x86_64 Kernel Module  575.57.08  Sat May 24 07:21:18 UTC 2025\n"
+            "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n",
+            "575.57.08",
+        ),
+        (
+            "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.65.06  Release Build  (dvs-builder@U16)\n",
+            "580.65.06",
+        ),
+        ("NVRM version: NVIDIA UNIX aarch64 Kernel Module  535.104  Thu Aug 10 2023\n", "535.104"),
+        ("nothing like a driver\n", None),
+    ],
+)
 def test_driver_version_is_read_from_the_kernel_module_file(text, version):
     assert _parse_driver_version(text) == version
 
@@ -63,11 +84,14 @@ def test_without_the_proc_file_nvidia_smi_answers(tmp_path, monkeypatch):
     assert nvidia_driver_version(tmp_path / "missing") == "575.57.08"
 
 
-@pytest.mark.parametrize("stdout, code", [
-    ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\n", 9),
-    ("", 0),
-    ("No devices were found\n", 6),
-])
+@pytest.mark.parametrize(
+    "stdout, code",
+    [
+        ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\n", 9),
+        ("", 0),
+        ("No devices were found\n", 6),
+    ],
+)
 def test_a_failing_nvidia_smi_means_no_driver(tmp_path, monkeypatch, stdout, code):
     monkeypatch.setenv("PATH", str(fake_nvidia_smi(tmp_path, stdout, code)))
     assert nvidia_driver_version(tmp_path / "missing") is None
@@ -89,8 +113,13 @@ def test_probe_on_this_machine_reports_the_torch_build():
 
 def test_summary_names_driver_build_gpu_capability_and_memory():
     line = ONE_GPU.summary()
-    for part in ("NVIDIA driver 575.57.08", "torch 2.14.1 (CUDA 12.6 build)", "NVIDIA L40S",
-                 "compute capability 8.9", "44.0 GiB free of 45.0 GiB"):
+    for part in (
+        "NVIDIA driver 575.57.08",
+        "torch 2.14.1 (CUDA 12.6 build)",
+        "NVIDIA L40S",
+        "compute capability 8.9",
+        "44.0 GiB free of 45.0 GiB",
+    ):
         assert part in line
     assert NO_GPU.summary() == "no NVIDIA driver; torch 2.14.1 (CUDA 13.0 build); CUDA is not usable"
 
@@ -111,8 +140,13 @@ def test_a_driver_too_old_for_torchs_cuda_is_named_with_the_fix(requested):
         choose_device(requested, OLD_DRIVER)
     message = str(error.value)
     assert "\n" not in message
-    for part in ("driver 575.57.08", "built for CUDA 13.0", "needs driver 580 or newer",
-                 "--index-url https://download.pytorch.org/whl/cu126", "--device cpu"):
+    for part in (
+        "driver 575.57.08",
+        "built for CUDA 13.0",
+        "needs driver 580 or newer",
+        "--index-url https://download.pytorch.org/whl/cu126",
+        "--device cpu",
+    ):
         assert part in message
 
 
@@ -131,8 +165,10 @@ def test_a_gpu_torch_cannot_reach_says_to_check_the_container():
 def test_cuda_without_any_gpu_is_one_sentence():
     with pytest.raises(DeviceUnavailable) as error:
         choose_device("cuda", NO_GPU)
-    assert str(error.value) == ("--device cuda was asked for, but this machine has no usable GPU "
-                                "(no NVIDIA driver is loaded): use --device auto or --device cpu.")
+    assert str(error.value) == (
+        "--device cuda was asked for, but this machine has no usable GPU "
+        "(no NVIDIA driver is loaded): use --device auto or --device cpu."
+    )
 
 
 def test_a_gpu_index_past_the_last_gpu_is_refused():

@@ -2,36 +2,41 @@
 logit level on the tiny dense model and at the token level on the tiny MoE one.
 
 float32 sums in another order when the prompt is prefilled in two forwards (the snapshot at the end of the
-video) or the batch shape changes: measured up to 5.1e-5 on these logits (of magnitude about 2), where a wrong state moves them by
-1e-2 and more (test_a_padded_prefill_behind_a_state_is_wrong)."""
+video) or the batch shape changes: measured up to 5.1e-5 on these logits (of magnitude about 2), where a wrong state
+moves them by 1e-2 and more (test_a_padded_prefill_behind_a_state_is_wrong)."""
 
 import pytest
 import torch
 
 import pruning
-
 from app_harness import wait_until
 from batched_rows import answered_in_one_batch, first_tokens, staggered
 from engine import Engine, EngineConfig, GenerationParams
 from engine.config import FrameSampling
+from engine.prompt.unpruned import chat_text, processor_inputs, unpruned_prompt
+from engine.reading.video import read_video
 from engine.state.decode_batch import DecodeBatch
 from engine.state.lm_state import KV, LMState, Recurrent, cache_of, new_cache, state_of
 from engine.state.prefix_cache import PrefixCache
-from engine.prompt.unpruned import chat_text, unpruned_prompt, processor_inputs
-from engine.reading.video import read_video
 
 DENSE, MOE = "tiny-random-qwen3.5", "tiny-random-qwen3.5-moe"
 FRAME_SAMPLING = FrameSampling(fps=4.0, max_frames=8, max_pixels_per_frame=160 * 128)
 SYSTEM = "You are a helpful assistant."
 ATOL = 1e-4
 # (video, q, question): prompts of different lengths, q = 0 included.
-WORKLOAD = [(0, 0.0, "What happens?"), (0, 0.7, "What happens in this clip, and where?"), (1, 0.5, "Why?"),
-            (1, 0.0, "Which colour is the shape?"), (0, 0.9, "What moves?")]
+WORKLOAD = [
+    (0, 0.0, "What happens?"),
+    (0, 0.7, "What happens in this clip, and where?"),
+    (1, 0.5, "Why?"),
+    (1, 0.0, "Which colour is the shape?"),
+    (0, 0.9, "What moves?"),
+]
 
 
 def make_engine(name, tiny_cache_dir, **overrides) -> Engine:
-    return Engine(EngineConfig(model=name, device="cpu", cache_dir=tiny_cache_dir, frame_sampling=FRAME_SAMPLING,
-                               **overrides))
+    return Engine(
+        EngineConfig(model=name, device="cpu", cache_dir=tiny_cache_dir, frame_sampling=FRAME_SAMPLING, **overrides)
+    )
 
 
 def params(q: float, tokens: int = 10) -> GenerationParams:
@@ -41,8 +46,13 @@ def params(q: float, tokens: int = 10) -> GenerationParams:
 def assert_same(got, want, what, logits=True) -> None:
     assert got.token_ids == want.token_ids, what
     if logits:
-        torch.testing.assert_close(torch.from_numpy(got.logits), torch.from_numpy(want.logits), atol=ATOL, rtol=0,
-                                   msg=lambda detail: f"{what}: {detail}")
+        torch.testing.assert_close(
+            torch.from_numpy(got.logits),
+            torch.from_numpy(want.logits),
+            atol=ATOL,
+            rtol=0,
+            msg=lambda detail: f"{what}: {detail}",
+        )
 
 
 @pytest.fixture(scope="module")
@@ -65,15 +75,20 @@ def alone(tiny_cache_dir, videos):
 def test_q0_equals_stock_generate(name, tiny_models, tiny_cache_dir, videos):
     loaded, family = tiny_models(name)
     video = read_video(videos[0], FRAME_SAMPLING, max_seconds=60, max_bytes=10**8, timeout_s=60)
-    inputs = processor_inputs(loaded, video, chat_text(family, SYSTEM, "What moves?", []),
-                              FRAME_SAMPLING.max_pixels_per_frame)
+    inputs = processor_inputs(
+        loaded, video, chat_text(family, SYSTEM, "What moves?", []), FRAME_SAMPLING.max_pixels_per_frame
+    )
     with torch.inference_mode():
-        stock = loaded.model.generate(**inputs, max_new_tokens=12, do_sample=False, output_logits=True,
-                                      return_dict_in_generate=True)
+        stock = loaded.model.generate(
+            **inputs, max_new_tokens=12, do_sample=False, output_logits=True, return_dict_in_generate=True
+        )
     with make_engine(name, tiny_cache_dir) as engine:
-        answer = engine.submit(videos[0], "What moves?", GenerationParams(
-            pruning_rate=0.0, max_new_tokens=12, ignore_eos=True, return_logits=True)).result(120)
-    assert list(answer.token_ids) == stock.sequences[0, inputs["input_ids"].shape[1]:].tolist()
+        answer = engine.submit(
+            videos[0],
+            "What moves?",
+            GenerationParams(pruning_rate=0.0, max_new_tokens=12, ignore_eos=True, return_logits=True),
+        ).result(120)
+    assert list(answer.token_ids) == stock.sequences[0, inputs["input_ids"].shape[1] :].tolist()
     if name == DENSE:
         torch.testing.assert_close(torch.from_numpy(answer.logits), torch.cat(stock.logits).float(), atol=ATOL, rtol=0)
 
@@ -146,8 +161,9 @@ def test_a_snapshot_outlives_the_requests_that_resume_from_it(tiny_cache_dir, vi
     asked = [("Where is it?", [("Describe it.", "A square.")]), ("Why?", [("Which colour?", "Red.")])]
     with make_engine(DENSE, tiny_cache_dir) as warm:
         warm.submit(videos[0], "What happens?", params(0.6)).result(120)
-        follows = [warm.submit(videos[0], question, params(0.6), history=history).result(120)
-                   for question, history in asked]
+        follows = [
+            warm.submit(videos[0], question, params(0.6), history=history).result(120) for question, history in asked
+        ]
     with make_engine(DENSE, tiny_cache_dir) as cold_engine:
         cold = cold_engine.submit(videos[0], *asked[1][:1], params(0.6), history=asked[1][1]).result(120)
     assert all(follow.stats["prefix_cache_hit"] for follow in follows)
@@ -164,8 +180,11 @@ def test_a_finished_turn_is_stored_up_to_where_its_answer_began(tiny_cache_dir, 
             history.append((question, "It moves."))
         assert wait_until(lambda: len(engine.prefix_cache.lru) == 1, timeout_s=10)
         stored = engine.prefix_cache.lru.get(next(iter(engine.prefix_cache.lru._entries)))
-        opening = len(engine.loaded.processor.tokenizer(engine.family.answer_opening(False),
-                                                        add_special_tokens=False)["input_ids"])
+        opening = len(
+            engine.loaded.processor.tokenizer(engine.family.answer_opening(False), add_special_tokens=False)[
+                "input_ids"
+            ]
+        )
     assert stored.token_ids.numel() == answer.stats["prompt_tokens"] - opening == stored.state.tokens
     assert len(stored.snapshots) == 1  # the video's end; the stored end is the other resume point
 
@@ -173,8 +192,9 @@ def test_a_finished_turn_is_stored_up_to_where_its_answer_began(tiny_cache_dir, 
 def test_cancel_frees_its_state_and_leaves_the_others_unchanged(tiny_cache_dir, videos, alone):
     with make_engine(DENSE, tiny_cache_dir) as engine:
         with engine.paused():
-            victim = engine.submit(videos[1], "What happens?", GenerationParams(pruning_rate=0.5, max_new_tokens=400,
-                                                                                ignore_eos=True))
+            victim = engine.submit(
+                videos[1], "What happens?", GenerationParams(pruning_rate=0.5, max_new_tokens=400, ignore_eos=True)
+            )
             others = {item: engine.submit(videos[item[0]], item[2], params(item[1])) for item in WORKLOAD[:3]}
         for event in victim:
             if event.kind == "text":
@@ -196,8 +216,13 @@ def test_the_prefix_cache_counts_snapshots_in_its_bound(tiny_cache_dir, videos):
         stored = probe.prefix_cache.lru.get(next(iter(probe.prefix_cache.lru._entries)))
         one_entry = probe.prefix_cache.lru.bytes_used
     assert len(stored.snapshots) == 1  # after the video (the stored turn ends where its answer began)
-    snapshot_bytes = sum(t.nbytes for snap in stored.snapshots.values() for layer in snap if layer is not None
-                         for t in (layer.conv, layer.ssm))
+    snapshot_bytes = sum(
+        t.nbytes
+        for snap in stored.snapshots.values()
+        for layer in snap
+        if layer is not None
+        for t in (layer.conv, layer.ssm)
+    )
     assert one_entry == stored.state.nbytes + snapshot_bytes > stored.state.nbytes
     with make_engine(DENSE, tiny_cache_dir, prefix_cache_bytes=int(one_entry * 1.5)) as engine:
         for video in videos:
@@ -229,13 +254,18 @@ def test_pruned_equals_the_stock_model_on_the_compacted_sequence(name, tiny_mode
         fed = torch.tensor(answer.token_ids[:-1])
         ids = torch.cat([kept_ids, fed])
         embeds = loaded.model.model.get_input_embeddings()(ids)
-        embeds[: length][prompt.is_visual[keep]] = features.embeds[retention]
+        embeds[:length][prompt.is_visual[keep]] = features.embeds[retention]
         steps = torch.arange(fed.numel())
         next_position = int(prompt.positions.max()) + 1
-        positions = torch.cat([torch.cat([torch.arange(length)[None], prompt.positions[:, keep]]),
-                               torch.stack([steps + length, *[steps + next_position] * 3])], dim=1)
+        positions = torch.cat(
+            [
+                torch.cat([torch.arange(length)[None], prompt.positions[:, keep]]),
+                torch.stack([steps + length, *[steps + next_position] * 3]),
+            ],
+            dim=1,
+        )
         out = loaded.model.model.language_model(inputs_embeds=embeds[None], position_ids=positions[:, None])
-        reference = loaded.model.lm_head(out.last_hidden_state[0, length - 1:]).float()
+        reference = loaded.model.lm_head(out.last_hidden_state[0, length - 1 :]).float()
     assert answer.stats["video_tokens_kept"] == int(retention.sum()) and answer.stats["prompt_tokens"] == length
     assert reference.argmax(dim=-1).tolist() == list(answer.token_ids)
     if name == DENSE:
@@ -256,9 +286,11 @@ def test_a_padded_prefill_behind_a_state_is_wrong(tiny_models):
         for segment, pads in segments_with_pads:
             padded = torch.cat([torch.zeros(1, pads, dtype=torch.long), segment], dim=1)
             seen = cache.get_seq_length()
-            mask = torch.cat([torch.ones(1, seen, dtype=torch.long), (padded != 0).long() if pads else
-                              torch.ones_like(padded)], dim=1)
-            mask[0, seen: seen + pads] = 0
+            mask = torch.cat(
+                [torch.ones(1, seen, dtype=torch.long), (padded != 0).long() if pads else torch.ones_like(padded)],
+                dim=1,
+            )
+            mask[0, seen : seen + pads] = 0
             out = model.model.language_model(input_ids=padded, attention_mask=mask, cache=cache, use_cache=True)
         return model.lm_head(out.last_hidden_state[:, -1]).float()
 
@@ -275,8 +307,12 @@ def test_a_padded_prefill_behind_a_state_is_wrong(tiny_models):
 def state(rows: int, tokens: int, seed: int) -> LMState:
     """A made-up hybrid state: a recurrent layer, then an attention layer."""
     g = torch.Generator().manual_seed(seed)
-    return LMState((Recurrent(torch.randn(rows, 6, 4, generator=g), torch.randn(rows, 2, 3, 3, generator=g)),
-                    KV(torch.randn(rows, 2, tokens, 4, generator=g), torch.randn(rows, 2, tokens, 4, generator=g))))
+    return LMState(
+        (
+            Recurrent(torch.randn(rows, 6, 4, generator=g), torch.randn(rows, 2, 3, 3, generator=g)),
+            KV(torch.randn(rows, 2, tokens, 4, generator=g), torch.randn(rows, 2, tokens, 4, generator=g)),
+        )
+    )
 
 
 def test_decode_batch_pads_kv_and_stacks_recurrent_state():

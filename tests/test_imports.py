@@ -68,8 +68,11 @@ def test_every_part_is_placed(graph):
 
 
 def test_no_gradio_below_the_ui(graph):
-    offenders = sorted(module for module in graph.files if _top(module) in GRADIO_FREE
-                       and graph.external[module] & {"gradio", "gradio_client"})
+    offenders = sorted(
+        module
+        for module in graph.files
+        if _top(module) in GRADIO_FREE and graph.external[module] & {"gradio", "gradio_client"}
+    )
     assert not offenders, f"these modules import Gradio, which only ui/ and app.py may: {offenders}"
 
 
@@ -79,23 +82,32 @@ def test_no_import_cycles(graph):
 
 
 def test_dependencies_point_down(graph):
-    wrong = sorted(f"{module} imports {target}" for module, targets in graph.internal.items()
-                   for target in targets if _top(target) not in MAY_IMPORT[_top(module)])
+    wrong = sorted(
+        f"{module} imports {target}"
+        for module, targets in graph.internal.items()
+        for target in targets
+        if _top(target) not in MAY_IMPORT[_top(module)]
+    )
     assert not wrong, "imports against the layering:\n" + "\n".join(wrong)
 
 
 def test_modules_import_from_the_defining_module(graph):
     """A package's __init__ re-exports for callers outside it; a module inside that imports through it
     runs the whole package first, which is a cycle as soon as the package imports that module back."""
-    wrong = sorted(f"{module} imports its package {package}" for module, path in graph.files.items()
-                   if not path.endswith("__init__.py") and "." in module
-                   for package in [module.rpartition(".")[0]] if package in graph.internal[module])
+    wrong = sorted(
+        f"{module} imports its package {package}"
+        for module, path in graph.files.items()
+        if not path.endswith("__init__.py") and "." in module
+        for package in [module.rpartition(".")[0]]
+        if package in graph.internal[module]
+    )
     assert not wrong, "\n".join(wrong)
 
 
 def test_architecture_doc_has_the_code_imports(graph):
     assert doc_table(DOC.read_text()) == table(graph), (
-        f"the import table in docs/architecture.md differs from the code; rewrite it with `{WRITE_COMMAND}`")
+        f"the import table in docs/architecture.md differs from the code; rewrite it with `{WRITE_COMMAND}`"
+    )
 
 
 def test_the_walk_resolves_relative_lazy_and_package_imports(tmp_path):
@@ -107,8 +119,12 @@ def test_the_walk_resolves_relative_lazy_and_package_imports(tmp_path):
 
     found = read_graph(tmp_path)
 
-    assert found.internal == {"engine": {"engine.first"}, "engine.first": {"engine.second"},
-                              "engine.second": {"engine"}, "app": {"engine.first", "engine.second"}}
+    assert found.internal == {
+        "engine": {"engine.first"},
+        "engine.first": {"engine.second"},
+        "engine.second": {"engine"},
+        "app": {"engine.first", "engine.second"},
+    }
     assert found.external["engine.first"] == {"numpy"} and found.external["engine.second"] == set()
     assert cycles(found) == [["engine", "engine.first", "engine.second", "engine"]]
     assert table(found).splitlines()[2] == "| `app.py` | `engine.first`, `engine.second` | — |"
@@ -151,21 +167,27 @@ def test_engine_rooms_import_one_way(graph):
 
 
 def test_every_engine_room_is_placed(graph):
-    folders = {module.split(".")[1] for module, path in graph.files.items()
-               if module.startswith("engine.") and path.count("/") > 1}
+    folders = {
+        module.split(".")[1]
+        for module, path in graph.files.items()
+        if module.startswith("engine.") and path.count("/") > 1
+    }
     assert folders == set(ROOM_MAY_IMPORT)
     assert {module for module in graph.files if _room(module) == "vocabulary"} == VOCABULARY
 
 
-@pytest.mark.parametrize("module, line, complaint", [
-    ("engine.state.lm_state", "from engine.worker.lm import LMInput", "(worker)"),
-    ("engine.families.base", "from engine.reading.video import SampledVideo", "(reading)"),
-    ("engine.reading.segments", "import torch", "loads torch"),
-    ("engine.scheduling.scheduler", "import torch", "loads torch"),
-    ("engine.front.door", "from engine.engine import Engine", "(top)"),
-    ("engine.stats", "from engine.state.lm_state import LMState", "(state)"),
-    ("engine.reading", "import numpy", "imports nothing"),
-])
+@pytest.mark.parametrize(
+    "module, line, complaint",
+    [
+        ("engine.state.lm_state", "from engine.worker.lm import LMInput", "(worker)"),
+        ("engine.families.base", "from engine.reading.video import SampledVideo", "(reading)"),
+        ("engine.reading.segments", "import torch", "loads torch"),
+        ("engine.scheduling.scheduler", "import torch", "loads torch"),
+        ("engine.front.door", "from engine.engine import Engine", "(top)"),
+        ("engine.stats", "from engine.state.lm_state import LMState", "(state)"),
+        ("engine.reading", "import numpy", "imports nothing"),
+    ],
+)
 def test_room_rules_see_a_wrong_import(graph, module, line, complaint):
     """Each rule goes red on the import it forbids (read from a copy of the graph with that one import added)."""
     internal = {name: set(targets) for name, targets in graph.internal.items()}
@@ -182,8 +204,14 @@ def test_engine_rooms_stay_small():
     """No folder of engine/ holds more than 12 modules and no module more than 450 lines: past that a file holds
     two concerns, and a room two stages."""
     engine_dir = DOC.parent.parent / "engine"
-    crowded = {str(folder): count for folder in [engine_dir, *engine_dir.iterdir()] if folder.is_dir()
-               and (count := len(list(folder.glob("*.py")))) > MAX_FILES_PER_FOLDER}
-    long = {str(path): lines for path in engine_dir.rglob("*.py")
-            if (lines := len(path.read_text().splitlines())) > MAX_LINES_PER_FILE}
+    crowded = {
+        str(folder): count
+        for folder in [engine_dir, *engine_dir.iterdir()]
+        if folder.is_dir() and (count := len(list(folder.glob("*.py")))) > MAX_FILES_PER_FOLDER
+    }
+    long = {
+        str(path): lines
+        for path in engine_dir.rglob("*.py")
+        if (lines := len(path.read_text().splitlines())) > MAX_LINES_PER_FILE
+    }
     assert not crowded and not long, (crowded, long)

@@ -10,7 +10,6 @@ import engine.worker.runner
 import pruning
 from engine import Engine, EngineConfig, GenerationParams
 from engine.prompt.pruned import pruned_with
-
 from live_helpers import clip_frames, logits_close, play, write_lossless
 
 QUESTION = "What colour is the shape?"
@@ -52,8 +51,7 @@ def causal_prune(prompt, features, q, method):
     return pruned_with(prompt, features, [mask], [dissimilarity])
 
 
-def test_a_question_forked_mid_stream_equals_a_cold_request_over_the_frames_so_far(live_engine, tmp_path,
-                                                                                   monkeypatch):
+def test_a_question_forked_mid_stream_equals_a_cold_request_over_the_frames_so_far(live_engine, tmp_path, monkeypatch):
     frames = clip_frames(1_000_002, fps=2)
     with live_engine.open_live(params(0.5)) as live:
         play(live, frames[:10], fps=2)
@@ -62,8 +60,9 @@ def test_a_question_forked_mid_stream_equals_a_cold_request_over_the_frames_so_f
         answer = asked.result(120)
         assert live.wait(60) and live.stats()["frames_sampled"] == 16
     monkeypatch.setattr(engine.worker.runner, "prune_prompt", causal_prune)
-    cold = live_engine.submit(write_lossless(tmp_path / "so_far.mkv", frames[:10], fps=2), QUESTION,
-                              params(0.5, tokens=24)).result(120)
+    cold = live_engine.submit(
+        write_lossless(tmp_path / "so_far.mkv", frames[:10], fps=2), QUESTION, params(0.5, tokens=24)
+    ).result(120)
     logits_close(answer, cold)
     assert answer.stats["video_tokens_kept"] == cold.stats["video_tokens_kept"] < cold.stats["video_tokens_total"]
 
@@ -79,22 +78,26 @@ def test_a_follow_up_sees_the_stream_up_to_its_own_moment_after_the_earlier_turn
         history = [(QUESTION, "A red square.")]
         follow_up = live.ask("Which way does it move?", history=history).result(120)
     upload = write_lossless(tmp_path / "all.mkv", frames, fps=2)
-    logits_close(follow_up, live_engine.submit(upload, "Which way does it move?", params(0.0),
-                                               history=history).result(120))
+    logits_close(
+        follow_up, live_engine.submit(upload, "Which way does it move?", params(0.0), history=history).result(120)
+    )
     assert first.stats["grid_thw"][0] == 4 and follow_up.stats["grid_thw"][0] == 8
 
 
 def test_two_live_sessions_and_two_uploads_in_one_burst_each_equal_alone(live_engine, tmp_path):
-    uploads = [write_lossless(tmp_path / f"{seed}.mkv", clip_frames(seed, fps=2), fps=2)
-               for seed in (1_000_004, 1_000_005)]
+    uploads = [
+        write_lossless(tmp_path / f"{seed}.mkv", clip_frames(seed, fps=2), fps=2) for seed in (1_000_004, 1_000_005)
+    ]
     sessions = [live_engine.open_live(params(q)) for q in (0.0, 0.7)]
     for seed, live in zip((1_000_006, 1_000_007), sessions):
         play(live, clip_frames(seed, fps=2), fps=2)
-    alone = [live.ask(QUESTION).result(120) for live in sessions] + \
-            [live_engine.submit(path, QUESTION, params(q)).result(120) for path, q in zip(uploads, (0.3, 0.0))]
+    alone = [live.ask(QUESTION).result(120) for live in sessions] + [
+        live_engine.submit(path, QUESTION, params(q)).result(120) for path, q in zip(uploads, (0.3, 0.0))
+    ]
     with live_engine.paused():
-        streams = [live.ask(QUESTION) for live in sessions] + \
-                  [live_engine.submit(path, QUESTION, params(q)) for path, q in zip(uploads, (0.3, 0.0))]
+        streams = [live.ask(QUESTION) for live in sessions] + [
+            live_engine.submit(path, QUESTION, params(q)) for path, q in zip(uploads, (0.3, 0.0))
+        ]
     together = [stream.result(120) for stream in streams]
     for session in sessions:
         session.close()

@@ -43,8 +43,9 @@ def browser(tmp_path_factory):
     folder = tmp_path_factory.mktemp("camera")
     clip = write_shape_clip(folder / "shapes.mp4", SEED)
     camera = folder / "camera.y4m"
-    subprocess.run(["ffmpeg", "-loglevel", "error", "-y", "-i", str(clip), "-pix_fmt", "yuv420p", str(camera)],
-                   check=True)
+    subprocess.run(
+        ["ffmpeg", "-loglevel", "error", "-y", "-i", str(clip), "-pix_fmt", "yuv420p", str(camera)], check=True
+    )
     with camera_browser(camera) as browser:
         yield browser
 
@@ -53,8 +54,7 @@ def ask(page, question: str) -> str:
     """Type the question, press Ask, and wait for the whole answer (its TTFT line); the answer box's text."""
     page.fill("#evs-live-question textarea", question)
     page.click("#evs-live-ask")
-    page.wait_for_function("document.querySelector('#evs-live-answer').innerText.includes('TTFT')",
-                           timeout=TIMEOUT_MS)
+    page.wait_for_function("document.querySelector('#evs-live-answer').innerText.includes('TTFT')", timeout=TIMEOUT_MS)
     return page.locator("#evs-live-answer").inner_text()
 
 
@@ -64,7 +64,10 @@ def wait_for_picture(page, groups: int = 2) -> None:
     page.wait_for_function(
         "n => { const m = document.querySelector('#evs-live-numbers').innerText.match(/kept \\d+ of (\\d+)/);"
         " return m && Number(m[1]) >= 4 * n && document.querySelectorAll('#evs-live-groups img').length >= 2"
-        " && document.querySelector('#evs-live-plot .js-plotly-plot') !== null; }", arg=groups, timeout=TIMEOUT_MS)
+        " && document.querySelector('#evs-live-plot .js-plotly-plot') !== null; }",
+        arg=groups,
+        timeout=TIMEOUT_MS,
+    )
 
 
 def test_the_camera_is_asked_while_it_streams_and_the_page_shows_the_engines_answer(browser, trained_app):
@@ -83,13 +86,16 @@ def test_the_camera_is_asked_while_it_streams_and_the_page_shows_the_engines_ans
         assert re.search(r"TTFT \d+\.\d\d s · \d+ video tokens seen", answer), answer
         numbers = page.locator("#evs-live-numbers").inner_text()
         assert re.search(r"q = 0\.\d+ · held \d+ of \d+ tokens .* lag p50 \d+\.\d\d s, p95 \d+\.\d\d s", numbers)
-        assert re.search(r"last answer's TTFT \d+\.\d\d s", page.locator("#evs-live-numbers").inner_text()) or \
-            page.wait_for_function("document.querySelector('#evs-live-numbers').innerText.includes(\"TTFT\")",
-                                   timeout=TIMEOUT_MS)
+        assert re.search(
+            r"last answer's TTFT \d+\.\d\d s", page.locator("#evs-live-numbers").inner_text()
+        ) or page.wait_for_function(
+            "document.querySelector('#evs-live-numbers').innerText.includes(\"TTFT\")", timeout=TIMEOUT_MS
+        )
         # the pruning picture moves on while the camera streams: the newest group's caption changes
         captions = page.locator("#evs-live-groups").inner_text()
-        page.wait_for_function("c => document.querySelector('#evs-live-groups').innerText !== c", arg=captions,
-                               timeout=TIMEOUT_MS)
+        page.wait_for_function(
+            "c => document.querySelector('#evs-live-groups').innerText !== c", arg=captions, timeout=TIMEOUT_MS
+        )
         ARTIFACTS.mkdir(exist_ok=True)
         shot = ARTIFACTS / "screenshot-live.png"
         page.locator("#evs-tab-live").screenshot(path=str(shot))
@@ -110,9 +116,19 @@ def test_the_live_tab_fits_a_phone_streams_and_answers_there(browser, trained_ap
         for _ in range(12):  # over several updates: a redrawn plot once widened the page a little each second
             assert phone.evaluate("document.documentElement.scrollWidth") <= width
             phone.wait_for_timeout(500)
-        for selector in ("#evs-live-source", "#evs-live-camera", "#evs-live-camera video", "#evs-live-status",
-                         "#evs-live-rate", "#evs-live-question", "#evs-live-ask", "#evs-live-answer",
-                         "#evs-live-numbers", "#evs-live-groups", "#evs-live-plot"):
+        for selector in (
+            "#evs-live-source",
+            "#evs-live-camera",
+            "#evs-live-camera video",
+            "#evs-live-status",
+            "#evs-live-rate",
+            "#evs-live-question",
+            "#evs-live-ask",
+            "#evs-live-answer",
+            "#evs-live-numbers",
+            "#evs-live-groups",
+            "#evs-live-plot",
+        ):
             left, right = horizontal_extent(phone, selector)
             assert 0 <= left and right <= width, (selector, left, right)
         phone.screenshot(path=str(ARTIFACTS / "screenshot-live-phone.png"), full_page=True)

@@ -18,8 +18,9 @@ FRAMES = clip_frames(1_000_050, fps=2)
 
 @pytest.fixture(scope="module")
 def one_session_engine(tiny_cache_dir):
-    with Engine(EngineConfig(model="tiny-random", device="cpu", cache_dir=tiny_cache_dir,
-                             max_live_sessions=1)) as engine:
+    with Engine(
+        EngineConfig(model="tiny-random", device="cpu", cache_dir=tiny_cache_dir, max_live_sessions=1)
+    ) as engine:
         yield engine
 
 
@@ -38,8 +39,9 @@ def test_a_new_rate_or_size_opens_a_new_session_and_a_full_server_is_one_sentenc
     assert first.live is opened and opened.stats()["frames_received"] == 2
     second.arrive(FRAMES[0], start, 0.5)  # the engine takes one session: the second tab reads why
     assert second.live is None
-    assert second.status().endswith("This server already has 1 live sessions open, as many as it takes; close one "
-                                    "or try again later.")
+    assert second.status().endswith(
+        "This server already has 1 live sessions open, as many as it takes; close one or try again later."
+    )
     assert asyncio.run(last(feeds.ask("What moves?", tab("second")))) == second.problem
     first.arrive(FRAMES[2], start + 1.0, 0.7)  # a new rate: the old session is closed, a new one opened
     assert opened.stats()["closed"] and first.live.stats()["pruning_rate"] == 0.7
@@ -61,7 +63,8 @@ def test_an_idle_feed_closes_its_session_and_the_next_frame_opens_one(one_sessio
     assert asyncio.run(last(feeds.ask("What moves?", tab("tab")))).endswith("video tokens seen</small>")
     assert wait_until(lambda: live.stats()["closed"], timeout_s=10)  # no frame for 1.5 s: the watcher closed it
     assert feed.live is None and feed.status().endswith(
-        "No frame came for 1.5 s, so the live session was closed; press **Record** to start a new one.")
+        "No frame came for 1.5 s, so the live session was closed; press **Record** to start a new one."
+    )
     assert asyncio.run(last(feeds.ask("What moves?", tab("tab")))) == feed.problem
     assert asyncio.run(last(feeds.ask("What moves?", tab("never streamed")))) == NO_STREAM
     feed.arrive(FRAMES[4], time.monotonic(), 0.5)

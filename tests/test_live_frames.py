@@ -13,6 +13,7 @@ import pytest
 from PIL import Image
 
 from engine.errors import InputError
+from ui.live_feeds import LiveFeed
 from ui.live_frames import (
     BAD_TIME,
     BROKEN_IMAGE,
@@ -23,7 +24,6 @@ from ui.live_frames import (
     decode_image,
     frame_message,
 )
-from ui.live_feeds import LiveFeed
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -64,7 +64,7 @@ def jpeg_bomb(width: int, height: int) -> bytes:
     bomb is made (the scan data that follows would never fill it)."""
     data = bytearray(encoded(FRAME, "JPEG"))
     sof = data.index(b"\xff\xc0")
-    data[sof + 5:sof + 9] = struct.pack(">HH", height, width)
+    data[sof + 5 : sof + 9] = struct.pack(">HH", height, width)
     return bytes(data)
 
 
@@ -95,17 +95,21 @@ def test_a_20000_pixel_jpeg_bomb_is_refused_before_decoding():
     with pytest.raises(InputError) as refused:
         frame_message(message(1.0, bomb))
     assert str(refused.value) == "The frame is 20000x20000 (400 megapixels); the limit is 8.8 megapixels."
-    capped = subprocess.run([sys.executable, "-c", BOMB_UNDER_A_CAP], input=bomb, capture_output=True, cwd=ROOT,
-                            timeout=120)
+    capped = subprocess.run(
+        [sys.executable, "-c", BOMB_UNDER_A_CAP], input=bomb, capture_output=True, cwd=ROOT, timeout=120
+    )
     assert capped.stdout.decode().strip() == str(refused.value), capped.stderr.decode()[-2000:]
 
 
-@pytest.mark.parametrize("data, sentence", [
-    (b"not an image at all", NOT_AN_IMAGE),
-    (b"GIF89a" + bytes(64), NOT_AN_IMAGE),  # a real format, but not one a frame may be
-    (encoded(FRAME, "PNG")[:len(encoded(FRAME, "PNG")) // 2], BROKEN_IMAGE),
-    (encoded(FRAME, "JPEG")[:len(encoded(FRAME, "JPEG")) // 2], BROKEN_IMAGE),
-])
+@pytest.mark.parametrize(
+    "data, sentence",
+    [
+        (b"not an image at all", NOT_AN_IMAGE),
+        (b"GIF89a" + bytes(64), NOT_AN_IMAGE),  # a real format, but not one a frame may be
+        (encoded(FRAME, "PNG")[: len(encoded(FRAME, "PNG")) // 2], BROKEN_IMAGE),
+        (encoded(FRAME, "JPEG")[: len(encoded(FRAME, "JPEG")) // 2], BROKEN_IMAGE),
+    ],
+)
 def test_what_is_not_a_whole_jpeg_or_png_is_one_sentence(data, sentence):
     with pytest.raises(InputError) as refused:
         decode_image(data)
@@ -132,8 +136,9 @@ def test_a_message_without_its_time_and_image_is_one_sentence(data):
     assert str(refused.value) == NO_TIME
 
 
-@pytest.mark.parametrize("frame", [FRAME.astype(np.float32), FRAME[..., 0], FRAME[..., :2], np.zeros((0, 4, 3), np.uint8),
-                                   [[1, 2, 3]], None])
+@pytest.mark.parametrize(
+    "frame", [FRAME.astype(np.float32), FRAME[..., 0], FRAME[..., :2], np.zeros((0, 4, 3), np.uint8), [[1, 2, 3]], None]
+)
 def test_an_array_that_is_not_an_rgb_frame_is_one_sentence(frame):
     with pytest.raises(InputError) as refused:
         check_frame(frame)

@@ -14,7 +14,6 @@ from engine.state.lm_state import new_cache
 from engine.worker.live import LiveRunner
 from engine.worker.lm import LMInput, embed_prompt, lm_logits
 from engine.worker.runner import ModelRunner
-
 from live_helpers import clip_frames, play
 
 MODELS = ["tiny-random", "tiny-random-qwen2.5-vl", "tiny-random-qwen3.5", "tiny-random-nemotron-omni"]
@@ -27,9 +26,16 @@ ATOL = 1e-4
 
 def sampled(frames, fps: int) -> SampledVideo:
     count = len(frames)
-    return SampledVideo(frames=frames, frame_indices=list(range(count)), timestamps_s=[i / fps for i in range(count)],
-                        native_fps=float(fps), total_frames=count, duration_s=count / fps, sampled_fps=float(fps),
-                        content_hash="")
+    return SampledVideo(
+        frames=frames,
+        frame_indices=list(range(count)),
+        timestamps_s=[i / fps for i in range(count)],
+        native_fps=float(fps),
+        total_frames=count,
+        duration_s=count / fps,
+        sampled_fps=float(fps),
+        content_hash="",
+    )
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -37,11 +43,18 @@ def sampled(frames, fps: int) -> SampledVideo:
 def test_the_live_prompt_is_the_uploads_token_for_token_and_position_for_position(name, thinking, tiny_models):
     loaded, family = tiny_models(name)
     fps, frames = 2, clip_frames(1_000_010, fps=2, seconds=5.0)
-    upload = unpruned_prompt(loaded, family, sampled(frames, fps), "Which way?", HISTORY, SYSTEM, 224 * 224,
-                             thinking=thinking)
+    upload = unpruned_prompt(
+        loaded, family, sampled(frames, fps), "Which way?", HISTORY, SYSTEM, 224 * 224, thinking=thinking
+    )
     processor = loaded.processor
-    layout = LiveLayout(family, processor.tokenizer, processor.video_token, family.video_token_id(loaded.model.config),
-                        SYSTEM, family.temporal_patch / fps)
+    layout = LiveLayout(
+        family,
+        processor.tokenizer,
+        processor.video_token,
+        family.video_token_id(loaded.model.config),
+        SYSTEM,
+        family.temporal_patch / fps,
+    )
     parts = [(layout.prefix_ids, layout.prefix_positions)]
     T, h, w = upload.media[0].grid_thw
     for group in range(T):
@@ -55,8 +68,9 @@ def test_the_live_prompt_is_the_uploads_token_for_token_and_position_for_positio
 
 
 @pytest.mark.parametrize("name", MODELS)
-def test_a_state_prefilled_a_group_at_a_time_equals_one_prefill_of_the_same_pruned_sequence(name, tiny_cache_dir,
-                                                                                            monkeypatch):
+def test_a_state_prefilled_a_group_at_a_time_equals_one_prefill_of_the_same_pruned_sequence(
+    name, tiny_cache_dir, monkeypatch
+):
     forwards, kept, asked = [], [], []
     prefill_groups, prefill = LiveRunner._prefill_groups, ModelRunner.prefill
 
@@ -79,8 +93,9 @@ def test_a_state_prefilled_a_group_at_a_time_equals_one_prefill_of_the_same_prun
         model, family = running.loaded.model, running.family
         pruned = asked[0]
         assert forwards == [1] * 6 and pruned.visual_mask.sum() < 6 * len(kept[0].embeds)  # pruned, one group a time
-        features = VideoFeatures(torch.cat([k.embeds for k in kept]),
-                                 [torch.cat(levels) for levels in zip(*(k.deepstack for k in kept))])
+        features = VideoFeatures(
+            torch.cat([k.embeds for k in kept]), [torch.cat(levels) for levels in zip(*(k.deepstack for k in kept))]
+        )
         with torch.inference_mode():
             embeds = embed_prompt(model, pruned.input_ids, pruned.visual_mask, features)
             batch = LMInput(embeds[None], pruned.positions[:, None], None, pruned.visual_mask[None], features.deepstack)

@@ -16,9 +16,25 @@ QUESTION = "Which way does the shape move?"
 
 
 def engine_command(*arguments: str, timeout_s: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "engine", "--model", "tiny-trained", "--device", "cpu",
-                           "--max-new-tokens", "4", *arguments], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout_s, env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"})
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "engine",
+            "--model",
+            "tiny-trained",
+            "--device",
+            "cpu",
+            "--max-new-tokens",
+            "4",
+            *arguments,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"},
+    )
 
 
 def answers(stdout: str) -> list[tuple[str, str, dict]]:
@@ -34,7 +50,7 @@ def test_a_recording_played_as_fast_as_possible_is_answered_right_at_each_moment
     assert first == f"[4 s, the stream at 4 s] {QUESTION}" and last == f"[20 s, the stream at 7.5 s] {QUESTION}"
     assert answer.split()[0] == "up" and early
     assert early_stats["grid_thw"][0] == 4 and stats["grid_thw"][0] == 8  # the groups each question saw
-    played = json.loads(done.stdout[done.stdout.rindex('{\n  "session"'):])
+    played = json.loads(done.stdout[done.stdout.rindex('{\n  "session"') :])
     session = played["session"]
     assert session["frames_received"] == 16 and session["frames_dropped"] == 0  # 2 fps of 8 s, none lost
     assert session["video_tokens_held"] == stats["video_tokens_kept"]
@@ -44,24 +60,36 @@ def test_a_recording_played_as_fast_as_possible_is_answered_right_at_each_moment
 def test_a_recording_plays_at_its_own_pace():
     done = engine_command("--live", str(CLIP), "--ask-at", "6", QUESTION)
     assert done.returncode == 0, done.stderr
-    (heading, answer, stats), = answers(done.stdout)
+    ((heading, answer, stats),) = answers(done.stdout)
     assert heading == f"[6 s, the stream at 6 s] {QUESTION}" and answer and stats["ttft_s"] > 0
-    played = json.loads(done.stdout[done.stdout.rindex('{\n  "session"'):])
+    played = json.loads(done.stdout[done.stdout.rindex('{\n  "session"') :])
     assert played["session"]["frames_received"] == 16
     assert played["played_s"] >= 7.5  # from its first frame to its last at 7.5 s, as a camera would give them
 
 
-@pytest.mark.parametrize("arguments, sentence", [
-    (["--live", "no-such-clip.mp4", "--ask-at", "5"], "There is no file at no-such-clip.mp4."),
-    (["--live", str(CLIP), "--ask-at", "5,soon"],
-     "--ask-at takes seconds into the recording, 0 or more, separated by commas (e.g. 5,30,60); got '5,soon'."),
-    (["--live", str(CLIP), "--ask-at", "-1"],
-     "--ask-at takes seconds into the recording, 0 or more, separated by commas (e.g. 5,30,60); got '-1'."),
-    (["--live", "rtsp://127.0.0.1:8554/cam", "--ask-at", "5"], "Only streams at public internet addresses are read."),
-    (["--live", "ftp://example.com/cam", "--ask-at", "5"],
-     "A stream URL must start with rtsp://, rtsps://, rtmp://, rtmps://, srt://, http:// or https:// and name a "
-     "host, e.g. rtsp://camera.example.com/live."),
-])
+@pytest.mark.parametrize(
+    "arguments, sentence",
+    [
+        (["--live", "no-such-clip.mp4", "--ask-at", "5"], "There is no file at no-such-clip.mp4."),
+        (
+            ["--live", str(CLIP), "--ask-at", "5,soon"],
+            "--ask-at takes seconds into the recording, 0 or more, separated by commas (e.g. 5,30,60); got '5,soon'.",
+        ),
+        (
+            ["--live", str(CLIP), "--ask-at", "-1"],
+            "--ask-at takes seconds into the recording, 0 or more, separated by commas (e.g. 5,30,60); got '-1'.",
+        ),
+        (
+            ["--live", "rtsp://127.0.0.1:8554/cam", "--ask-at", "5"],
+            "Only streams at public internet addresses are read.",
+        ),
+        (
+            ["--live", "ftp://example.com/cam", "--ask-at", "5"],
+            "A stream URL must start with rtsp://, rtsps://, rtmp://, rtmps://, srt://, http:// or https:// and name a "
+            "host, e.g. rtsp://camera.example.com/live.",
+        ),
+    ],
+)
 def test_mistakes_are_one_sentence_and_exit_2_before_the_model_loads(arguments, sentence):
     done = engine_command(*arguments, QUESTION, timeout_s=120)
     # stderr is the sentence alone: no model was loaded to say it (loading prints its weights' progress there)
@@ -75,6 +103,8 @@ def test_a_file_that_is_not_video_and_a_question_before_any_video_are_told(tmp_p
     assert done.returncode == 2 and "error: The file notes.mp4 could not be read as video." in done.stderr.splitlines()
     early = engine_command("--live", str(CLIP), "--as-fast-as-possible", "--ask-at", "0,20", QUESTION)
     assert early.returncode == 2
-    assert ("error: The live stream has no video yet: push at least 2 frames 0.5 s apart before asking."
-            in early.stderr.splitlines())
+    assert (
+        "error: The live stream has no video yet: push at least 2 frames 0.5 s apart before asking."
+        in early.stderr.splitlines()
+    )
     assert answers(early.stdout)[-1][1].split()[0] == "up"  # the session went on to answer the next

@@ -13,7 +13,6 @@ import pytest
 from engine import BusyError, Engine, EngineConfig, GenerationParams, InputError
 from engine.live.session import RECENT_GROUPS
 from engine.worker.vision import VisionEncoder
-
 from live_helpers import clip_frames, play, write_lossless
 
 Q = GenerationParams(pruning_rate=0.5, max_new_tokens=6, ignore_eos=True)
@@ -21,24 +20,29 @@ Q = GenerationParams(pruning_rate=0.5, max_new_tokens=6, ignore_eos=True)
 
 @pytest.fixture(scope="module")
 def two_sessions_engine(tiny_cache_dir):
-    with Engine(EngineConfig(model="tiny-random", device="cpu", cache_dir=tiny_cache_dir, max_live_sessions=2)) as running:
+    with Engine(
+        EngineConfig(model="tiny-random", device="cpu", cache_dir=tiny_cache_dir, max_live_sessions=2)
+    ) as running:
         yield running
 
 
 FRAME = clip_frames(1_000_020, fps=2)[0]
 
 
-@pytest.mark.parametrize("frame, t_s, sentence", [
-    (FRAME[..., :2], 1.0, "an \\(height, width, 3\\) RGB array"),
-    (FRAME.astype(np.float32), 1.0, "uint8 pixels"),
-    ([[0, 0, 0]], 1.0, "an \\(height, width, 3\\) RGB array"),
-    (FRAME, math.nan, "finite number of seconds"),
-    (FRAME, "1.0", "finite number of seconds"),
-    (FRAME, 0.5, "capture order"),
-    (np.zeros((1, 20_000, 3), np.uint8), 1.0, "longer side may be at most 200 times"),
-    (np.zeros((5000, 5000, 3), np.uint8), 1.0, "pixels this server takes"),
-    (np.zeros((32, 48, 3), np.uint8), 1.0, "open a new session for another size"),
-])
+@pytest.mark.parametrize(
+    "frame, t_s, sentence",
+    [
+        (FRAME[..., :2], 1.0, "an \\(height, width, 3\\) RGB array"),
+        (FRAME.astype(np.float32), 1.0, "uint8 pixels"),
+        ([[0, 0, 0]], 1.0, "an \\(height, width, 3\\) RGB array"),
+        (FRAME, math.nan, "finite number of seconds"),
+        (FRAME, "1.0", "finite number of seconds"),
+        (FRAME, 0.5, "capture order"),
+        (np.zeros((1, 20_000, 3), np.uint8), 1.0, "longer side may be at most 200 times"),
+        (np.zeros((5000, 5000, 3), np.uint8), 1.0, "pixels this server takes"),
+        (np.zeros((32, 48, 3), np.uint8), 1.0, "open a new session for another size"),
+    ],
+)
 def test_a_bad_frame_gets_one_sentence_and_the_session_goes_on(two_sessions_engine, frame, t_s, sentence):
     with two_sessions_engine.open_live(Q) as live:
         live.push(FRAME, 0.5)
@@ -55,8 +59,9 @@ def test_a_request_answered_at_its_first_token_leaves_the_live_prefill_its_budge
     engine = two_sessions_engine
     with engine.open_live(Q) as live:
         play(live, clip_frames(1_000_027, fps=2)[:4], fps=2)
-        decoding = engine.submit(clip("pan", seconds=2.0), "What moves?",
-                                 GenerationParams(max_new_tokens=300, ignore_eos=True))
+        decoding = engine.submit(
+            clip("pan", seconds=2.0), "What moves?", GenerationParams(max_new_tokens=300, ignore_eos=True)
+        )
         next(event for event in decoding if event.kind == "text")
         answer = engine.submit(clip("scene_cut", seconds=2.0), "What moves?", GenerationParams(max_new_tokens=1))
         assert answer.result(60).stats["generated_tokens"] == 1
@@ -97,7 +102,7 @@ def test_frames_pushed_faster_than_the_engine_takes_them_are_dropped_and_counted
     frames = clip_frames(1_000_023, fps=8)
     with two_sessions_engine.open_live(Q) as live:
         for _ in range(3):  # 3 x 8 s of 8 fps frames, pushed at once: 48 are due at 2 fps
-            for index, frame in enumerate(frames):
+            for frame in frames:
                 live.push(frame, live.stats()["frames_received"] / 8)
         stats = live.stats()
         assert stats["frames_received"] == 3 * len(frames)
@@ -119,9 +124,11 @@ def test_the_recent_picture_is_the_newest_groups_as_the_model_saw_and_kept_them(
         picture = live.recent_picture()
         stats = live.ask("What moves?").result(60).stats
     assert picture.grid_thw == (RECENT_GROUPS, 2, 2) and picture.kept_mask.dtype == bool
-    np.testing.assert_array_equal(picture.frames, frames[-2 * RECENT_GROUPS::2])
+    np.testing.assert_array_equal(picture.frames, frames[-2 * RECENT_GROUPS :: 2])
     assert picture.timestamps_s == stats["media"][0]["timestamps_s"][-RECENT_GROUPS:] == [2.25, 3.25, 4.25, 5.25]
-    assert picture.kept_mask.reshape(RECENT_GROUPS, -1).sum(1).tolist() == stats["tokens_kept_per_frame"][-RECENT_GROUPS:]
+    assert (
+        picture.kept_mask.reshape(RECENT_GROUPS, -1).sum(1).tolist() == stats["tokens_kept_per_frame"][-RECENT_GROUPS:]
+    )
     assert 0 < picture.kept_mask.sum() < picture.kept_mask.size  # some kept, some dropped at q = 0.5
     assert picture.dissimilarity.shape == (RECENT_GROUPS, 2, 2)
     assert live.recent_picture() is None  # closed: nothing kept
@@ -151,8 +158,9 @@ def test_close_and_cancel_free_the_state(name, tiny_cache_dir):
         asked.cancel()
         assert asked.result(60).cancelled
         live.close()  # the worker's next step drops the session's state: an upload's steps show it
-        engine.submit(write_lossless(tiny_cache_dir / "one.mkv", clip_frames(1_000_025, fps=2)[:4], 2),
-                      "What moves?", Q).result(60)
+        engine.submit(
+            write_lossless(tiny_cache_dir / "one.mkv", clip_frames(1_000_025, fps=2)[:4], 2), "What moves?", Q
+        ).result(60)
         assert runner.live.streams == {} and runner.batch.cache is None
 
 
@@ -182,8 +190,10 @@ def test_live_groups_and_uploads_share_the_vision_forward_and_neither_starves(ti
     # groups within 72 while uploads wait
     config = EngineConfig(model="tiny-random", device="cpu", cache_dir=tiny_cache_dir, vit_patch_budget=144)
     with Engine(config) as engine, engine.open_live(Q) as live:
-        paths = [write_lossless(tiny_cache_dir / f"burst{seed}.mkv", clip_frames(seed, fps=2), 2)
-                 for seed in range(1_000_030, 1_000_036)]
+        paths = [
+            write_lossless(tiny_cache_dir / f"burst{seed}.mkv", clip_frames(seed, fps=2), 2)
+            for seed in range(1_000_030, 1_000_036)
+        ]
         entered = []
 
         def push_all():

@@ -83,14 +83,18 @@ def test_the_docs_client_streams_a_clip_to_python_app_py_and_reads_the_right_ans
     """docs/live.md's client, run as a reader would, against `python app.py --model tiny-trained` (an app of its
     own: the shared fallback app's /metrics must count no request of this test)."""
     page = (ROOT / "docs" / "live.md").read_text()
-    section = page[page.index("## WebSocket `/v1/live`"):]
+    section = page[page.index("## WebSocket `/v1/live`") :]
     client = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     assert len([line for line in client.splitlines() if line.strip()]) <= 20  # the docs say twenty lines
     script = tmp_path / "client.py"
     script.write_text(client)
     with app_process(tmp_path, "--model", "tiny-trained", "--device", "cpu") as app:
-        done = subprocess.run([sys.executable, str(script), app.url.replace("http://", "ws://") + "v1/live",
-                               str(CLIP), QUESTION], capture_output=True, text=True, timeout=300)
+        done = subprocess.run(
+            [sys.executable, str(script), app.url.replace("http://", "ws://") + "v1/live", str(CLIP), QUESTION],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     assert done.returncode == 0 and not done.stderr, done.stderr
     answer, ttft = done.stdout.strip().splitlines()
     assert answer.split()[0] == "up", done.stdout
@@ -105,20 +109,34 @@ def test_bad_frames_and_messages_get_one_sentence_each_and_the_session_answers(l
     Image.fromarray(np.zeros((32, 32, 3), np.uint8)).save(small, "JPEG")
     bad = [  # (message, the sentence it gets, the t_s the error names)
         (frame_message(1.0, b"not an image at all"), NOT_AN_IMAGE, 1.0),
-        (frame_message(1.0, jpeg_bomb(20_000, 20_000)),
-         "The frame is 20000x20000 (400 megapixels); the limit is 8.8 megapixels.", 1.0),
+        (
+            frame_message(1.0, jpeg_bomb(20_000, 20_000)),
+            "The frame is 20000x20000 (400 megapixels); the limit is 8.8 megapixels.",
+            1.0,
+        ),
         (b"\x00\x01\x02", NO_TIME, None),
         (frame_message(math.nan, good_jpeg), BAD_TIME, "nan"),
-        (frame_message(0.5, good_jpeg),
-         f"Frames must come in capture order: 0.5 s is not after the last frame's {last_s:g} s.", 0.5),
-        (frame_message(1.0, small.getvalue()),
-         "The frame is 32x32, but this live session's frames are 64x64; open a new session for another size.", 1.0),
+        (
+            frame_message(0.5, good_jpeg),
+            f"Frames must come in capture order: 0.5 s is not after the last frame's {last_s:g} s.",
+            0.5,
+        ),
+        (
+            frame_message(1.0, small.getvalue()),
+            "The frame is 32x32, but this live session's frames are 64x64; open a new session for another size.",
+            1.0,
+        ),
         ("not json", NOT_A_MESSAGE, None),
-        (json.dumps({"type": "ask", "id": "bad", "question": QUESTION, "params": {"max_new_tokens": "many"}}),
-         "The pruning rate, fps, frame, pixel and token limits and temperature must be numbers.", None),
-        (json.dumps({"type": "ask", "id": "bad", "question": QUESTION, "params": {"pruning_rate": 0}}),
-         "Unknown setting 'pruning_rate' here; this message takes enable_thinking, max_new_tokens, temperature.",
-         None),
+        (
+            json.dumps({"type": "ask", "id": "bad", "question": QUESTION, "params": {"max_new_tokens": "many"}}),
+            "The pruning rate, fps, frame, pixel and token limits and temperature must be numbers.",
+            None,
+        ),
+        (
+            json.dumps({"type": "ask", "id": "bad", "question": QUESTION, "params": {"pruning_rate": 0}}),
+            "Unknown setting 'pruning_rate' here; this message takes enable_thinking, max_new_tokens, temperature.",
+            None,
+        ),
     ]
 
     async def scenario():
@@ -131,8 +149,9 @@ def test_bad_frames_and_messages_get_one_sentence_each_and_the_session_answers(l
                 await socket.send(message)
             for t_s, image in rest:
                 await paced(socket, frame_message(t_s, image), start + t_s)
-            await socket.send(json.dumps({"type": "ask", "id": "q1", "question": QUESTION,
-                                          "params": {"max_new_tokens": 4}}))
+            await socket.send(
+                json.dumps({"type": "ask", "id": "q1", "question": QUESTION, "params": {"max_new_tokens": 4}})
+            )
             answer = await replies(socket, "done")
             await socket.send(json.dumps({"type": "stats"}))
             stats = (await replies(socket, "stats"))[-1]
@@ -173,8 +192,10 @@ def test_a_session_past_the_limit_is_refused_and_a_vanished_one_frees_its_slot(l
         return error, closed.value.rcvd.code, freed_s
 
     error, code, freed_s = asyncio.run(scenario())
-    assert error == {"type": "error", "message": "This server already has 1 live sessions open, as many as it takes; "
-                                                 "close one or try again later."}
+    assert error == {
+        "type": "error",
+        "message": "This server already has 1 live sessions open, as many as it takes; close one or try again later.",
+    }
     assert code == 1013
     assert freed_s < 10
 

@@ -66,8 +66,23 @@ def listening(port: int) -> bool:
 def serve(clip: Path, port: int, *options: str) -> subprocess.Popen:
     """ffmpeg serving `clip` as MPEG-TS over HTTP on the loopback to one client, at its own pace (-re) unless
     `options` say otherwise; returned once it listens."""
-    server = subprocess.Popen([FFMPEG, "-loglevel", "error", *(options or ("-re",)), "-i", str(clip), "-c", "copy",
-                               "-f", "mpegts", "-listen", "1", f"http://127.0.0.1:{port}/live.ts"])
+    server = subprocess.Popen(
+        [
+            FFMPEG,
+            "-loglevel",
+            "error",
+            *(options or ("-re",)),
+            "-i",
+            str(clip),
+            "-c",
+            "copy",
+            "-f",
+            "mpegts",
+            "-listen",
+            "1",
+            f"http://127.0.0.1:{port}/live.ts",
+        ]
+    )
     deadline = time.monotonic() + 30
     while not listening(port) and server.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -105,8 +120,9 @@ def test_a_stream_that_stops_midway_gets_a_status_line_and_the_feed_goes_on(shap
     """The server stops after 3 s and comes back: the feed reconnects with a status line, and its times keep
     increasing across the gap; once the server is gone for good, one sentence ends it."""
     first = tmp_path / "first.ts"
-    subprocess.run([FFMPEG, "-loglevel", "error", "-i", str(shapes_file), "-t", "3", "-c", "copy", str(first)],
-                   check=True)
+    subprocess.run(
+        [FFMPEG, "-loglevel", "error", "-i", str(shapes_file), "-t", "3", "-c", "copy", str(first)], check=True
+    )
     port = free_port()
     url = f"http://127.0.0.1:{port}/live.ts"
     server = serve(first, port)
@@ -140,8 +156,9 @@ def test_a_stream_that_stalls_is_cut_off_by_its_timeout(shapes_file):
         listener.listen(1)
         port = listener.getsockname()[1]
         started = time.monotonic()
-        items = read_all(LiveStream(f"http://127.0.0.1:{port}/live.ts", SAMPLING, reconnects=0,
-                                    **{**CAPS, "timeout_s": 1.0}))
+        items = read_all(
+            LiveStream(f"http://127.0.0.1:{port}/live.ts", SAMPLING, reconnects=0, **{**CAPS, "timeout_s": 1.0})
+        )
     assert items == ["The stream at 127.0.0.1 did not answer within 1 second."]
     assert time.monotonic() - started < 10
 
@@ -158,9 +175,23 @@ def test_a_scheme_this_ffmpeg_lacks_is_one_sentence():
     assert items == ["This server cannot read srt:// streams."]
 
 
-@pytest.mark.parametrize("url", ["", "   ", "camera", "ftp://example.com/live", "file:///etc/passwd", "rtsp://",
-                                 "rtsp:///path", "http://exa mple.com/x.ts", "rtsp://host:port/x", None, 7,
-                                 "data:video/mp4;base64,AAAA"])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "",
+        "   ",
+        "camera",
+        "ftp://example.com/live",
+        "file:///etc/passwd",
+        "rtsp://",
+        "rtsp:///path",
+        "http://exa mple.com/x.ts",
+        "rtsp://host:port/x",
+        None,
+        7,
+        "data:video/mp4;base64,AAAA",
+    ],
+)
 def test_a_malformed_url_or_unsupported_scheme_is_one_sentence(url):
     with pytest.raises(InputError) as refused:
         check_stream_url(url)
@@ -214,8 +245,9 @@ def test_with_live_urls_on_and_the_loopback_allowed_the_stream_is_read(tmp_path,
     port = free_port()
     server = serve(shapes_file, port)
     try:
-        url = asyncio.run(checked_stream_url(f" http://127.0.0.1:{port}/live.ts ",
-                                             policy(tmp_path, live_urls=True, anywhere=True)))
+        url = asyncio.run(
+            checked_stream_url(f" http://127.0.0.1:{port}/live.ts ", policy(tmp_path, live_urls=True, anywhere=True))
+        )
         with LiveStream(url, SAMPLING, reconnects=0, **CAPS) as stream:
             first = next(iter(stream))
     finally:
@@ -260,8 +292,12 @@ def test_the_live_tab_answers_about_a_stream_url_and_stop_ends_it(tmp_path, shap
     spy = SubmitSpy(trained, record_live=True)
     feeds = LiveFeeds(spy)
     tab = gr.Request(session_hash="tab")
-    watch = StreamWatch(feeds, policy(tmp_path, live_urls=True, anywhere=True), trained.default_frame_sampling,
-                        EngineConfig(read_timeout_s=5.0))
+    watch = StreamWatch(
+        feeds,
+        policy(tmp_path, live_urls=True, anywhere=True),
+        trained.default_frame_sampling,
+        EngineConfig(read_timeout_s=5.0),
+    )
 
     async def watch_and_ask() -> tuple[list[str], str]:
         """Ask once 4 frames are in, the stream going on meanwhile (its reader reads in the background); then the
@@ -325,8 +361,11 @@ def test_frames_larger_than_the_uploads_cap_end_the_feed_with_its_sentence(shape
     port = free_port()
     server = serve(shapes_file, port)
     try:
-        items = read_all(LiveStream(f"http://127.0.0.1:{port}/live.ts", SAMPLING, reconnects=3,
-                                    **{**CAPS, "max_source_pixels": 32 * 32}))
+        items = read_all(
+            LiveStream(
+                f"http://127.0.0.1:{port}/live.ts", SAMPLING, reconnects=3, **{**CAPS, "max_source_pixels": 32 * 32}
+            )
+        )
     finally:
         server.kill()
         server.wait()
@@ -341,8 +380,9 @@ def test_the_stream_reader_runs_under_the_uploads_memory_cap(shapes_file):
     server = serve(shapes_file, port)
     memory_bytes = 3 << 30
     try:
-        with LiveStream(f"http://127.0.0.1:{port}/live.ts", SAMPLING, reconnects=0,
-                        **{**CAPS, "memory_bytes": memory_bytes}) as stream:
+        with LiveStream(
+            f"http://127.0.0.1:{port}/live.ts", SAMPLING, reconnects=0, **{**CAPS, "memory_bytes": memory_bytes}
+        ) as stream:
             next(iter(stream))
             reader = stream._reader  # the connection's reader, alive while its frames flow
             limits = Path(f"/proc/{reader.pid}/limits").read_text()
@@ -377,8 +417,9 @@ def test_a_stream_that_breaks_off_keeps_the_frames_its_decoder_held(shapes_file,
     held then (one per thread) are flushed, so the stream gives every frame its bytes hold, as a file cut at the
     same byte gives them."""
     ts = tmp_path / "shapes.ts"
-    subprocess.run([FFMPEG, "-loglevel", "error", "-i", str(shapes_file), "-c", "copy", "-f", "mpegts", str(ts)],
-                   check=True)
+    subprocess.run(
+        [FFMPEG, "-loglevel", "error", "-i", str(shapes_file), "-c", "copy", "-f", "mpegts", str(ts)], check=True
+    )
     cut = ts.read_bytes()[: ts.stat().st_size * 3 // 5 // 188 * 188]  # whole TS packets, about 3/5 of the clip
     (tmp_path / "cut.ts").write_bytes(cut)
     with av.open(str(tmp_path / "cut.ts")) as container:
@@ -386,8 +427,15 @@ def test_a_stream_that_breaks_off_keeps_the_frames_its_decoder_held(shapes_file,
     port = free_port()
     server = serve_bytes_once(cut, port)
     taken = []
-    last = stream_frames(f"http://127.0.0.1:{port}/live.ts", 8.0, 64 * 64, 4096 * 2160, 5.0,
-                         lambda header, frame: taken.append(header["t_s"]), threads=4)
+    last = stream_frames(
+        f"http://127.0.0.1:{port}/live.ts",
+        8.0,
+        64 * 64,
+        4096 * 2160,
+        5.0,
+        lambda header, frame: taken.append(header["t_s"]),
+        threads=4,
+    )
     server.join(timeout=10)
     assert 16 < len(times) < 64  # a part of the clip's 64 frames at 8 fps, each one taken
     assert last == {"status": "ended", "frames": len(times)}

@@ -29,9 +29,22 @@ def camera(tmp_path_factory) -> Path:
     clip = write_shape_clip(folder / "shapes.mp4", held_out_seeds(1, 1)[0])
     y4m = folder / "camera.y4m"
     width, height = CAMERA_SIZE
-    subprocess.run(["ffmpeg", "-loglevel", "error", "-y", "-i", str(clip), "-vf",
-                    f"scale={height}:{height}:flags=neighbor,pad={width}:{height}:(ow-iw)/2:0", "-pix_fmt",
-                    "yuv420p", str(y4m)], check=True)
+    subprocess.run(
+        [
+            "ffmpeg",
+            "-loglevel",
+            "error",
+            "-y",
+            "-i",
+            str(clip),
+            "-vf",
+            f"scale={height}:{height}:flags=neighbor,pad={width}:{height}:(ow-iw)/2:0",
+            "-pix_fmt",
+            "yuv420p",
+            str(y4m),
+        ],
+        check=True,
+    )
     return y4m
 
 
@@ -39,9 +52,15 @@ def camera(tmp_path_factory) -> Path:
 def camera_browser(camera: Path):
     """Chromium whose fake camera plays the Y4M `camera` (looping), sharing a fake screen when asked."""
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=[
-            *CHROMIUM_ARGS, "--use-fake-device-for-media-stream", "--use-fake-ui-for-media-stream",
-            f"--use-file-for-fake-video-capture={camera}"])
+        browser = playwright.chromium.launch(
+            executable_path=str(CHROMIUM),
+            args=[
+                *CHROMIUM_ARGS,
+                "--use-fake-device-for-media-stream",
+                "--use-fake-ui-for-media-stream",
+                f"--use-file-for-fake-video-capture={camera}",
+            ],
+        )
         yield browser
         browser.close()
 
@@ -66,7 +85,10 @@ def stream_until(page, source: str, frames: int) -> str:
     page.click(f"{box} button[aria-label='capture photo']")  # Gradio's label for its Record button
     page.wait_for_function(
         "n => { const m = document.querySelector('#evs-live-status').innerText.match(/(\\d+) frames/);"
-        " return m && Number(m[1]) >= n; }", arg=frames, timeout=TIMEOUT_MS)
+        " return m && Number(m[1]) >= n; }",
+        arg=frames,
+        timeout=TIMEOUT_MS,
+    )
     return page.locator("#evs-live-status").inner_text()
 
 

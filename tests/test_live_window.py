@@ -8,7 +8,6 @@ import torch
 from engine import Engine, EngineConfig, FrameSampling, GenerationParams
 from engine.state.lm_state import ATTENTION, LINEAR, drop_slots, new_cache, state_of
 from engine.worker.runner import ModelRunner
-
 from live_helpers import play
 
 WINDOW = 12  # video tokens: three groups of 2x2 at q = 0
@@ -20,8 +19,9 @@ def noise_frames(count: int, seed: int = 0) -> np.ndarray:
 
 
 @pytest.mark.parametrize("name", ["tiny-random", "tiny-random-qwen3.5"])
-def test_a_stream_many_times_its_window_holds_at_most_it_and_answers_with_fresh_positions(name, tiny_cache_dir,
-                                                                                        monkeypatch):
+def test_a_stream_many_times_its_window_holds_at_most_it_and_answers_with_fresh_positions(
+    name, tiny_cache_dir, monkeypatch
+):
     asked = []
     prefill = ModelRunner.prefill
 
@@ -32,8 +32,10 @@ def test_a_stream_many_times_its_window_holds_at_most_it_and_answers_with_fresh_
 
     monkeypatch.setattr(ModelRunner, "prefill", question)
     config = EngineConfig(model=name, device="cpu", cache_dir=tiny_cache_dir, live_window_tokens=WINDOW)
-    with Engine(config) as engine, engine.open_live(GenerationParams(pruning_rate=0.5, max_new_tokens=4,
-                                                                      ignore_eos=True)) as live:
+    with (
+        Engine(config) as engine,
+        engine.open_live(GenerationParams(pruning_rate=0.5, max_new_tokens=4, ignore_eos=True)) as live,
+    ):
         stream = engine._worker.runner.live.streams
         frames = noise_frames(80)
         for start in range(0, 80, 20):  # 40 groups of 4 tokens, about half of them kept: some seven windows
@@ -65,8 +67,10 @@ def test_an_hour_of_frames_pushed_as_fast_as_they_go_leaves_memory_flat(tiny_cac
     frames = noise_frames(15, seed=1)
     config = EngineConfig(model="tiny-random", device="cpu", cache_dir=tiny_cache_dir, live_window_tokens=WINDOW)
     sampling = FrameSampling(fps=0.1)
-    with Engine(config) as engine, engine.open_live(GenerationParams(pruning_rate=0.5,
-                                                                      frame_sampling=sampling)) as live:
+    with (
+        Engine(config) as engine,
+        engine.open_live(GenerationParams(pruning_rate=0.5, frame_sampling=sampling)) as live,
+    ):
         for index in range(3600 * 8):
             live.push(frames[index % 15], index / 8)
             if index % 160 == 80:  # a group formed: wait for the engine rather than drop
@@ -88,7 +92,9 @@ def test_slots_taken_out_of_the_kv_leave_the_others_in_order_and_room_to_grow():
     cache.layers[0].update(keys, values)
     drop_slots(cache, 3, 7)
     kept = [0, 1, 2, 7, 8, 9]
-    assert torch.equal(cache.layers[0].keys, keys[:, :, kept]) and torch.equal(cache.layers[0].values, values[:, :, kept])
+    assert torch.equal(cache.layers[0].keys, keys[:, :, kept]) and torch.equal(
+        cache.layers[0].values, values[:, :, kept]
+    )
     more = torch.randn(1, 2, 1, 4)
     cache.layers[0].update(more, more)  # appends after the kept slots, in place
     assert torch.equal(cache.layers[0].keys[:, :, -1:], more) and cache.get_seq_length() == 7

@@ -48,12 +48,12 @@ from gradio_client.utils import Status
 
 import ui.layout
 from app_harness import launched_app, outcomes, scrape_metrics, wait_until
-from live_helpers import jpeg_frames
-from reader_processes import reader_children
 from engine import STATS_KEYS
 from engine.live.session import LiveSession
 from engine.reading.pool import default_size
 from engine.scheduling.request import Request
+from live_helpers import jpeg_frames
+from reader_processes import reader_children
 
 USERS = 16
 ROUNDS = 3
@@ -97,8 +97,9 @@ async def live_user(url: str, frames: list[tuple[float, bytes]], question: str) 
         for t_s, image in frames:
             await asyncio.sleep(max(0.0, start + t_s - time.monotonic()))
             await socket.send(struct.pack(">d", t_s) + image)
-        await socket.send(json.dumps({"type": "ask", "id": "q", "question": question,
-                                      "params": {"max_new_tokens": ANSWER_TOKENS}}))
+        await socket.send(
+            json.dumps({"type": "ask", "id": "q", "question": question, "params": {"max_new_tokens": ANSWER_TOKENS}})
+        )
         done = None
         while True:
             message = json.loads(await asyncio.wait_for(socket.recv(), ROUND_TIMEOUT_S))
@@ -120,9 +121,13 @@ class LiveUsers(threading.Thread):
 
     def run(self) -> None:
         async def all_users():
-            return await asyncio.gather(*(live_user(self.url, own, f"What moves? (live {user}, round "
-                                                                   f"{self.round_number})")
-                                          for user, own in enumerate(self.frames)), return_exceptions=True)
+            return await asyncio.gather(
+                *(
+                    live_user(self.url, own, f"What moves? (live {user}, round {self.round_number})")
+                    for user, own in enumerate(self.frames)
+                ),
+                return_exceptions=True,
+            )
 
         self.results = asyncio.run(all_users())
 
@@ -165,8 +170,9 @@ class ReaderCount(threading.Thread):
             self.most = max(self.most, len(reader_children() - self.others))
 
 
-def run_round(clients: list[Client], clips: list[Path], spy, round_number: int, others: set[int],
-              live: LiveUsers) -> list[dict]:
+def run_round(
+    clients: list[Client], clips: list[Path], spy, round_number: int, others: set[int], live: LiveUsers
+) -> list[dict]:
     """All users ask at once, the live users stream beside them; the cancellers cancel once their first words
     arrive. Returns the stats of the answers that completed, and checks the engine side of each request.
     others: readers of other engines in this process."""
@@ -175,8 +181,15 @@ def run_round(clients: list[Client], clips: list[Path], spy, round_number: int, 
     jobs = []
     for user, (client, video) in enumerate(zip(clients, clips)):
         tokens = CANCEL_TOKENS if user in CANCELLERS else ANSWER_TOKENS
-        jobs.append(client.submit(handle_file(str(video)), f"What happens here? (user {user})",
-                                  0.3 + 0.1 * (user % 5), max_new_tokens=tokens, api_name="/ask"))
+        jobs.append(
+            client.submit(
+                handle_file(str(video)),
+                f"What happens here? (user {user})",
+                0.3 + 0.1 * (user % 5),
+                max_new_tokens=tokens,
+                api_name="/ask",
+            )
+        )
 
     waiting = set(CANCELLERS)
     deadline = time.monotonic() + ROUND_TIMEOUT_S
@@ -263,8 +276,9 @@ def test_sixteen_users_three_rounds_with_cancels_stay_bounded(loaded_app, user_c
     try:
         for round_number in range(1, ROUNDS + 1):
             start = time.monotonic()
-            stats = run_round(clients, user_clips, spy, round_number, others,
-                              LiveUsers(live_url, live_frames, round_number))
+            stats = run_round(
+                clients, user_clips, spy, round_number, others, LiveUsers(live_url, live_frames, round_number)
+            )
             assert len(stats) == USERS - len(CANCELLERS)
             # The worker drops its last iteration's locals on its next idle step (every 0.1 s): wait for
             # that rather than count a request it is still letting go of; a leaked one never goes.
@@ -272,13 +286,21 @@ def test_sixteen_users_three_rounds_with_cancels_stay_bounded(loaded_app, user_c
             # A closed socket's session is closed on a worker thread, just after the socket goes.
             wait_until(lambda: live_sessions()[1] == earlier_sessions[1], timeout_s=10)
             gc.collect()
-            after.append(dict(rss=rss_bytes(), requests=live_requests() - earlier, files=temp_files(temp_dir),
-                              sessions=tuple(now - before for now, before in zip(live_sessions(), earlier_sessions)),
-                              seconds=time.monotonic() - start))
-            print(f"round {round_number}: {after[-1]['seconds']:.1f} s, RSS {after[-1]['rss'] / 2**20:.0f} MiB, "
-                  f"{after[-1]['requests']} live requests, {after[-1]['sessions'][1]} live sessions open, "
-                  f"{len(after[-1]['files'])} temp files "
-                  f"({sum(after[-1]['files'].values()) / 2**10:.0f} KiB)")
+            after.append(
+                dict(
+                    rss=rss_bytes(),
+                    requests=live_requests() - earlier,
+                    files=temp_files(temp_dir),
+                    sessions=tuple(now - before for now, before in zip(live_sessions(), earlier_sessions)),
+                    seconds=time.monotonic() - start,
+                )
+            )
+            print(
+                f"round {round_number}: {after[-1]['seconds']:.1f} s, RSS {after[-1]['rss'] / 2**20:.0f} MiB, "
+                f"{after[-1]['requests']} live requests, {after[-1]['sessions'][1]} live sessions open, "
+                f"{len(after[-1]['files'])} temp files "
+                f"({sum(after[-1]['files'].values()) / 2**10:.0f} KiB)"
+            )
     finally:
         count.stopped.set()
         for client in clients:
@@ -290,11 +312,13 @@ def test_sixteen_users_three_rounds_with_cancels_stay_bounded(loaded_app, user_c
     assert live == [0] * ROUNDS, f"engine Requests still reachable after each round: {live}"
     sessions = [a["sessions"] for a in after]
     assert all(open_ == 0 and reachable <= LIVE_USERS for reachable, open_ in sessions), (
-        f"LiveSessions (reachable, open) after each round: {sessions}")
+        f"LiveSessions (reachable, open) after each round: {sessions}"
+    )
     first, last = after[0], after[-1]
     assert last["rss"] <= first["rss"] * (1 + RSS_TOLERANCE), (
         f"RSS grew from {first['rss'] / 2**20:.0f} MiB after round 1 to {last['rss'] / 2**20:.0f} MiB after "
-        f"round {ROUNDS}")
+        f"round {ROUNDS}"
+    )
     assert first["files"], "round 1 left no uploads or pictures in the temp folder: the check would be vacuous"
     new_files = sorted(set(last["files"]) - set(first["files"]))
     assert not new_files, f"{len(new_files)} temp files appeared after round 1, e.g. {new_files[:3]}"
@@ -302,5 +326,9 @@ def test_sixteen_users_three_rounds_with_cancels_stay_bounded(loaded_app, user_c
 
     # The server's own numbers say the same: every request of every round, by how it ended.
     served = outcomes(scrape_metrics(running.url))
-    assert served == {"answered": (USERS - len(CANCELLERS) + LIVE_USERS) * ROUNDS, "refused": 0,
-                      "cancelled": len(CANCELLERS) * ROUNDS, "failed": 0}, served
+    assert served == {
+        "answered": (USERS - len(CANCELLERS) + LIVE_USERS) * ROUNDS,
+        "refused": 0,
+        "cancelled": len(CANCELLERS) * ROUNDS,
+        "failed": 0,
+    }, served

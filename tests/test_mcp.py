@@ -40,8 +40,16 @@ def test_the_server_lists_exactly_one_documented_tool(app):
     tool = tools[0]
     assert "Efficient Video Sampling" in tool.description and "JSON" in tool.description
     properties = tool.inputSchema["properties"]
-    assert list(properties) == ["video", "question", "pruning_rate", "max_new_tokens", "enable_thinking",
-                                "hear_soundtrack", "pruning_method", "media"]
+    assert list(properties) == [
+        "video",
+        "question",
+        "pruning_rate",
+        "max_new_tokens",
+        "enable_thinking",
+        "hear_soundtrack",
+        "pruning_method",
+        "media",
+    ]
     assert properties["pruning_method"]["default"] == "evs" and "vidcom2" in properties["pruning_method"]["description"]
     assert properties["media"]["type"] == "array" and properties["media"]["items"] == {"type": "string"}
     assert all(properties[name].get("description") for name in properties)
@@ -53,8 +61,13 @@ def test_the_server_lists_exactly_one_documented_tool(app):
 
 def test_the_tool_answers_about_an_uploaded_clip(app, clip):
     link = f"{app.url}gradio_api/file={upload(app, clip('moving_object'))}"
-    arguments = {"video": link, "question": "What moves?", "pruning_rate": 0.5, "max_new_tokens": 5,
-                 "pruning_method": "vidcom2"}
+    arguments = {
+        "video": link,
+        "question": "What moves?",
+        "pruning_rate": 0.5,
+        "max_new_tokens": 5,
+        "pruning_method": "vidcom2",
+    }
     result = mcp_session(app, lambda session: session.call_tool(TOOL, arguments))
     assert not result.isError, result.content
     [content] = result.content

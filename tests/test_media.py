@@ -40,8 +40,9 @@ def params(q: float, tokens: int = TOKENS) -> GenerationParams:
 
 
 def make_engine(name: str, cache_dir, **overrides) -> Engine:
-    return Engine(EngineConfig(model=name, device="cpu", cache_dir=cache_dir, frame_sampling=FRAME_SAMPLING,
-                               **overrides))
+    return Engine(
+        EngineConfig(model=name, device="cpu", cache_dir=cache_dir, frame_sampling=FRAME_SAMPLING, **overrides)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -49,8 +50,12 @@ def files(clip, tmp_path_factory):
     """name -> path: two clips of one length and size, a shorter one, a picture."""
     picture = tmp_path_factory.mktemp("pictures") / "picture.png"
     Image.fromarray(np.random.default_rng(0).integers(0, 255, (200, 260, 3), np.uint8)).save(picture)
-    return {"A": clip("moving_object", seconds=2.0, size=(224, 224)), "B": clip("pan", seconds=2.0, size=(224, 224)),
-            "short": clip("scene_cut", seconds=1.0, fps=8, size=(192, 160)), "P": picture}
+    return {
+        "A": clip("moving_object", seconds=2.0, size=(224, 224)),
+        "B": clip("pan", seconds=2.0, size=(224, 224)),
+        "short": clip("scene_cut", seconds=1.0, fps=8, size=(192, 160)),
+        "P": picture,
+    }
 
 
 def stock_prompt(loaded, family, media, question: str) -> dict:
@@ -60,31 +65,56 @@ def stock_prompt(loaded, family, media, question: str) -> dict:
     family's), one call with every medium."""
     if not isinstance(family, NemotronOmni):
         content = [{"type": "image" if isinstance(m, StillImage) else "video"} for m in media]
-        messages = [{"role": "system", "content": DEFAULT_SYSTEM_PROMPT},
-                    {"role": "user", "content": [*content, {"type": "text", "text": question}]}]
+        messages = [
+            {"role": "system", "content": DEFAULT_SYSTEM_PROMPT},
+            {"role": "user", "content": [*content, {"type": "text", "text": question}]},
+        ]
         text = loaded.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         text = text.replace(TEMPLATE_VIDEO, family.video_placeholder()) + family.answer_opening(False)
     else:
-        placeholders = "".join(family.image_placeholder() if isinstance(m, StillImage) else family.video_placeholder()
-                               for m in media)
+        placeholders = "".join(
+            family.image_placeholder() if isinstance(m, StillImage) else family.video_placeholder() for m in media
+        )
         text = chat_text(family, DEFAULT_SYSTEM_PROMPT, question, [], media=placeholders)
     videos = [m for m in media if not isinstance(m, StillImage)]
     images = [m.pixels for m in media if isinstance(m, StillImage)]
-    processor, video_kwargs = family.sized_processor(loaded.processor, len(videos[0].frames) if videos else 2,
-                                                     FRAME_SAMPLING.max_pixels_per_frame)
+    processor, video_kwargs = family.sized_processor(
+        loaded.processor, len(videos[0].frames) if videos else 2, FRAME_SAMPLING.max_pixels_per_frame
+    )
     image_kwargs = family.image_processor_kwargs(loaded.processor, FRAME_SAMPLING.max_pixels_per_frame)
-    metadata = [VideoMetadata(total_num_frames=v.total_frames, fps=v.native_fps, duration=v.duration_s,
-                              frames_indices=processor_frame_positions(v), height=v.frames.shape[1],
-                              width=v.frames.shape[2]) for v in videos]
-    return processor(text=[text], videos=[v.frames for v in videos] or None, video_metadata=metadata or None,
-                     images=images or None, do_sample_frames=False, return_tensors="pt",
-                     videos_kwargs=video_kwargs, images_kwargs=image_kwargs)
+    metadata = [
+        VideoMetadata(
+            total_num_frames=v.total_frames,
+            fps=v.native_fps,
+            duration=v.duration_s,
+            frames_indices=processor_frame_positions(v),
+            height=v.frames.shape[1],
+            width=v.frames.shape[2],
+        )
+        for v in videos
+    ]
+    return processor(
+        text=[text],
+        videos=[v.frames for v in videos] or None,
+        video_metadata=metadata or None,
+        images=images or None,
+        do_sample_frames=False,
+        return_tensors="pt",
+        videos_kwargs=video_kwargs,
+        images_kwargs=image_kwargs,
+    )
 
 
-CASES = [("tiny-random", ("A", "B")), ("tiny-random", ("A", "P")), ("tiny-random-qwen2.5-vl", ("A", "B")),
-         ("tiny-random-qwen2.5-vl", ("P", "A")), ("tiny-random-qwen3.5", ("A", "B")),
-         ("tiny-random-qwen3.5", ("A", "P")), ("tiny-random-nemotron-omni", ("A", "B")),
-         ("tiny-random-nemotron-omni", ("P",))]
+CASES = [
+    ("tiny-random", ("A", "B")),
+    ("tiny-random", ("A", "P")),
+    ("tiny-random-qwen2.5-vl", ("A", "B")),
+    ("tiny-random-qwen2.5-vl", ("P", "A")),
+    ("tiny-random-qwen3.5", ("A", "B")),
+    ("tiny-random-qwen3.5", ("A", "P")),
+    ("tiny-random-nemotron-omni", ("A", "B")),
+    ("tiny-random-nemotron-omni", ("P",)),
+]
 # Qwen3-VL and Qwen2.5-VL at the logit level; the hybrid models (Qwen3.5, Nemotron-H Omni) at the token level, as
 # their stock recurrent kernels sum in another order than a prefill in segments.
 LOGIT_LEVEL = {"tiny-random", "tiny-random-qwen2.5-vl"}
@@ -110,10 +140,16 @@ def test_q0_equals_stock_generate_with_the_processors_own_prompt(name, names, fi
                 fed = torch.tensor([answer.token_ids[:-1]])
                 ids = torch.cat([inputs["input_ids"], fed], dim=1)
                 out = model(**{**inputs, "input_ids": ids, "attention_mask": torch.ones_like(ids)})
-                tokens = out.logits[0, length - 1:].argmax(-1).tolist()
+                tokens = out.logits[0, length - 1 :].argmax(-1).tolist()
             else:
-                stock = model.generate(**inputs, max_new_tokens=TOKENS, min_new_tokens=TOKENS, do_sample=False,
-                                       output_logits=True, return_dict_in_generate=True)
+                stock = model.generate(
+                    **inputs,
+                    max_new_tokens=TOKENS,
+                    min_new_tokens=TOKENS,
+                    do_sample=False,
+                    output_logits=True,
+                    return_dict_in_generate=True,
+                )
                 tokens = stock.sequences[0, length:].tolist()
     finally:
         if saved is not None:
@@ -139,8 +175,9 @@ def test_each_video_keeps_what_it_keeps_alone_and_a_picture_keeps_every_token(qw
     are those of the video asked about alone (its first group whole, K from its own tokens), the picture's
     tokens are all kept, and the totals are the videos' sums."""
     q = 0.7
-    alone = {n: pictures(qwen3.submit(media=[files[n]], question=QUESTION, params=params(q, 1)))
-             for n in ("A", "short")}
+    alone = {
+        n: pictures(qwen3.submit(media=[files[n]], question=QUESTION, params=params(q, 1))) for n in ("A", "short")
+    }
     stream = qwen3.submit(media=[files["A"], files["P"], files["short"]], question=QUESTION, params=params(q, 1))
     together = pictures(stream)
     stats = stream.result().stats
@@ -175,13 +212,14 @@ def test_a_burst_of_one_video_two_videos_and_pictures_equals_each_alone(files, t
     assert all(answer.stats["decode_batch_max"] == 1 for answer in alone)
     assert all(answer.stats["decode_batch_max"] == len(WORKLOAD) for answer in burst)
     assert len({answer.stats["prompt_tokens"] for answer in burst}) == len(WORKLOAD)
-    for (names, q), got, want in zip(WORKLOAD, burst, alone):
+    for (names, _q), got, want in zip(WORKLOAD, burst, alone):
         assert got.token_ids == want.token_ids, names
         torch.testing.assert_close(torch.from_numpy(got.logits), torch.from_numpy(want.logits), atol=2e-5, rtol=0)
 
 
-def test_a_then_a_and_b_reads_and_encodes_a_once_and_the_same_file_twice_once(files, tiny_cache_dir, monkeypatch,
-                                                                               tmp_path):
+def test_a_then_a_and_b_reads_and_encodes_a_once_and_the_same_file_twice_once(
+    files, tiny_cache_dir, monkeypatch, tmp_path
+):
     reads, encoded = [], []
     real_read = engine.prepare.read_medium
 
@@ -194,8 +232,9 @@ def test_a_then_a_and_b_reads_and_encodes_a_once_and_the_same_file_twice_once(fi
     copy.write_bytes(files["short"].read_bytes())
     with make_engine("tiny-random", tiny_cache_dir) as running:
         real_encode = running.family.encode_media
-        monkeypatch.setattr(running.family, "encode_media",
-                            lambda model, media: encoded.append(len(media)) or real_encode(model, media))
+        monkeypatch.setattr(
+            running.family, "encode_media", lambda model, media: encoded.append(len(media)) or real_encode(model, media)
+        )
         running.submit(media=[files["A"]], question=QUESTION, params=params(0.5, 1)).result(120)
         second = running.submit(media=[files["A"], files["B"]], question=QUESTION, params=params(0.5, 1)).result(120)
         assert reads == [str(files["A"]), str(files["B"])] and encoded == [1, 1]
@@ -207,23 +246,34 @@ def test_a_then_a_and_b_reads_and_encodes_a_once_and_the_same_file_twice_once(fi
 
 def bomb_png(path, side: int = 40_000):
     """A PNG whose header says side x side RGB pixels (a decompression bomb), with a few rows of data."""
+
     def chunk(kind: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 
     rows = zlib.compress(b"\x00" + bytes(3 * side) * 1, 9)
-    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", side, side, 8, 2, 0, 0, 0))
-                     + chunk(b"IDAT", rows) + chunk(b"IEND", b""))
+    path.write_bytes(
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", struct.pack(">IIBBBBB", side, side, 8, 2, 0, 0, 0))
+        + chunk(b"IDAT", rows)
+        + chunk(b"IEND", b"")
+    )
     return path
 
 
-@pytest.mark.parametrize("make, sentence", [
-    (lambda p: p.write_text("These are notes, not a video.\n" * 20), "Upload 2 of 2: The file could not be read as a "
-                                                                      "video or a picture."),
-    (lambda p: p.write_bytes(b""), "Upload 2 of 2: The file is empty."),
-    (bomb_png, "Upload 2 of 2: The picture is 40000x40000 (1600 megapixels); the limit is 50 megapixels."),
-])
-def test_a_bad_upload_among_the_media_gets_one_sentence_and_the_engine_serves_on(qwen3, files, tmp_path, make,
-                                                                                  sentence):
+@pytest.mark.parametrize(
+    "make, sentence",
+    [
+        (
+            lambda p: p.write_text("These are notes, not a video.\n" * 20),
+            "Upload 2 of 2: The file could not be read as a video or a picture.",
+        ),
+        (lambda p: p.write_bytes(b""), "Upload 2 of 2: The file is empty."),
+        (bomb_png, "Upload 2 of 2: The picture is 40000x40000 (1600 megapixels); the limit is 50 megapixels."),
+    ],
+)
+def test_a_bad_upload_among_the_media_gets_one_sentence_and_the_engine_serves_on(
+    qwen3, files, tmp_path, make, sentence
+):
     bad = tmp_path / "upload.png"
     make(bad)
     with pytest.raises(InputError) as refused:
@@ -234,8 +284,11 @@ def test_a_bad_upload_among_the_media_gets_one_sentence_and_the_engine_serves_on
 
 def test_more_media_than_the_limit_are_refused_before_any_work(qwen3, files):
     assert qwen3.max_media == qwen3.model_info["max_media"] == 4  # a CPU's default
-    with pytest.raises(InputError, match=r"^5 videos and pictures were sent; this server takes at most 4 in one "
-                                         r"question\.$"):
+    with pytest.raises(
+        InputError,
+        match=r"^5 videos and pictures were sent; this server takes at most 4 in one "
+        r"question\.$",
+    ):
         qwen3.submit(media=[files["A"]] * 5, question=QUESTION)
     with pytest.raises(InputError, match="not both"):
         qwen3.submit(video=files["A"], media=[files["B"]], question=QUESTION)
@@ -245,13 +298,47 @@ def test_the_command_line_takes_several_videos_and_pictures_in_order(files, tiny
     from engine.__main__ import main
 
     monkeypatch.setenv("EVS_CACHE_DIR", str(tiny_cache_dir))
-    assert main(["--video", str(files["A"]), "--image", str(files["P"]), "--video", str(files["short"]),
-                 "--question", QUESTION, "--model", "tiny-random", "--device", "cpu", "--max-new-tokens", "2"]) == 0
+    assert (
+        main(
+            [
+                "--video",
+                str(files["A"]),
+                "--image",
+                str(files["P"]),
+                "--video",
+                str(files["short"]),
+                "--question",
+                QUESTION,
+                "--model",
+                "tiny-random",
+                "--device",
+                "cpu",
+                "--max-new-tokens",
+                "2",
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
-    stats = json.loads(printed[printed.index("{"):])
+    stats = json.loads(printed[printed.index("{") :])
     assert [m["kind"] for m in stats["media"]] == ["video", "image", "video"]
-    assert main(["--image", str(files["P"]), "--image", str(files["P"]), "--question", " ", "--model", "tiny-random",
-                 "--device", "cpu"]) == 2
+    assert (
+        main(
+            [
+                "--image",
+                str(files["P"]),
+                "--image",
+                str(files["P"]),
+                "--question",
+                " ",
+                "--model",
+                "tiny-random",
+                "--device",
+                "cpu",
+            ]
+        )
+        == 2
+    )
     assert "Please type a question" in capsys.readouterr().err
 
 
@@ -261,15 +348,21 @@ def test_a_follow_up_on_the_same_media_reuses_the_conversation_and_a_new_medium_
     is what the same conversation asked cold gives."""
     first = qwen3.submit(media=[files["A"], files["B"]], question=QUESTION, params=params(0.5, 4)).result(120)
     history = [(QUESTION, first.text)]
-    again = qwen3.submit(media=[files["A"], files["B"]], question="And then?", params=params(0.5, 4),
-                         history=history).result(120)
+    again = qwen3.submit(
+        media=[files["A"], files["B"]], question="And then?", params=params(0.5, 4), history=history
+    ).result(120)
     assert again.stats["prefix_cache_hit"] and again.stats["prefill_tokens"] < again.stats["prompt_tokens"] / 4
-    added = qwen3.submit(media=[files["A"], files["B"], files["P"]], question="And the picture?",
-                         params=params(0.5, 4), history=history).result(120)
+    added = qwen3.submit(
+        media=[files["A"], files["B"], files["P"]], question="And the picture?", params=params(0.5, 4), history=history
+    ).result(120)
     assert [m["kind"] for m in added.stats["media"]] == ["video", "video", "image"]
     assert not added.stats["prefix_cache_hit"]
     with make_engine("tiny-random", qwen3.config.cache_dir, prefix_cache_bytes=0) as cold:
-        want = cold.submit(media=[files["A"], files["B"], files["P"]], question="And the picture?",
-                           params=params(0.5, 4), history=history).result(120)
+        want = cold.submit(
+            media=[files["A"], files["B"], files["P"]],
+            question="And the picture?",
+            params=params(0.5, 4),
+            history=history,
+        ).result(120)
     assert added.token_ids == want.token_ids
     torch.testing.assert_close(torch.from_numpy(added.logits), torch.from_numpy(want.logits), atol=2e-5, rtol=0)

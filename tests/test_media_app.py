@@ -60,12 +60,19 @@ def test_the_openai_route_takes_video_and_image_parts_in_their_order(app, client
     """A video as a data: URL, a picture by this server's upload link, a second video: the model is asked about
     the three in that order, as the engine answers them; usage.evs["media"] has one entry each."""
     link = f"{app.url}gradio_api/file={upload(app, files['P'])}"
-    parts = [{"type": "video_url", "video_url": {"url": data_url(files["A"], "video/mp4")}},
-             {"type": "image_url", "image_url": {"url": link}},
-             {"type": "video_url", "video_url": {"url": data_url(files["B"], "video/mp4")}},
-             {"type": "text", "text": QUESTION}]
-    reply = client.chat.completions.create(model="tiny-random", messages=[{"role": "user", "content": parts}],
-                                           max_tokens=TOKENS, temperature=0, extra_body={"pruning_rate": 0.5})
+    parts = [
+        {"type": "video_url", "video_url": {"url": data_url(files["A"], "video/mp4")}},
+        {"type": "image_url", "image_url": {"url": link}},
+        {"type": "video_url", "video_url": {"url": data_url(files["B"], "video/mp4")}},
+        {"type": "text", "text": QUESTION},
+    ]
+    reply = client.chat.completions.create(
+        model="tiny-random",
+        messages=[{"role": "user", "content": parts}],
+        max_tokens=TOKENS,
+        temperature=0,
+        extra_body={"pruning_rate": 0.5},
+    )
     evs = reply.usage.evs
     want = engine_answer(app, [files["A"], files["P"], files["B"]])
     assert kinds(evs) == ["video", "image", "video"]
@@ -74,18 +81,30 @@ def test_the_openai_route_takes_video_and_image_parts_in_their_order(app, client
 
 
 def test_a_picture_sent_in_a_later_message_is_appended_to_the_conversations_media(app, client, files):
-    first = [{"type": "video_url", "video_url": {"url": data_url(files["A"], "video/mp4")}},
-             {"type": "text", "text": "What moves?"}]
-    later = [{"type": "image_url", "image_url": {"url": data_url(files["P"], "image/png")}},
-             {"type": "text", "text": QUESTION}]
-    messages = [{"role": "user", "content": first}, {"role": "assistant", "content": "A shape."},
-                {"role": "user", "content": later}]
-    reply = client.chat.completions.create(model="tiny-random", messages=messages, max_tokens=TOKENS, temperature=0,
-                                           extra_body={"pruning_rate": 0.5})
+    first = [
+        {"type": "video_url", "video_url": {"url": data_url(files["A"], "video/mp4")}},
+        {"type": "text", "text": "What moves?"},
+    ]
+    later = [
+        {"type": "image_url", "image_url": {"url": data_url(files["P"], "image/png")}},
+        {"type": "text", "text": QUESTION},
+    ]
+    messages = [
+        {"role": "user", "content": first},
+        {"role": "assistant", "content": "A shape."},
+        {"role": "user", "content": later},
+    ]
+    reply = client.chat.completions.create(
+        model="tiny-random", messages=messages, max_tokens=TOKENS, temperature=0, extra_body={"pruning_rate": 0.5}
+    )
     assert kinds(reply.usage.evs) == ["video", "image"]
     params = GenerationParams(pruning_rate=0.5, max_new_tokens=TOKENS)
-    want = app.spy.engine.submit(media=[str(files["A"]), str(files["P"])], question=QUESTION, params=params,
-                                 history=[("What moves?", "A shape.")]).result(120)
+    want = app.spy.engine.submit(
+        media=[str(files["A"]), str(files["P"])],
+        question=QUESTION,
+        params=params,
+        history=[("What moves?", "A shape.")],
+    ).result(120)
     assert reply.choices[0].message.content == want.text
 
 
@@ -95,10 +114,14 @@ def test_a_body_nested_deep_gets_one_sentence_and_no_traceback(app, depth, caplo
     refused as it arrives, in OpenAI's error shape, and the server logs nothing about it."""
     nested = "[" * depth + "]" * depth
     caplog.set_level(logging.WARNING)
-    for body in (f'{{"model": "tiny-random", "messages": [{{"role": "user", "content": {nested}}}]}}',
-                 f'{{"model": "tiny-random", "messages": [], "extra": {nested}}}', nested):
-        response = httpx.post(f"{app.url}v1/chat/completions", content=body,
-                              headers={"content-type": "application/json"}, timeout=30)
+    for body in (
+        f'{{"model": "tiny-random", "messages": [{{"role": "user", "content": {nested}}}]}}',
+        f'{{"model": "tiny-random", "messages": [], "extra": {nested}}}',
+        nested,
+    ):
+        response = httpx.post(
+            f"{app.url}v1/chat/completions", content=body, headers={"content-type": "application/json"}, timeout=30
+        )
         assert response.status_code == 400, response.text
         error = response.json()["error"]
         assert error["message"] == openai_api.TOO_DEEP and error["type"] == "invalid_request_error"
@@ -108,8 +131,13 @@ def test_a_body_nested_deep_gets_one_sentence_and_no_traceback(app, depth, caplo
 
 def test_ask_takes_more_uploads_after_its_video(app, files):
     answer, stats, figures, frames = app.client.predict(
-        handle_file(str(files["A"])), QUESTION, 0.5, max_new_tokens=TOKENS,
-        media=[handle_file(str(files["P"])), handle_file(str(files["B"]))], api_name="/ask")
+        handle_file(str(files["A"])),
+        QUESTION,
+        0.5,
+        max_new_tokens=TOKENS,
+        media=[handle_file(str(files["P"])), handle_file(str(files["B"]))],
+        api_name="/ask",
+    )
     want = engine_answer(app, [files["A"], files["P"], files["B"]])
     assert kinds(stats) == ["video", "image", "video"] and answer == want.text
     assert [video["medium"] for video in figures["videos"]] == [0, 2]  # one pruning picture per video
@@ -118,8 +146,14 @@ def test_ask_takes_more_uploads_after_its_video(app, files):
 
 
 def test_sweep_takes_the_whole_set(app, files):
-    table, _, _ = app.client.predict(handle_file(str(files["A"])), QUESTION, "0, 0.7",
-                                     media=[handle_file(str(files["B"]))], max_new_tokens=TOKENS, api_name="/sweep")
+    table, _, _ = app.client.predict(
+        handle_file(str(files["A"])),
+        QUESTION,
+        "0, 0.7",
+        media=[handle_file(str(files["B"]))],
+        max_new_tokens=TOKENS,
+        api_name="/sweep",
+    )
     alone = [engine_answer(app, [files[n]], q=0.0).stats["video_tokens_total"] for n in ("A", "B")]
     headers = table["headers"]
     totals = [row[headers.index("video tokens total")] for row in table["data"]]
@@ -128,8 +162,13 @@ def test_sweep_takes_the_whole_set(app, files):
 
 def test_the_mcp_tool_takes_a_list_of_media(app, files):
     link = f"{app.url}gradio_api/file={upload(app, files['A'])}"
-    arguments = {"video": link, "question": QUESTION, "pruning_rate": 0.5, "max_new_tokens": TOKENS,
-                 "media": [data_url(files["P"], "image/png"), f"{app.url}gradio_api/file={upload(app, files['B'])}"]}
+    arguments = {
+        "video": link,
+        "question": QUESTION,
+        "pruning_rate": 0.5,
+        "max_new_tokens": TOKENS,
+        "media": [data_url(files["P"], "image/png"), f"{app.url}gradio_api/file={upload(app, files['B'])}"],
+    }
     result = mcp_session(app, lambda session: session.call_tool(TOOL, arguments))
     assert not result.isError, result.content
     reply = json.loads(result.content[0].text)

@@ -13,6 +13,9 @@ from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5TextModel
 from transformers.video_utils import VideoMetadata
 
 from engine import BusyError, Engine, EngineConfig, GenerationParams, InputError
+from engine.__main__ import main as engine_main
+from engine.checkpoints.random_weights import checkpoint_spec, spec_config, spec_processor
+from engine.checkpoints.tokenizer import build_tokenizer
 from engine.config import (
     CPU_FRAME_SAMPLING_LIMITS,
     DEFAULT_PRUNING_RATE,
@@ -23,14 +26,11 @@ from engine.config import (
     frame_sampling_limits,
     video_tokens,
 )
-from engine.__main__ import main as engine_main
+from engine.families.registry import family_for
+from engine.memory.dims import GIB, ModelDims
+from engine.memory.plan import InsufficientMemory, PlanSettings, checkpoint_audio_tokens, plan_memory
 from engine.prompt.audio import audio_token_count
 from engine.reading.frame_sampling import sample_frame_indices
-from engine.memory.dims import GIB, ModelDims
-from engine.families.registry import family_for
-from engine.memory.plan import InsufficientMemory, PlanSettings, checkpoint_audio_tokens, plan_memory
-from engine.checkpoints.random_weights import checkpoint_spec, spec_config, spec_processor
-from engine.checkpoints.tokenizer import build_tokenizer
 
 QWEN3_4B = "Qwen/Qwen3-VL-4B-Instruct"
 QWEN35_9B = "Qwen/Qwen3.5-9B"
@@ -63,10 +63,14 @@ def settings(planned_video_tokens: int = 12_544, **overrides) -> PlanSettings:
 
 # --- default sampling by device ------------------------------------------------------------------
 
+
 def test_cpu_defaults_are_unchanged():
     """The CPU tests and tiny models are sized for 32 frames at 224x224; the GPU defaults must not leak."""
-    assert default_frame_sampling("cpu") == FrameSampling() == FrameSampling(fps=2.0, max_frames=32,
-                                                                             max_pixels_per_frame=224 * 224)
+    assert (
+        default_frame_sampling("cpu")
+        == FrameSampling()
+        == FrameSampling(fps=2.0, max_frames=32, max_pixels_per_frame=224 * 224)
+    )
     assert frame_sampling_limits("cpu") == CPU_FRAME_SAMPLING_LIMITS
     assert (CPU_FRAME_SAMPLING_LIMITS.max_fps, CPU_FRAME_SAMPLING_LIMITS.max_frames) == (8.0, 128)
     assert CPU_FRAME_SAMPLING_LIMITS.max_pixels_per_frame == 32 * 112 * 112
@@ -74,8 +78,11 @@ def test_cpu_defaults_are_unchanged():
 
 def test_gpu_defaults_give_a_90_second_clip_about_ten_thousand_video_tokens():
     """On a GPU the old defaults (about 800 video tokens) showed almost nothing of EVS."""
-    assert default_frame_sampling("cuda") == GPU_FRAME_SAMPLING == FrameSampling(fps=2.0, max_frames=128,
-                                                                                 max_pixels_per_frame=448 * 448)
+    assert (
+        default_frame_sampling("cuda")
+        == GPU_FRAME_SAMPLING
+        == FrameSampling(fps=2.0, max_frames=128, max_pixels_per_frame=448 * 448)
+    )
     assert frame_sampling_limits("cuda") == GPU_FRAME_SAMPLING_LIMITS
     frames = len(sample_frame_indices(90.0, 90 * 30, GPU_FRAME_SAMPLING))  # 180 frames at 2 fps, capped
     assert frames == 128
@@ -87,8 +94,9 @@ def test_gpu_defaults_give_a_90_second_clip_about_ten_thousand_video_tokens():
     assert gpu_video_tokens(QWEN3_4B, 127) == 63 * 196  # frames go in whole temporal groups
 
 
-@pytest.mark.parametrize("checkpoint, family, per_group", [(QWEN3_4B, "qwen3_vl", 196),
-                                                           ("Qwen/Qwen2.5-VL-7B-Instruct", "qwen2_5_vl", 256)])
+@pytest.mark.parametrize(
+    "checkpoint, family, per_group", [(QWEN3_4B, "qwen3_vl", 196), ("Qwen/Qwen2.5-VL-7B-Instruct", "qwen2_5_vl", 256)]
+)
 def test_the_checkpoints_own_processor_agrees_with_the_token_arithmetic(checkpoint, family, per_group):
     """video_tokens is an upper bound the plan relies on: the real processor never gives a group more."""
     processor = spec_processor(checkpoint_spec(checkpoint), family, build_tokenizer())
@@ -98,11 +106,13 @@ def test_the_checkpoints_own_processor_agrees_with_the_token_arithmetic(checkpoi
     merge = config.vision_config.spatial_merge_size
     for height, width in [(448, 448), (720, 1280), (1080, 1920)]:
         frames = np.zeros((4, height, width, 3), np.uint8)
-        metadata = VideoMetadata(total_num_frames=4, fps=2.0, frames_indices=[0, 1, 2, 3], duration=2.0,
-                                 height=height, width=width)
+        metadata = VideoMetadata(
+            total_num_frames=4, fps=2.0, frames_indices=[0, 1, 2, 3], duration=2.0, height=height, width=width
+        )
         size_kwargs = family_for(loaded.model).sized_processor(processor, 4, GPU_FRAME_SAMPLING.max_pixels_per_frame)[1]
-        out = processor.video_processor(videos=[frames], video_metadata=[metadata], do_sample_frames=False,
-                                        return_tensors="pt", **size_kwargs)
+        out = processor.video_processor(
+            videos=[frames], video_metadata=[metadata], do_sample_frames=False, return_tensors="pt", **size_kwargs
+        )
         groups, h, w = out["video_grid_thw"][0].tolist()
         assert groups == 2 and (h // merge) * (w // merge) <= per_group
         if height == width:
@@ -110,6 +120,7 @@ def test_the_checkpoints_own_processor_agrees_with_the_token_arithmetic(checkpoi
 
 
 # --- the plan's arithmetic -----------------------------------------------------------------------
+
 
 def test_kv_bytes_per_token_of_qwen3_vl_4b(qwen3_4b):
     """2 (K and V) x 36 layers x 8 KV heads x head_dim 128 x 2 bytes (bf16)."""
@@ -124,8 +135,10 @@ def test_kv_bytes_per_token_of_qwen3_vl_4b(qwen3_4b):
 
 def planned_peak_bytes(dims: ModelDims, s: PlanSettings, rows: int, video: int) -> int:
     """The memory model written out again, independently of plan_memory's code."""
-    kv_row = s.kv_copies * (dims.kv_bytes_per_token * (video + s.text_tokens + s.new_tokens + s.spare_tokens)
-                            + dims.state_bytes_per_sequence)
+    kv_row = s.kv_copies * (
+        dims.kv_bytes_per_token * (video + s.text_tokens + s.new_tokens + s.spare_tokens)
+        + dims.state_bytes_per_sequence
+    )
     row = kv_row + dims.feature_bytes_per_video_token * video
     vit = dims.vit_bytes(max(s.vit_patch_budget, video * dims.merge_patches))
     prefill = dims.prefill_bytes(video + s.text_tokens + s.new_tokens)
@@ -173,8 +186,10 @@ def test_more_memory_never_lowers_a_limit(qwen3_4b):
 
 
 def test_more_frames_per_request_lower_max_running(qwen3_4b):
-    counts = [plan_memory(qwen3_4b, 130 * GIB, settings(gpu_video_tokens(QWEN3_4B, frames))).max_running
-              for frames in (16, 32, 64, 128, 256, 512)]
+    counts = [
+        plan_memory(qwen3_4b, 130 * GIB, settings(gpu_video_tokens(QWEN3_4B, frames))).max_running
+        for frames in (16, 32, 64, 128, 256, 512)
+    ]
     assert counts == sorted(counts, reverse=True)
     assert counts[0] == 16 and counts[-1] < counts[3] < counts[0]
 
@@ -200,6 +215,7 @@ def test_the_refusals_say_what_to_lower(qwen3_4b):
 
 # --- hybrid models (Qwen3.5 / 3.6) and mixtures of experts ---------------------------------------
 
+
 def test_a_hybrid_model_keeps_kv_only_in_its_full_attention_layers(qwen35_9b, qwen3_4b):
     """Qwen3.5-9B (the published config: 32 layers, every 4th full attention, 4 KV heads of 256): KV in 8
     layers, and per sequence 24 Gated DeltaNet layers' conv state (2 x 16 x 128 + 32 x 128 = 8,192 channels
@@ -207,8 +223,13 @@ def test_a_hybrid_model_keeps_kv_only_in_its_full_attention_layers(qwen35_9b, qw
     text = config_of(QWEN35_9B).text_config
     assert (text.hidden_size, text.num_hidden_layers, text.num_key_value_heads, text.head_dim) == (4096, 32, 4, 256)
     assert text.layer_types == (["linear_attention"] * 3 + ["full_attention"]) * 8
-    assert (text.linear_num_key_heads, text.linear_num_value_heads, text.linear_key_head_dim,
-            text.linear_value_head_dim, text.linear_conv_kernel_dim) == (16, 32, 128, 128, 4)
+    assert (
+        text.linear_num_key_heads,
+        text.linear_num_value_heads,
+        text.linear_key_head_dim,
+        text.linear_value_head_dim,
+        text.linear_conv_kernel_dim,
+    ) == (16, 32, 128, 128, 4)
     assert (qwen35_9b.text_layers, qwen35_9b.kv_layers) == (32, 8)
     assert qwen35_9b.kv_bytes_per_token == 2 * 8 * 4 * 256 * 2 == 32_768
     assert qwen35_9b.linear.conv_dim == 8192
@@ -223,11 +244,19 @@ def test_a_hybrid_model_keeps_kv_only_in_its_full_attention_layers(qwen35_9b, qw
 
 
 TINY_HYBRID_TEXT = dict(
-    vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=4, num_attention_heads=2,
-    num_key_value_heads=2, head_dim=16, layer_types=["linear_attention", "full_attention", "linear_attention",
-                                                     "linear_attention"],
+    vocab_size=64,
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=4,
+    num_attention_heads=2,
+    num_key_value_heads=2,
+    head_dim=16,
+    layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention"],
     # Key and value head dims differ, and the kernel is not 4, so a swapped or misread size shows.
-    linear_num_key_heads=2, linear_num_value_heads=6, linear_key_head_dim=8, linear_value_head_dim=12,
+    linear_num_key_heads=2,
+    linear_num_value_heads=6,
+    linear_key_head_dim=8,
+    linear_value_head_dim=12,
     linear_conv_kernel_dim=3,
 )
 
@@ -236,8 +265,10 @@ TINY_HYBRID_TEXT = dict(
 def test_state_and_kv_bytes_are_what_transformers_allocates(dtype):
     """A tiny Qwen3.5 text model run through one prefill: the conv and recurrent states its cache holds sum to
     ModelDims' state per sequence, and its KV to kv_bytes_per_token per token."""
-    config = Qwen3_5Config(text_config=TINY_HYBRID_TEXT, vision_config=dict(depth=1, hidden_size=16, num_heads=2,
-                                                                            intermediate_size=32, out_hidden_size=32))
+    config = Qwen3_5Config(
+        text_config=TINY_HYBRID_TEXT,
+        vision_config=dict(depth=1, hidden_size=16, num_heads=2, intermediate_size=32, out_hidden_size=32),
+    )
     dims = ModelDims.from_config(config, dtype_bytes=dtype.itemsize)
     torch.manual_seed(0)
     model = Qwen3_5TextModel(config.text_config).to(dtype).eval()
@@ -340,8 +371,14 @@ def test_a_model_that_hears_plans_its_longest_soundtrack():
 def test_an_engine_that_hears_plans_with_its_processors_count(tiny_cache_dir):
     """The engine counts the longest soundtrack's tokens with its processor, as it counts them for each request;
     the plan of a checkpoint's config alone (checkpoint_audio_tokens) comes to the same count."""
-    config = EngineConfig(model="tiny-random-nemotron-omni", device="cpu", cache_dir=tiny_cache_dir,
-                          frame_sampling=FRAME_SAMPLING, memory_budget_bytes=3 * GIB, max_soundtrack_seconds=60.0)
+    config = EngineConfig(
+        model="tiny-random-nemotron-omni",
+        device="cpu",
+        cache_dir=tiny_cache_dir,
+        frame_sampling=FRAME_SAMPLING,
+        memory_budget_bytes=3 * GIB,
+        max_soundtrack_seconds=60.0,
+    )
     with Engine(config) as engine:
         plan, loaded = engine.memory_plan, engine.loaded
     audio = audio_token_count(loaded.processor, 60 * 16000)
@@ -352,8 +389,10 @@ def test_an_engine_that_hears_plans_with_its_processors_count(tiny_cache_dir):
 def test_the_command_line_prints_a_checkpoints_plan_without_a_gpu(capsys):
     assert engine_main(["--model", f"random:{QWEN35_9B}", "--plan-gib", "40", "130"]) == 0
     out = capsys.readouterr().out
-    assert "memory plan: 40.0 GiB free, state 49.5 MiB/sequence + KV 32768 bytes/token (8 of 32 layers), " \
-           "at most 12,544 video tokens per request, 14 requests decoding together, 4 live sessions" in out
+    assert (
+        "memory plan: 40.0 GiB free, state 49.5 MiB/sequence + KV 32768 bytes/token (8 of 32 layers), "
+        "at most 12,544 video tokens per request, 14 requests decoding together, 4 live sessions" in out
+    )
     assert "live sessions: 4 of the 4 configured, 0.56 GiB each" in out
     assert "at most 52,313 video tokens per request, 16 requests decoding together" in out
     assert "54 requests of 12,544 video tokens fit, capped at the configured 16" in out
@@ -362,6 +401,7 @@ def test_the_command_line_prints_a_checkpoints_plan_without_a_gpu(capsys):
 
 
 # --- through a real engine -----------------------------------------------------------------------
+
 
 def test_a_cpu_engine_has_no_memory_plan_and_the_cpu_defaults(tiny_cache_dir):
     with Engine(EngineConfig(model="tiny-random", device="cpu", cache_dir=tiny_cache_dir)) as engine:
@@ -380,8 +420,14 @@ def small_plan_engine(tiny_cache_dir):
     for the default 80 video tokens (+5,376 others, x3) is 12.7 MB; one ViT forward over the CPU's
     4,096-patch budget takes 55 MB (float32 pixels): 3 rows fit, 16 rows of anything more do not."""
     budget = int((2 * GIB + 100 * 1024**2) / 0.9)
-    config = EngineConfig(model="tiny-random", device="cpu", cache_dir=tiny_cache_dir, frame_sampling=FRAME_SAMPLING,
-                          memory_budget_bytes=budget, max_live_sessions=0)
+    config = EngineConfig(
+        model="tiny-random",
+        device="cpu",
+        cache_dir=tiny_cache_dir,
+        frame_sampling=FRAME_SAMPLING,
+        memory_budget_bytes=budget,
+        max_live_sessions=0,
+    )
     with Engine(config) as engine:
         yield engine
 
@@ -394,11 +440,15 @@ def test_a_forced_plan_bounds_the_engine(small_plan_engine):
 
 def test_an_over_plan_video_is_refused_with_a_sentence_and_the_engine_keeps_serving(small_plan_engine, clip):
     video = clip("moving_object", seconds=2.0)  # 16 frames at 8 fps
-    larger = GenerationParams(max_new_tokens=4, frame_sampling=FrameSampling(fps=8.0, max_frames=16,
-                                                                             max_pixels_per_frame=160 * 128))
+    larger = GenerationParams(
+        max_new_tokens=4, frame_sampling=FrameSampling(fps=8.0, max_frames=16, max_pixels_per_frame=160 * 128)
+    )
     refused = small_plan_engine.submit(video, "What moves?", larger)
-    with pytest.raises(InputError, match=r"^This video comes to 160 video tokens, more than the 80 .*"
-                                         r"choose fewer frames or fewer pixels per frame\.$"):
+    with pytest.raises(
+        InputError,
+        match=r"^This video comes to 160 video tokens, more than the 80 .*"
+        r"choose fewer frames or fewer pixels per frame\.$",
+    ):
         refused.result(60)
     served = small_plan_engine.submit(video, "What moves?", GenerationParams(max_new_tokens=4)).result(60)
     assert served.stats["video_tokens_total"] == 80 and served.stats["generated_tokens"] == 4
@@ -407,8 +457,9 @@ def test_an_over_plan_video_is_refused_with_a_sentence_and_the_engine_keeps_serv
 def test_a_conversation_over_the_plan_is_refused_with_a_sentence(small_plan_engine, clip):
     """The tiny tokenizer is one token per byte: 6,000 characters of history pass 80 + 4,096 + 1,024."""
     history = [("What moves?", "A square " * 700)]
-    refused = small_plan_engine.submit(clip("moving_object"), "And then?", GenerationParams(max_new_tokens=4),
-                                       history=history)
+    refused = small_plan_engine.submit(
+        clip("moving_object"), "And then?", GenerationParams(max_new_tokens=4), history=history
+    )
     with pytest.raises(InputError, match="ask for fewer new tokens, start a new conversation"):
         refused.result(60)
 
@@ -416,20 +467,32 @@ def test_a_conversation_over_the_plan_is_refused_with_a_sentence(small_plan_engi
 def test_the_plan_caps_requests_decoding_together(small_plan_engine, clip):
     videos = [clip(kind) for kind in ("moving_object", "pan", "scene_cut")]
     with small_plan_engine.paused():
-        streams = [small_plan_engine.submit(videos[i % 3], "What happens?",
-                                            GenerationParams(pruning_rate=0.1 * i, max_new_tokens=6, ignore_eos=True))
-                   for i in range(5)]
+        streams = [
+            small_plan_engine.submit(
+                videos[i % 3],
+                "What happens?",
+                GenerationParams(pruning_rate=0.1 * i, max_new_tokens=6, ignore_eos=True),
+            )
+            for i in range(5)
+        ]
     most = max(stream.result(120).stats["decode_batch_max"] for stream in streams)
     assert most == 3  # 5 requests, EngineConfig.max_running 16, the plan's 3
 
 
 # --- the UI follows the engine's device ----------------------------------------------------------
 
+
 class GpuLikeEngine:
     """What build_demo reads from an engine, as a GPU engine answers it (no model behind it)."""
 
-    model_info = {"name": "Qwen/Qwen3-VL-4B-Instruct", "device": "cuda:0", "is_tiny": False,
-                  "default_pruning_rate": DEFAULT_PRUNING_RATE, "thinks": False, "hears": False}
+    model_info = {
+        "name": "Qwen/Qwen3-VL-4B-Instruct",
+        "device": "cuda:0",
+        "is_tiny": False,
+        "default_pruning_rate": DEFAULT_PRUNING_RATE,
+        "thinks": False,
+        "hears": False,
+    }
     default_frame_sampling = GPU_FRAME_SAMPLING
     frame_sampling_limits = GPU_FRAME_SAMPLING_LIMITS
 
@@ -445,9 +508,23 @@ def test_sliders_and_api_defaults_follow_the_engines_device():
     assert sliders["evs-max-pixels"].maximum == 896 * 896 and "448 × 448 = 200,704" in sliders["evs-max-pixels"].info
     parameters = demo.get_api_info()["named_endpoints"]["/ask"]["parameters"]
     names = [p["parameter_name"] for p in parameters]
-    assert names == ["video", "question", "pruning_rate", "fps", "max_frames", "max_pixels_per_frame",
-                     "max_new_tokens", "temperature", "compare", "history", "enable_thinking", "hear_soundtrack",
-                     "pruning_method", "compare_methods", "media"]
+    assert names == [
+        "video",
+        "question",
+        "pruning_rate",
+        "fps",
+        "max_frames",
+        "max_pixels_per_frame",
+        "max_new_tokens",
+        "temperature",
+        "compare",
+        "history",
+        "enable_thinking",
+        "hear_soundtrack",
+        "pruning_method",
+        "compare_methods",
+        "media",
+    ]
     defaults = {p["parameter_name"]: p["parameter_default"] for p in parameters}
     assert (defaults["fps"], defaults["max_frames"], defaults["max_pixels_per_frame"]) == (2.0, 128, 200_704)
 
@@ -480,10 +557,18 @@ def test_ask_called_without_sampling_uses_the_engines_device_defaults(clip):
 
 def test_an_engine_without_room_for_a_small_request_refuses_to_start(tiny_cache_dir):
     """Less device memory than the caches' own bounds: one sentence at start, not a server that refuses all."""
-    config = EngineConfig(model="tiny-random", device="cpu", cache_dir=tiny_cache_dir, frame_sampling=FRAME_SAMPLING,
-                          memory_budget_bytes=1 * GIB)
-    with pytest.raises(InsufficientMemory, match=r"GPU has 1\.0 GiB free, room for 0 video tokens per request, "
-                                                 r"fewer than the 80 of a small clip"):
+    config = EngineConfig(
+        model="tiny-random",
+        device="cpu",
+        cache_dir=tiny_cache_dir,
+        frame_sampling=FRAME_SAMPLING,
+        memory_budget_bytes=1 * GIB,
+    )
+    with pytest.raises(
+        InsufficientMemory,
+        match=r"GPU has 1\.0 GiB free, room for 0 video tokens per request, "
+        r"fewer than the 80 of a small clip",
+    ):
         Engine(config)
 
 
@@ -506,8 +591,14 @@ def test_a_forced_plan_refuses_the_session_past_what_it_allows_with_a_sentence(t
     """The small plan's engine with a window of 80 video tokens: each session 3.4 MB of KV (768 bytes x (80 +
     4,096 + 256)); the configured 1,000 cannot fit, the plan allows what leaves room for one request."""
     budget = int((2 * GIB + 100 * 1024**2) / 0.9)
-    config = EngineConfig(model="tiny-random", device="cpu", cache_dir=tiny_cache_dir, frame_sampling=FRAME_SAMPLING,
-                          memory_budget_bytes=budget, max_live_sessions=1000)
+    config = EngineConfig(
+        model="tiny-random",
+        device="cpu",
+        cache_dir=tiny_cache_dir,
+        frame_sampling=FRAME_SAMPLING,
+        memory_budget_bytes=budget,
+        max_live_sessions=1000,
+    )
     with Engine(config) as engine:
         allowed = engine.memory_plan.max_live_sessions
         assert 0 < allowed < 1000 and engine.memory_plan.max_running == 1

@@ -41,8 +41,7 @@ def test_metrics_count_answered_refused_and_cancelled_requests_exactly(small_app
             app.spy.submit(video, "What moves?", GenerationParams(max_new_tokens=3))
     held.result(60)
     # Cancelled: a long answer through /ask, cancelled once its first words are out.
-    job = app.client.submit(handle_file(str(video)), "Talk for a long time.", 0.5, max_new_tokens=1024,
-                            api_name="/ask")
+    job = app.client.submit(handle_file(str(video)), "Talk for a long time.", 0.5, max_new_tokens=1024, api_name="/ask")
     assert wait_until(lambda: any(update[0] for update in job.outputs()), timeout_s=60)
     stream = app.spy.streams[-1]
     job.cancel()
@@ -60,8 +59,7 @@ def test_metrics_count_answered_refused_and_cancelled_requests_exactly(small_app
     assert after[("evs_vit_batch_requests_count", ())] == 1  # one vision forward; the cache served the rest
 
 
-def test_one_engine_counts_a_refusal_in_the_stream_as_refused_and_a_cancel_as_cancelled(tiny_cache_dir, clip,
-                                                                                         tmp_path):
+def test_one_engine_counts_a_refusal_in_the_stream_as_refused_and_a_cancel_as_cancelled(tiny_cache_dir, clip, tmp_path):
     """An upload that is accepted and then fails its read (random bytes; a clip cut short, its index lost) is
     refused, through its stream, not at submit; a request cancelled while it decodes is cancelled: each counted
     so by one engine's GET /metrics. Pins a refusal that arrives through the stream counted as answered (or
@@ -74,16 +72,21 @@ def test_one_engine_counts_a_refusal_in_the_stream_as_refused_and_a_cancel_as_ca
     junk, cut = tmp_path / "junk.mp4", tmp_path / "cut.mp4"
     junk.write_bytes(bytes(range(256)) * 16)
     cut.write_bytes(clip("pan").read_bytes()[:15000])
-    config = EngineConfig(model="tiny-random", device="cpu", cache_dir=tiny_cache_dir,
-                          frame_sampling=FrameSampling(fps=4.0, max_frames=8, max_pixels_per_frame=160 * 128))
+    config = EngineConfig(
+        model="tiny-random",
+        device="cpu",
+        cache_dir=tiny_cache_dir,
+        frame_sampling=FrameSampling(fps=4.0, max_frames=8, max_pixels_per_frame=160 * 128),
+    )
     with Engine(config) as engine:
         http = TestClient(FastAPI(routes=[metrics_route(engine)]))
         for upload in (junk, cut):
             stream = engine.submit(upload, "What moves?", GenerationParams(max_new_tokens=4))  # accepted
             with pytest.raises(InputError, match="could not be read"):
                 stream.result(60)
-        long = engine.submit(clip("moving_object"), "Talk for a long time.",
-                             GenerationParams(max_new_tokens=1024, ignore_eos=True))
+        long = engine.submit(
+            clip("moving_object"), "Talk for a long time.", GenerationParams(max_new_tokens=1024, ignore_eos=True)
+        )
         next(event for event in long if event.kind == "text")
         long.cancel()
         assert long.result(60).cancelled

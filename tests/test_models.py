@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import Qwen2Config, Qwen2_5_VLProcessor, Qwen3VLProcessor
+from transformers import Qwen2_5_VLProcessor, Qwen2Config, Qwen3VLProcessor
 from transformers.video_utils import VideoMetadata
 
 from engine.checkpoints import tiny, tokenizer

@@ -6,10 +6,10 @@ import json
 import torch
 
 from engine import Engine, EngineConfig, GenerationParams
+from engine.checkpoints.random_weights import checkpoint_spec, spec_config
+from engine.loading.load import describe_model
 from engine.memory.dims import GIB, MIB
 from engine.memory.plan import checkpoint_plan
-from engine.loading.load import describe_model
-from engine.checkpoints.random_weights import checkpoint_spec, spec_config
 
 CHECKPOINT = "nvidia/Nemotron-3-Nano-Omni-30B-A3B-Reasoning-BF16"
 # What transformers builds from the spec, and its parts: the language model (NVIDIA-Nemotron-3-Nano-30B-A3B's,
@@ -32,7 +32,10 @@ def test_the_released_config_maps_to_nemotron_h_omni():
     assert (config.vision_hidden_size, config.projector_hidden_size, config.video_pruning_rate) == (1280, 20480, 0.7)
     kinds = config.text_config.layer_types
     assert len(kinds) == 52 and [kinds.count(kind) for kind in ("linear_attention", "moe", "full_attention")] == [
-        23, 23, 6]
+        23,
+        23,
+        6,
+    ]
     assert config.audio_config.model_type == "parakeet_encoder" and config.audio_config.num_mel_bins == 128
 
 
@@ -40,7 +43,10 @@ def test_describe_gives_the_published_size_and_the_active_parameters():
     summary = describe_model(f"random:{CHECKPOINT}")
     spec = checkpoint_spec(f"random:{CHECKPOINT}")
     assert (summary["family"], summary["parameters"], summary["active_parameters"]) == (
-        "nemotron_h_omni", BUILT, ACTIVE)
+        "nemotron_h_omni",
+        BUILT,
+        ACTIVE,
+    )
     assert round(summary["parameters"] / 1e8) * 1e8 == spec["published_parameters_rounded"]  # the Hub's "33.0B"
     assert "unbuilt_parameters" not in summary
 
@@ -62,13 +68,31 @@ def shrunk_spec(tmp_path):
     """The spec with few, narrow layers (the released vocabulary, processors and layer kinds stay)."""
     spec = checkpoint_spec(f"random:{CHECKPOINT}")
     config = spec["config"]
-    config["llm_config"].update(hidden_size=64, hybrid_override_pattern="ME*M", num_hidden_layers=4,
-                                num_attention_heads=4, num_key_value_heads=2, head_dim=16, mamba_num_heads=4,
-                                mamba_head_dim=16, ssm_state_size=16, n_groups=2, n_routed_experts=4,
-                                num_experts_per_tok=2, moe_intermediate_size=32, moe_shared_expert_intermediate_size=32)
+    config["llm_config"].update(
+        hidden_size=64,
+        hybrid_override_pattern="ME*M",
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        mamba_num_heads=4,
+        mamba_head_dim=16,
+        ssm_state_size=16,
+        n_groups=2,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        moe_shared_expert_intermediate_size=32,
+    )
     config["vision_config"].update(hidden_size=32, num_hidden_layers=1, num_attention_heads=2)
-    config["sound_config"].update(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
-                                  subsampling_conv_channels=8, projection_hidden_size=32)
+    config["sound_config"].update(
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        subsampling_conv_channels=8,
+        projection_hidden_size=32,
+    )
     config.update(vit_hidden_size=32, projector_hidden_size=64)
     path = tmp_path / "spec.json"
     path.write_text(json.dumps(spec))
@@ -78,8 +102,11 @@ def shrunk_spec(tmp_path):
 def test_a_shrunk_checkpoint_serves_through_the_engine(tmp_path, clip):
     spec_path = shrunk_spec(tmp_path)
     with Engine(EngineConfig(model=f"random:{spec_path}", device="cpu", cache_dir=tmp_path)) as engine:
-        answer = engine.submit(video=clip("moving_object"), question="What moves?",
-                               params=GenerationParams(pruning_rate=0.5, max_new_tokens=4, ignore_eos=True)).result(120)
+        answer = engine.submit(
+            video=clip("moving_object"),
+            question="What moves?",
+            params=GenerationParams(pruning_rate=0.5, max_new_tokens=4, ignore_eos=True),
+        ).result(120)
         loaded = engine.loaded
         default_rate = engine.model_info["default_pruning_rate"]
     assert loaded.family == "nemotron_h_omni" and loaded.random_weights

@@ -14,13 +14,12 @@ import pytest
 import torch
 from transformers.models.nemotron_h_omni.modeling_nemotron_h_omni import compute_retention_mask
 
+from batched_rows import answered_in_one_batch, first_tokens, staggered
 from engine import Engine, EngineConfig, GenerationParams, InputError
 from engine.config import FrameSampling
-from engine.prompt.unpruned import chat_text, unpruned_prompt, processor_inputs
 from engine.prompt.pruned import prune_prompt
+from engine.prompt.unpruned import chat_text, processor_inputs, unpruned_prompt
 from engine.reading.video import read_video
-
-from batched_rows import answered_in_one_batch, first_tokens, staggered
 
 NAME = "tiny-random-nemotron-omni"
 # 8 frames (4 tubelets) of at most 64 patches: 4 x 3 x 4 = 48 video tokens for the first clip, 4 x 3 x 5 = 60
@@ -31,13 +30,18 @@ SYSTEM = "You are a helpful assistant."
 ATOL = 1e-4
 # (video, q, question): rows of different lengths and rates, q = 0 included, no two on the same (video, q),
 # so a row never reuses another's state.
-WORKLOAD = [(0, 0.0, "What moves?"), (0, 0.6, "What happens in this clip, and where?"), (1, 0.5, "Why?"),
-            (1, 0.9, "Which colour is the shape?")]
+WORKLOAD = [
+    (0, 0.0, "What moves?"),
+    (0, 0.6, "What happens in this clip, and where?"),
+    (1, 0.5, "Why?"),
+    (1, 0.9, "Which colour is the shape?"),
+]
 
 
 def make_engine(tiny_cache_dir, **overrides) -> Engine:
-    return Engine(EngineConfig(model=NAME, device="cpu", cache_dir=tiny_cache_dir, frame_sampling=FRAME_SAMPLING,
-                               **overrides))
+    return Engine(
+        EngineConfig(model=NAME, device="cpu", cache_dir=tiny_cache_dir, frame_sampling=FRAME_SAMPLING, **overrides)
+    )
 
 
 def params(q: float, tokens: int = 8) -> GenerationParams:
@@ -46,8 +50,13 @@ def params(q: float, tokens: int = 8) -> GenerationParams:
 
 def assert_same(got, want, what) -> None:
     assert got.token_ids == want.token_ids, what
-    torch.testing.assert_close(torch.from_numpy(got.logits), torch.as_tensor(want.logits).float(), atol=ATOL, rtol=0,
-                               msg=lambda detail: f"{what}: {detail}")
+    torch.testing.assert_close(
+        torch.from_numpy(got.logits),
+        torch.as_tensor(want.logits).float(),
+        atol=ATOL,
+        rtol=0,
+        msg=lambda detail: f"{what}: {detail}",
+    )
 
 
 @contextlib.contextmanager
@@ -70,8 +79,9 @@ def alone(tiny_cache_dir, videos):
     """Each workload item's answer, one at a time on one engine (distinct (video, q): no state is shared)."""
     with make_engine(tiny_cache_dir) as engine:
         answers = {item: engine.submit(videos[item[0]], item[2], params(item[1])).result(120) for item in WORKLOAD}
-    assert all(answer.stats["decode_batch_max"] == 1 and not answer.stats["prefix_cache_hit"]
-               for answer in answers.values())
+    assert all(
+        answer.stats["decode_batch_max"] == 1 and not answer.stats["prefix_cache_hit"] for answer in answers.values()
+    )
     return answers
 
 
@@ -93,12 +103,13 @@ def test_per_request_pruning_equals_the_models_own_evs(tiny_models, videos, alon
     fed = torch.tensor([answer.token_ids[:-1]])
     ids = torch.cat([inputs["input_ids"], fed], dim=1)
     with torch.inference_mode(), builtin_evs(loaded.model, q):
-        out = loaded.model(input_ids=ids, attention_mask=torch.ones_like(ids),
-                           pixel_values_videos=inputs["pixel_values_videos"])
+        out = loaded.model(
+            input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values_videos=inputs["pixel_values_videos"]
+        )
     kept = out.logits.shape[1] - fed.shape[1]
     assert answer.stats["prompt_tokens"] == kept < inputs["input_ids"].shape[1]
     assert 0 < answer.stats["video_tokens_kept"] < answer.stats["video_tokens_total"]
-    torch.testing.assert_close(torch.from_numpy(answer.logits), out.logits[0, kept - 1:].float(), atol=ATOL, rtol=0)
+    torch.testing.assert_close(torch.from_numpy(answer.logits), out.logits[0, kept - 1 :].float(), atol=ATOL, rtol=0)
 
 
 def test_the_pruning_picture_is_the_tubelets_the_model_saw(tiny_models, tiny_cache_dir, videos):
@@ -116,20 +127,24 @@ def test_the_pruning_picture_is_the_tubelets_the_model_saw(tiny_models, tiny_cac
     [picture] = [event.evs for event in events if event.kind == "evs"]
     video = read_video(videos[video_index], FRAME_SAMPLING, max_seconds=60, max_bytes=10**8, timeout_s=60)
     loaded, inputs = stock_inputs(tiny_models, videos[video_index], question)
-    written = re.findall(r"Frame (\d+) sampled at ([\d.]+) seconds and frame (\d+) sampled at ([\d.]+) seconds",
-                         loaded.processor.tokenizer.decode(inputs["input_ids"][0]))
+    written = re.findall(
+        r"Frame (\d+) sampled at ([\d.]+) seconds and frame (\d+) sampled at ([\d.]+) seconds",
+        loaded.processor.tokenizer.decode(inputs["input_ids"][0]),
+    )
     T, h, w = picture.grid_thw
     assert T == len(written) == inputs["pixel_values_videos"].shape[1] == len(video.frames) // 2
     assert [(int(first), int(second)) for first, _, second, _ in written] == [(2 * t + 1, 2 * t + 2) for t in range(T)]
     assert len(picture.frames) == T
     for tubelet, (first, *_) in enumerate(written):  # the processor numbers frames from 1
-        assert np.array_equal(picture.frames[tubelet], video.frames[int(first) - 1]), \
+        assert np.array_equal(picture.frames[tubelet], video.frames[int(first) - 1]), (
             f"tubelet {tubelet} is pictured by another frame than its first, frame {int(first) - 1}"
+        )
     assert len(picture.timestamps_s) == T
     for got, (_, first_s, _, second_s) in zip(picture.timestamps_s, written):  # the processor writes 2 decimals
         assert abs(got - (float(first_s) + float(second_s)) / 2) <= 0.005 + 1e-9
-    assert any(event.kind == "status" and event.text.startswith(f"encoding {len(video.frames)} frames")
-               for event in events)
+    assert any(
+        event.kind == "status" and event.text.startswith(f"encoding {len(video.frames)} frames") for event in events
+    )
     with torch.inference_mode():
         features = loaded.model.get_video_features(inputs["pixel_values_videos"]).pooler_output[0]
     models_own = compute_retention_mask(features, T, q)
@@ -142,10 +157,11 @@ def test_q0_equals_stock_generate(tiny_models, videos, alone):
     video, _, question = WORKLOAD[0]
     loaded, inputs = stock_inputs(tiny_models, videos[video], question)
     with torch.inference_mode(), builtin_evs(loaded.model, 0.0):
-        stock = loaded.model.generate(**inputs, max_new_tokens=8, do_sample=False, output_logits=True,
-                                      return_dict_in_generate=True)
+        stock = loaded.model.generate(
+            **inputs, max_new_tokens=8, do_sample=False, output_logits=True, return_dict_in_generate=True
+        )
     answer = alone[WORKLOAD[0]]
-    assert list(answer.token_ids) == stock.sequences[0, inputs["input_ids"].shape[1]:].tolist()
+    assert list(answer.token_ids) == stock.sequences[0, inputs["input_ids"].shape[1] :].tolist()
     torch.testing.assert_close(torch.from_numpy(answer.logits), torch.cat(stock.logits).float(), atol=ATOL, rtol=0)
 
 
@@ -178,20 +194,25 @@ def test_follow_ups_equal_the_same_conversations_asked_cold(tiny_cache_dir, vide
     quoting_other = ("Which colour is it?", [("Where is it?", "A square moves.")])
     with make_engine(tiny_cache_dir) as warm:
         first = warm.submit(videos[1], "What happens?", params(0.4)).result(120)
-        follows = [warm.submit(videos[1], question, params(0.4), history=history).result(120)
-                   for question, history in (quoting_first, quoting_other)]
+        follows = [
+            warm.submit(videos[1], question, params(0.4), history=history).result(120)
+            for question, history in (quoting_first, quoting_other)
+        ]
         tokenizer = warm.loaded.processor.tokenizer
         opening = len(tokenizer(warm.family.answer_opening(False), add_special_tokens=False)["input_ids"])
         # What follows the last tubelet's `</img>` is what follows the `<video>` the processor expanded.
         after_video = len(tokenizer(chat_text(warm.family, SYSTEM, *quoting_other).split("<video>")[1])["input_ids"])
     with make_engine(tiny_cache_dir, prefix_cache_bytes=0) as cold_engine:
-        colds = [cold_engine.submit(videos[1], question, params(0.4), history=history).result(120)
-                 for question, history in (quoting_first, quoting_other)]
+        colds = [
+            cold_engine.submit(videos[1], question, params(0.4), history=history).result(120)
+            for question, history in (quoting_first, quoting_other)
+        ]
     assert all(follow.stats["prefix_cache_hit"] for follow in follows)
     assert not any(cold.stats["prefix_cache_hit"] for cold in colds)
     assert opening > 0
     assert follows[0].stats["prefill_tokens"] == follows[0].stats["prompt_tokens"] - (
-        first.stats["prompt_tokens"] - opening)
+        first.stats["prompt_tokens"] - opening
+    )
     assert follows[1].stats["prefill_tokens"] == after_video
     for follow, cold, what in zip(follows, colds, ("quoting the first question", "quoting another")):
         assert_same(follow, cold, f"follow-up {what} against cold")
@@ -239,7 +260,8 @@ def test_the_prompt_is_written_as_the_nemotron_template_writes_it(tiny_models):
     history = [("Where?", "<think>\nlooking</think>\nLeft.")]
     assert chat_text(family, "", "Why?", history, thinking=False) == (
         "<|im_start|>system\n<|im_end|>\n<|im_start|>user\n<video>\nWhere?<|im_end|>\n<|im_start|>assistant\n"
-        "<think></think>\nLeft.<|im_end|>\n<|im_start|>user\nWhy?<|im_end|>\n<|im_start|>assistant\n<think></think>")
+        "<think></think>\nLeft.<|im_end|>\n<|im_start|>user\nWhy?<|im_end|>\n<|im_start|>assistant\n<think></think>"
+    )
     assert chat_text(family, "Be brief.", "Why?", [], thinking=True).endswith("<|im_start|>assistant\n<think>\n")
 
 

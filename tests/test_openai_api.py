@@ -43,15 +43,20 @@ def data_url(path: Path, media_type: str = "video/mp4") -> str:
 
 
 def video_message(url: str, question: str = QUESTION) -> dict:
-    return {"role": "user", "content": [{"type": "video_url", "video_url": {"url": url}},
-                                        {"type": "text", "text": question}]}
+    return {
+        "role": "user",
+        "content": [{"type": "video_url", "video_url": {"url": url}}, {"type": "text", "text": question}],
+    }
 
 
 def ask(client, messages, **kwargs):
     kwargs.setdefault("max_tokens", 6)
     kwargs.setdefault("temperature", 0)
-    extra = {key: kwargs.pop(key) for key in ("pruning_rate", "pruning_method", "fps", "max_frames",
-                                              "max_pixels_per_frame") if key in kwargs}
+    extra = {
+        key: kwargs.pop(key)
+        for key in ("pruning_rate", "pruning_method", "fps", "max_frames", "max_pixels_per_frame")
+        if key in kwargs
+    }
     return client.chat.completions.create(model=MODEL, messages=messages, extra_body=extra or None, **kwargs)
 
 
@@ -71,6 +76,7 @@ def api_videos() -> set[Path]:
 
 # --- answers ---------------------------------------------------------------------------------
 
+
 def test_models_lists_the_served_model(client):
     assert [model.id for model in client.models.list()] == [MODEL]
 
@@ -87,7 +93,9 @@ def test_an_answer_carries_usage_and_the_evs_stats(client, clip):
     assert set(STATS_KEYS) <= set(stats)
     assert stats["pruning_rate"] == 0.5 and stats["frames_sampled"] == 8  # 2 s at fps 4
     num_groups, h, w = stats["grid_thw"]
-    assert stats["video_tokens_kept"] == pruning.retained_token_count(h * w, num_groups, 0.5) < stats["video_tokens_total"]
+    assert (
+        stats["video_tokens_kept"] == pruning.retained_token_count(h * w, num_groups, 0.5) < stats["video_tokens_total"]
+    )
     assert reply.usage.prompt_tokens == stats["prompt_tokens"]
     assert reply.usage.completion_tokens == stats["generated_tokens"] == 6
     assert reply.usage.total_tokens == reply.usage.prompt_tokens + 6
@@ -95,8 +103,9 @@ def test_an_answer_carries_usage_and_the_evs_stats(client, clip):
 
 
 def test_the_pruning_method_is_an_extra_field(client, clip):
-    reply = ask(client, [video_message(data_url(clip("moving_object")))], pruning_rate=0.5, pruning_method="uniform",
-                fps=4.0)
+    reply = ask(
+        client, [video_message(data_url(clip("moving_object")))], pruning_rate=0.5, pruning_method="uniform", fps=4.0
+    )
     stats = reply.usage.evs
     num_groups, h, w = stats["grid_thw"]
     assert stats["pruning_method"] == "uniform"
@@ -107,8 +116,9 @@ def test_the_pruning_method_is_an_extra_field(client, clip):
 def test_streaming_sends_openai_chunks_then_usage(client, clip):
     messages = [video_message(data_url(clip("pan")))]
     plain = ask(client, messages, max_tokens=8, pruning_rate=0.3).choices[0].message.content
-    chunks = list(ask(client, messages, max_tokens=8, pruning_rate=0.3, stream=True,
-                      stream_options={"include_usage": True}))
+    chunks = list(
+        ask(client, messages, max_tokens=8, pruning_rate=0.3, stream=True, stream_options={"include_usage": True})
+    )
 
     assert all(chunk.object == "chat.completion.chunk" and chunk.id == chunks[0].id for chunk in chunks)
     assert chunks[0].choices[0].delta.role == "assistant"
@@ -124,9 +134,11 @@ def test_a_follow_up_is_history_and_hits_the_caches(client, clip):
     video = data_url(clip("pan", seconds=2.5))
     first = ask(client, [video_message(video, "Where does the camera go?")], pruning_rate=0.5)
     assert not first.usage.evs["vit_cache_hit"] and not first.usage.evs["prefix_cache_hit"]
-    messages = [video_message(video, "Where does the camera go?"),
-                {"role": "assistant", "content": first.choices[0].message.content},
-                {"role": "user", "content": "And then?"}]
+    messages = [
+        video_message(video, "Where does the camera go?"),
+        {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "user", "content": "And then?"},
+    ]
     follow_up = ask(client, messages, pruning_rate=0.5)
     stats = follow_up.usage.evs
     assert stats["vit_cache_hit"] and stats["prefix_cache_hit"]
@@ -144,6 +156,7 @@ def test_a_video_uploaded_to_the_server_can_be_named_by_path_or_link(api_app, cl
 
 # --- errors ----------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def bad_videos(tmp_path_factory, clip):
     folder = tmp_path_factory.mktemp("bad-api")
@@ -156,8 +169,11 @@ ERROR_CASES = {
     # case: (HTTP status, openai exception, message pattern)
     "no video": (400, openai.BadRequestError, re.escape(NO_VIDEO)),
     "empty question": (400, openai.BadRequestError, re.escape("Please type a question about the video.")),
-    "rate out of range": (400, openai.BadRequestError,
-                          re.escape("The pruning rate must be a number at least 0 and below 1; got 1.0.")),
+    "rate out of range": (
+        400,
+        openai.BadRequestError,
+        re.escape("The pruning rate must be a number at least 0 and below 1; got 1.0."),
+    ),
     "unreadable": (400, openai.BadRequestError, re.escape(UNREADABLE)),
     "unreadable, streamed": (400, openai.BadRequestError, re.escape(UNREADABLE)),
     "too long": (400, openai.BadRequestError, r"The video is .+ long; the limit is .+\."),
@@ -168,12 +184,18 @@ ERROR_CASES = {
     "a file URL": (400, openai.BadRequestError, re.escape(video_inputs.NOT_UPLOADED)),
     "a web URL": (400, openai.BadRequestError, re.escape(video_inputs.NO_FETCHING)),
     "an expired upload": (400, openai.BadRequestError, re.escape(EXPIRED_VIDEO)),
-    "too many media": (400, openai.BadRequestError,
-                       re.escape("5 videos and pictures were sent; this server takes at most 4 in one question.")),
+    "too many media": (
+        400,
+        openai.BadRequestError,
+        re.escape("5 videos and pictures were sent; this server takes at most 4 in one question."),
+    ),
     "an audio part": (400, openai.BadRequestError, r"Content parts of type 'input_audio' are not supported; .+\."),
     "two user turns": (400, openai.BadRequestError, re.escape(openai_api.BAD_ORDER)),
-    "another model": (404, openai.NotFoundError,
-                      re.escape("The model 'gpt-4o' does not exist; this server serves 'tiny-random'.")),
+    "another model": (
+        404,
+        openai.NotFoundError,
+        re.escape("The model 'gpt-4o' does not exist; this server serves 'tiny-random'."),
+    ),
     "messages not a list": (422, openai.UnprocessableEntityError, r"messages: .+\."),
 }
 
@@ -211,11 +233,21 @@ def test_user_errors_are_4xx_with_one_sentence(client, clip, bad_videos, case):
         gone = Path(gr.utils.get_upload_folder()) / ("0" * 64) / "deleted.mp4"
         messages = [video_message(f"https://example.com/gradio_api/file={gone}")]
     elif case == "too many media":  # refused before any is decoded: nothing lands in api-videos/
-        messages = [video_message(video), {"role": "assistant", "content": "A ball."},
-                    {"role": "user", "content": [{"type": "video_url", "video_url": {"url": video}}] * 4}]
+        messages = [
+            video_message(video),
+            {"role": "assistant", "content": "A ball."},
+            {"role": "user", "content": [{"type": "video_url", "video_url": {"url": video}}] * 4},
+        ]
     elif case == "an audio part":
-        messages = [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "AAAA"}},
-                                                 {"type": "text", "text": QUESTION}]}]
+        messages = [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "input_audio", "input_audio": {"data": "AAAA"}},
+                    {"type": "text", "text": QUESTION},
+                ],
+            }
+        ]
     elif case == "two user turns":
         messages = [video_message(video), {"role": "user", "content": "And?"}]
     elif case == "messages not a list":
@@ -224,8 +256,9 @@ def test_user_errors_are_4xx_with_one_sentence(client, clip, bad_videos, case):
     before = api_videos()
     extra_body = {"pruning_rate": kwargs.pop("pruning_rate")} if "pruning_rate" in kwargs else None
     with pytest.raises(error_class) as caught:
-        reply = client.chat.completions.create(model=model, messages=messages, max_tokens=4, extra_body=extra_body,
-                                               **kwargs)
+        reply = client.chat.completions.create(
+            model=model, messages=messages, max_tokens=4, extra_body=extra_body, **kwargs
+        )
         if kwargs.get("stream"):
             list(reply)
     error = caught.value
@@ -247,16 +280,18 @@ def test_a_full_queue_answers_429_and_the_queued_requests_still_finish(api_app, 
             with pytest.raises(openai.RateLimitError) as caught:
                 ask(client, [video_message(video)])
         assert caught.value.status_code == 429
-        assert caught.value.body["message"] == ("The server is busy with other videos right now; please try "
-                                                "again in a minute.")
+        assert caught.value.body["message"] == (
+            "The server is busy with other videos right now; please try again in a minute."
+        )
         assert caught.value.response.headers["retry-after"]
         answers = [job.result(timeout=120) for job in waiting]
     assert all(reply.usage.completion_tokens == 6 for reply in answers)
 
 
 def test_closing_a_stream_cancels_the_engine_request(api_app, client, clip):
-    reply = ask(client, [video_message(data_url(clip("moving_object")), "Talk for a long time.")],
-                max_tokens=1024, stream=True)
+    reply = ask(
+        client, [video_message(data_url(clip("moving_object")), "Talk for a long time.")], max_tokens=1024, stream=True
+    )
     pieces = iter(reply)
     next(pieces), next(pieces)  # the role chunk, then the first token
     stream = api_app.spy.streams[-1]
@@ -266,6 +301,7 @@ def test_closing_a_stream_cancels_the_engine_request(api_app, client, clip):
 
 
 # --- fetching http(s) URLs, when the operator allows it --------------------------------------
+
 
 @pytest.fixture(scope="module")
 def web_server(tmp_path_factory, clip):
@@ -286,8 +322,7 @@ def web_server(tmp_path_factory, clip):
         def log_message(self, *args):
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0),
-                                             functools.partial(Handler, directory=str(folder)))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Handler, directory=str(folder)))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{server.server_address[1]}", folder

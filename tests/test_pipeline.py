@@ -6,7 +6,6 @@ import threading
 import pytest
 
 from app_harness import wait_until
-
 from engine import Engine, EngineConfig, GenerationParams, Stream
 from engine.config import FrameSampling
 
@@ -30,8 +29,11 @@ def pushes(monkeypatch):
 
 def burst(tiny_cache_dir, paths, pushes, **config) -> tuple[list, list[Stream], int]:
     """Answers to one burst (queued in the order of paths), its streams and the vision forwards run."""
-    engine = Engine(EngineConfig(model="tiny-random", device="cpu", cache_dir=tiny_cache_dir,
-                                 frame_sampling=FRAME_SAMPLING, **config))
+    engine = Engine(
+        EngineConfig(
+            model="tiny-random", device="cpu", cache_dir=tiny_cache_dir, frame_sampling=FRAME_SAMPLING, **config
+        )
+    )
     params = GenerationParams(pruning_rate=0.5, max_new_tokens=6, ignore_eos=True)
     with engine:
         with engine.paused():
@@ -39,13 +41,15 @@ def burst(tiny_cache_dir, paths, pushes, **config) -> tuple[list, list[Stream], 
             for path in paths:
                 streams.append(engine.submit(path, "What happens?", params))
                 queued = (streams[-1].request_id, "status", "waiting for the GPU")
-                assert wait_until(lambda: queued in pushes, timeout_s=60)
+                assert wait_until(lambda queued=queued: queued in pushes, timeout_s=60)
         answers = [stream.result(120) for stream in streams]
         return answers, streams, engine.vision.forwards
 
 
 def first_index(log, request_id, kind, prefix="") -> int:
-    return next(i for i, (rid, k, text) in enumerate(log) if rid == request_id and k == kind and text.startswith(prefix))
+    return next(
+        i for i, (rid, k, text) in enumerate(log) if rid == request_id and k == kind and text.startswith(prefix)
+    )
 
 
 def test_first_tokens_arrive_between_the_vision_forwards(tiny_cache_dir, clip, pushes):
@@ -72,8 +76,9 @@ def test_the_shorter_video_of_a_burst_goes_first(tiny_cache_dir, clip, pushes):
 
 def test_overlapping_pauses_hold_admission_until_the_last_ends(tiny_cache_dir, clip):
     """Two bursts at once (two users sweeping) must not end each other's hold early."""
-    engine = Engine(EngineConfig(model="tiny-random", device="cpu", cache_dir=tiny_cache_dir,
-                                 frame_sampling=FRAME_SAMPLING))
+    engine = Engine(
+        EngineConfig(model="tiny-random", device="cpu", cache_dir=tiny_cache_dir, frame_sampling=FRAME_SAMPLING)
+    )
     with engine:
         outer = engine.paused()
         outer.__enter__()

@@ -5,10 +5,10 @@ import torch
 
 import pruning
 from engine.config import FrameSampling
-from engine.families.qwen import Qwen25VL, Qwen3VL
-from engine.prompt.unpruned import unpruned_prompt
 from engine.families.base import VideoInputs
+from engine.families.qwen import Qwen3VL, Qwen25VL
 from engine.prompt.pruned import prune_prompt
+from engine.prompt.unpruned import unpruned_prompt
 from engine.reading.video import read_video
 
 FRAME_SAMPLING = FrameSampling(fps=4.0, max_frames=8, max_pixels_per_frame=224 * 224)
@@ -66,7 +66,7 @@ def check_pruned_positions(prompt, pruned):
     assert torch.equal(pruned.positions[1:], prompt.positions[:, keep])
     assert pruned.positions[0].tolist() == list(range(int(keep.sum())))
     after_video = int(torch.nonzero(prompt.is_visual).max()) + 1
-    video_max = int(prompt.positions[:, : after_video].max())
+    video_max = int(prompt.positions[:, :after_video].max())
     kept_after = int(keep[:after_video].sum())
     assert pruned.positions[1:, kept_after].tolist() == [video_max + 1] * 3
     assert pruned.next_position == int(prompt.positions.max()) + 1

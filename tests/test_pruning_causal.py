@@ -52,11 +52,18 @@ def streamed(features: torch.Tensor, grid, q: float, window_groups: int = prunin
 
 
 @FAST
-@given(seed=st.integers(0, 10_000), t=st.integers(1, 14), h=st.integers(1, 3), w=st.integers(1, 3),
-       q=st.sampled_from([0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 0.99]), window_groups=st.integers(1, 6),
-       still_every=st.sampled_from([0, 2, 3]))
+@given(
+    seed=st.integers(0, 10_000),
+    t=st.integers(1, 14),
+    h=st.integers(1, 3),
+    w=st.integers(1, 3),
+    q=st.sampled_from([0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 0.99]),
+    window_groups=st.integers(1, 6),
+    still_every=st.sampled_from([0, 2, 3]),
+)
 def test_streamed_decisions_equal_the_rule_on_every_prefix_and_the_brute_force_reading(
-        seed, t, h, w, q, window_groups, still_every):
+    seed, t, h, w, q, window_groups, still_every
+):
     features = stream_features(seed, t, h, w, still_every=still_every)
     masks, dissimilarity = streamed(features, (t, h, w), q, window_groups)
     assert torch.equal(dissimilarity, pruning.frame_dissimilarity(features, (t, h, w)))
@@ -89,7 +96,7 @@ def test_decisions_are_never_revised_by_later_groups():
     features = stream_features(7, 12, 2, 2)
     early = pruning.causal_retention_mask(features[: 5 * 4], (5, 2, 2), 0.7)
     changed_later = features.clone()
-    changed_later[5 * 4:] = torch.randn(7 * 4, features.shape[1]) * 100  # the future, utterly different
+    changed_later[5 * 4 :] = torch.randn(7 * 4, features.shape[1]) * 100  # the future, utterly different
     assert torch.equal(pruning.causal_retention_mask(changed_later, (12, 2, 2), 0.7)[: 5 * 4], early)
 
 

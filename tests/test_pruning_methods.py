@@ -41,9 +41,16 @@ def test_the_methods_are_evs_vidcom2_and_uniform_evs_first():
 
 
 @FAST
-@given(method=st.sampled_from(METHODS), seed=st.integers(0, 2**31 - 1), t=st.integers(1, 9), h=st.integers(1, 4),
-       w=st.integers(1, 4), dim=st.integers(1, 6), q=st.floats(min_value=0.0, max_value=1.0, exclude_max=True),
-       coarse=st.booleans())
+@given(
+    method=st.sampled_from(METHODS),
+    seed=st.integers(0, 2**31 - 1),
+    t=st.integers(1, 9),
+    h=st.integers(1, 4),
+    w=st.integers(1, 4),
+    dim=st.integers(1, 6),
+    q=st.floats(min_value=0.0, max_value=1.0, exclude_max=True),
+    coarse=st.booleans(),
+)
 def test_each_method_keeps_exactly_its_documented_count(method, seed, t, h, w, dim, q, coarse):
     generator = torch.Generator().manual_seed(seed)
     if coarse:  # few distinct values: exact ties and zero vectors
@@ -130,8 +137,10 @@ def test_uniform_spreads_its_groups_over_the_video():
 def test_evs_reuses_a_dissimilarity_it_is_given():
     features = torch.randn(4 * 6, 5)
     dissimilarity = pruning.frame_dissimilarity(features, (4, 2, 3))
-    assert torch.equal(pruning.retention_mask(features, (4, 2, 3), 0.6, "evs", dissimilarity),
-                       pruning.compute_retention_mask(features, (4, 2, 3), 0.6))
+    assert torch.equal(
+        pruning.retention_mask(features, (4, 2, 3), 0.6, "evs", dissimilarity),
+        pruning.compute_retention_mask(features, (4, 2, 3), 0.6),
+    )
 
 
 @pytest.mark.parametrize("method", ["EVS", "fastvid", "", None, 3, ["evs"]])

@@ -19,15 +19,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from app_harness import wait_until
 from bench.decoding import write_long_gop_clip
 from engine import Engine, EngineConfig
 from engine.config import FrameSampling
 from engine.reading.pipe import ReaderPipe
 from engine.reading.pool import ReaderPool
-from engine.reading.video import read_video
 from engine.reading.segments import segments, units
-
-from app_harness import wait_until
+from engine.reading.video import read_video
 from reader_processes import alive, reader_children
 from sound_clips import tone, write_clip_with_sound
 from test_video_formats import VARIABLE, write_video
@@ -46,9 +45,10 @@ VARIABLE_GOP = {"g": "10", "keyint_min": "10", "sc_threshold": "0", "bf": "2"}
 @pytest.fixture(scope="module")
 def long_files(tmp_path_factory) -> dict[str, Path]:
     folder = tmp_path_factory.mktemp("long")
-    return {"long_gop": write_long_gop_clip(folder / "long_gop.mp4", **LONG_GOP),
-            "variable_rate": write_video(folder / "variable_rate.mp4", "mp4", "libx264", VARIABLE,
-                                         options=VARIABLE_GOP)}
+    return {
+        "long_gop": write_long_gop_clip(folder / "long_gop.mp4", **LONG_GOP),
+        "variable_rate": write_video(folder / "variable_rate.mp4", "mp4", "libx264", VARIABLE, options=VARIABLE_GOP),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -77,8 +77,9 @@ def test_segments_read_at_once_give_the_frames_one_reader_gives(long_files, one_
 def test_a_split_read_carries_the_soundtrack_one_reader_gives(tmp_path, one_reader):
     """The first segment's reader reads the soundtrack while the others decode theirs: the same samples, to
     the bit, as one reader reading the whole file (4 s of tone, a keyframe every 5 frames: 8 groups)."""
-    path = write_clip_with_sound(tmp_path / "sounding.mp4", tone(440, 4.0, 22050)[None], 22050, seconds=4.0,
-                                 keyframe_every=5)
+    path = write_clip_with_sound(
+        tmp_path / "sounding.mp4", tone(440, 4.0, 22050)[None], 22050, seconds=4.0, keyframe_every=5
+    )
     with ReaderPool(2, split_min_pixels=0) as pool:
         assert wait_until(lambda: pool.idle == 2, 60)
         together = read_video(path, FRAME_SAMPLING, readers=pool, soundtrack_rate_hz=16000, **LIMITS)
@@ -97,8 +98,12 @@ def test_a_short_clip_is_read_by_one_reader(long_files):
         assert read_video(long_files["long_gop"], FRAME_SAMPLING, readers=pool, **LIMITS).readers == 1
 
 
-@given(gaps=st.lists(st.integers(1, 5), min_size=1, max_size=200), every=st.integers(1, 40),
-       count=st.integers(1, 64), parts=st.integers(1, 8))
+@given(
+    gaps=st.lists(st.integers(1, 5), min_size=1, max_size=200),
+    every=st.integers(1, 40),
+    count=st.integers(1, 64),
+    parts=st.integers(1, 8),
+)
 def test_segments_are_runs_of_whole_keyframe_groups(gaps, every, count, parts):
     pts = np.concatenate([[0], np.cumsum(gaps)]).astype(np.int64)
     keyframes = [int(p) for p in pts[::every]]
@@ -178,11 +183,15 @@ def test_readers_die_with_the_engines_process(clip, tmp_path):
 def test_answers_that_arrive_in_one_read_are_each_received():
     """A stream's reader answers frame after frame (a file played as live, a stream's first frames after probing):
     one read of the pipe may hold several answers, and the bytes past the first are the next ones, not lost."""
-    answers = b"".join(json.dumps({"status": "frame", "payload_bytes": 3}).encode() + b"\n" + bytes([n] * 3)
-                       for n in (1, 2)) + json.dumps({"status": "ended"}).encode() + b"\n"
+    answers = (
+        b"".join(json.dumps({"status": "frame", "payload_bytes": 3}).encode() + b"\n" + bytes([n] * 3) for n in (1, 2))
+        + json.dumps({"status": "ended"}).encode()
+        + b"\n"
+    )
     writer = f"import sys; sys.stdout.buffer.write({answers!r}); sys.stdout.flush(); sys.stdin.read()"
-    pipe = ReaderPipe(subprocess.Popen([sys.executable, "-c", writer], stdin=subprocess.PIPE,
-                                       stdout=subprocess.PIPE, bufsize=0))
+    pipe = ReaderPipe(
+        subprocess.Popen([sys.executable, "-c", writer], stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
+    )
     try:
         got = [pipe.receive(time.monotonic() + 10) for _ in range(3)]
     finally:

@@ -99,8 +99,9 @@ def reference(config, one_thread):
 def replicated(config, reference):
     # spill_after=2: a third request on a video whose home is busy with two goes elsewhere; and a
     # request that ended must stop counting on its replica, or sequential questions would spill too.
-    engine = ReplicatedEngine(config, replicas=2, num_cpus=2, quiet=True, spill_after=SPILL_AFTER,
-                              warm_up_clip=WARM_UP_CLIP)
+    engine = ReplicatedEngine(
+        config, replicas=2, num_cpus=2, quiet=True, spill_after=SPILL_AFTER, warm_up_clip=WARM_UP_CLIP
+    )
     try:
         yield engine
     finally:
@@ -122,8 +123,9 @@ class Videos:
         while not (self.unused[replica] if replica else any(self.unused.values())):
             i = self.made
             self.made += 1
-            path = write_clip(self.folder / f"clip{i}.mp4", KINDS[i % 4], seconds=2.0 + 0.25 * (i // 4), fps=8,
-                              size=(160, 120))
+            path = write_clip(
+                self.folder / f"clip{i}.mp4", KINDS[i % 4], seconds=2.0 + 0.25 * (i // 4), fps=8, size=(160, 120)
+            )
             self.home[path] = home_of(file_sha256(path), self.replica_ids)
             self.unused[self.home[path]].append(path)
         pool = self.unused[replica] if replica else max(self.unused.values(), key=len)
@@ -214,25 +216,33 @@ def test_bad_videos_get_the_engines_sentence(replicated, tmp_path):
 
 
 def test_the_ui_serves_through_the_replicas_unchanged(replicated, videos):
+    from gradio_client import Client, handle_file
+
     import ui
     from app_harness import free_port
-    from gradio_client import Client, handle_file
 
     video, max_file_bytes = videos.take(), 10_000_000
     demo = ui.build_demo(replicated, max_file_bytes=max_file_bytes)
     try:
-        _, url, _ = demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=free_port(), quiet=True,
-                                app_kwargs={"routes": ui.openai_routes(replicated, max_file_bytes)},
-                                **ui.launch_kwargs(max_file_bytes))
+        _, url, _ = demo.launch(
+            prevent_thread_lock=True,
+            server_name="127.0.0.1",
+            server_port=free_port(),
+            quiet=True,
+            app_kwargs={"routes": ui.openai_routes(replicated, max_file_bytes)},
+            **ui.launch_kwargs(max_file_bytes),
+        )
         client = Client(url, verbose=False)
         # Gradio copies the upload to its own folder: another path, the same bytes, the same home.
-        answer, stats, figures, _ = client.predict(handle_file(str(video)), "What moves?", 0.7, max_new_tokens=6,
-                                                   compare=True, api_name="/ask")
+        answer, stats, figures, _ = client.predict(
+            handle_file(str(video)), "What moves?", 0.7, max_new_tokens=6, compare=True, api_name="/ask"
+        )
         assert answer and stats["replica"] == videos.home[video] == stats["compare"]["stats"]["replica"]
         assert set(figures) == {"tokens_per_group", "dissimilarity"}
         # The sweep (on a video not encoded yet) is one burst, paused(): one call, one ViT forward.
-        table, _, _ = client.predict(handle_file(str(videos.take())), "What changes?", "0, 0.5, 0.9", max_new_tokens=4,
-                                     api_name="/sweep")
+        table, _, _ = client.predict(
+            handle_file(str(videos.take())), "What changes?", "0, 0.5, 0.9", max_new_tokens=4, api_name="/sweep"
+        )
         vit_column = table["headers"].index(next(h for h in table["headers"] if "ViT forward" in h))
         assert [row[vit_column] for row in table["data"]] == [3, 3, 3]
     finally:
@@ -304,8 +314,9 @@ def test_metrics_count_every_request_the_client_hands_out_exactly(replicated, vi
 
     counted = {outcome: after_value - outcomes(before)[outcome] for outcome, after_value in outcomes(after).items()}
     assert counted == {"answered": 2, "refused": 2, "cancelled": 1, "failed": 0}
-    grew = {name: after[(name, ())] - before[(name, ())]
-            for name in ("evs_ttft_seconds_count", "evs_answer_seconds_count")}
+    grew = {
+        name: after[(name, ())] - before[(name, ())] for name in ("evs_ttft_seconds_count", "evs_answer_seconds_count")
+    }
     assert grew["evs_answer_seconds_count"] == 2
     # The cancelled request's TTFT is counted when the replica's done event, with its stats, reaches the
     # client before the client ends the stream itself with stats not measured (client.py, _end_cancelled).

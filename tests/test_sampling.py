@@ -2,9 +2,9 @@
 
 import torch
 
+from engine.checkpoints.tokenizer import build_tokenizer
 from engine.detokenize import Detokenizer
 from engine.worker.token_choice import next_token
-from engine.checkpoints.tokenizer import build_tokenizer
 
 
 def test_streamed_pieces_add_up_to_the_full_text_across_split_characters():

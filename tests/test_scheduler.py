@@ -9,8 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from engine.config import EngineConfig, GenerationParams
-from engine.config import vit_patch_budget
+from engine.config import EngineConfig, GenerationParams, vit_patch_budget
 from engine.scheduling.scheduler import Scheduler, WorkWeights, vision_chunks
 from engine.scheduling.stage import Stage
 from engine.stats import Stats
@@ -45,9 +44,17 @@ class Plain:
         self.pruned = SimpleNamespace(input_ids=[0] * (kept_tokens or self.prompt_tokens))
 
 
-def scheduler(cached=(), max_running=16, vit=100, prefill=1000, weights=WorkWeights()) -> Scheduler:
-    return Scheduler(max_running, vit, prefill, weights,
-                     missing=lambda r: {key: patches for key, patches in r.media if key not in cached})
+DEFAULT_WEIGHTS = WorkWeights()
+
+
+def scheduler(cached=(), max_running=16, vit=100, prefill=1000, weights=DEFAULT_WEIGHTS) -> Scheduler:
+    return Scheduler(
+        max_running,
+        vit,
+        prefill,
+        weights,
+        missing=lambda r: {key: patches for key, patches in r.media if key not in cached},
+    )
 
 
 def run_encode(s: Scheduler, chunk: list[Plain]) -> None:
@@ -91,8 +98,13 @@ def test_work_counts_tokens_left_after_pruning_and_nothing_for_cached_features()
 
 def test_requests_on_the_same_video_ride_along_and_cached_ones_cost_nothing():
     s = scheduler(cached={"seen"}, vit=100)
-    a, b, c, again, seen = Plain(60, 30, 20, "a"), Plain(60, 30, 20, "b"), Plain(60, 30, 20, "c"), \
-        Plain(60, 30, 20, "a", q=0.9), Plain(60, 30, 20, "seen")
+    a, b, c, again, seen = (
+        Plain(60, 30, 20, "a"),
+        Plain(60, 30, 20, "b"),
+        Plain(60, 30, 20, "c"),
+        Plain(60, 30, 20, "a", q=0.9),
+        Plain(60, 30, 20, "seen"),
+    )
     for request in (a, b, c, again, seen):
         s.add(request)
     s.admit()
@@ -187,8 +199,9 @@ def test_live_groups_take_at_most_half_the_forward_while_uploads_wait_and_all_of
 
 def test_a_live_question_waits_without_holding_up_uploads_then_skips_encoding():
     ready = {"live": False}
-    s = Scheduler(16, 100, 1000, WorkWeights(), missing=lambda r: dict(r.media),
-                  ready=lambda r: r.live is None or ready["live"])
+    s = Scheduler(
+        16, 100, 1000, WorkWeights(), missing=lambda r: dict(r.media), ready=lambda r: r.live is None or ready["live"]
+    )
     question = Plain(0, 0, 0, "live", live=SimpleNamespace(tail_tokens=12))
     upload = Plain(60, 30, 20, "v0")
     s.add(question), s.add(upload)

@@ -18,8 +18,11 @@ WORKLOAD = [(0, 0.0), (0, 0.7), (1, 0.5), (1, 0.0), (2, 0.3), (2, 0.9)]
 
 
 def make_engine(tiny_cache_dir, **overrides) -> Engine:
-    return Engine(EngineConfig(model="tiny-random", device="cpu", cache_dir=tiny_cache_dir,
-                               frame_sampling=FRAME_SAMPLING, **overrides))
+    return Engine(
+        EngineConfig(
+            model="tiny-random", device="cpu", cache_dir=tiny_cache_dir, frame_sampling=FRAME_SAMPLING, **overrides
+        )
+    )
 
 
 def params(q: float, tokens: int = 12) -> GenerationParams:
@@ -115,8 +118,11 @@ def test_other_method_misses_the_prefix_cache_and_answers_as_cold(tiny_cache_dir
     vidcom2 = dataclasses.replace(params(0.5), pruning_method="vidcom2")
 
     def qwen25_engine():
-        return Engine(EngineConfig(model="tiny-random-qwen2.5-vl", device="cpu", cache_dir=tiny_cache_dir,
-                                   frame_sampling=FRAME_SAMPLING))
+        return Engine(
+            EngineConfig(
+                model="tiny-random-qwen2.5-vl", device="cpu", cache_dir=tiny_cache_dir, frame_sampling=FRAME_SAMPLING
+            )
+        )
 
     with qwen25_engine() as engine:
         evs = engine.submit(videos[1], "What happens?", params(0.5)).result(120)
@@ -169,7 +175,9 @@ def test_caches_stay_within_their_byte_bounds(tiny_cache_dir, videos):
 def test_cancel_mid_stream_leaves_the_others_unchanged(tiny_cache_dir, videos, alone):
     with make_engine(tiny_cache_dir) as engine:
         with engine.paused():
-            victim = engine.submit(videos[1], "What happens?", GenerationParams(pruning_rate=0.5, max_new_tokens=400, ignore_eos=True))
+            victim = engine.submit(
+                videos[1], "What happens?", GenerationParams(pruning_rate=0.5, max_new_tokens=400, ignore_eos=True)
+            )
             others = {item: engine.submit(videos[item[0]], "What happens?", params(item[1])) for item in WORKLOAD[:2]}
         for event in victim:
             if event.kind == "text":

@@ -1,6 +1,6 @@
-"""An upload's soundtrack as a reader process reads it (engine/reading/decoders/pyav_soundtrack.py) and sends it (engine/reading/soundtrack.py),
-and the audio input it becomes for Nemotron-H Omni (engine/prompt/audio.py), against transformers' processor and
-the tiny model directly.
+"""An upload's soundtrack as a reader process reads it (engine/reading/decoders/pyav_soundtrack.py) and sends it
+(engine/reading/soundtrack.py), and the audio input it becomes for Nemotron-H Omni (engine/prompt/audio.py), against
+transformers' processor and the tiny model directly.
 
 The clips are muxed with PyAV (tests/sound_clips.py: H.264 and an audio stream from a numpy waveform), which
 every host that reads videos has; the engine's path to the model (the reader's pipe, the prompt, the stats) is
@@ -15,11 +15,11 @@ import av
 import numpy as np
 import pytest
 import torch
-from sound_clips import FPS, SECONDS, tone, write_clip_with_sound
 
 from engine.prompt.audio import audio_token_count, min_soundtrack_samples, processor_audio, soundtrack_rate_hz
 from engine.reading.decoders.pyav_soundtrack import MonoResampler, read_soundtrack
 from engine.reading.soundtrack import soundtrack_from_message, soundtrack_message
+from sound_clips import FPS, SECONDS, tone, write_clip_with_sound
 
 ENGINE_DIR = Path(__file__).resolve().parent.parent / "engine"
 MODEL = "tiny-random-nemotron-omni"
@@ -34,8 +34,11 @@ def strongest_hz(samples: np.ndarray, rate_hz: int) -> float:
 def level_at(samples: np.ndarray, rate_hz: int, hz: float) -> float:
     """Amplitude of the `hz` component: the projection on a sine and a cosine at that frequency."""
     time_s = np.arange(len(samples)) / rate_hz
-    return float(np.hypot(samples @ np.sin(2 * np.pi * hz * time_s), samples @ np.cos(2 * np.pi * hz * time_s))
-                 * 2 / len(samples))
+    return float(
+        np.hypot(samples @ np.sin(2 * np.pi * hz * time_s), samples @ np.cos(2 * np.pi * hz * time_s))
+        * 2
+        / len(samples)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -46,18 +49,29 @@ def clips(tmp_path_factory) -> dict[str, Path]:
         "tone": write_clip_with_sound(folder / "tone.mp4", tone(440, SECONDS, 22050)[None], 22050),
         "silent": write_clip_with_sound(folder / "silent.mp4", None),
         # 440 Hz on the left only, 660 Hz on the right only: a mono track that kept one channel lacks one tone.
-        "stereo": write_clip_with_sound(folder / "stereo.mp4",
-                                        np.stack([tone(440, SECONDS, rate), tone(660, SECONDS, rate, 0.25)]), rate),
-        "opus": write_clip_with_sound(folder / "opus.mkv", tone(440, SECONDS, 48000)[None].repeat(2, 0), 48000,
-                                      container="matroska", codec="libopus"),
-        "pcm": write_clip_with_sound(folder / "pcm.mov", tone(440, SECONDS, 8000)[None], 8000, container="mov",
-                                     codec="pcm_s16le"),
+        "stereo": write_clip_with_sound(
+            folder / "stereo.mp4", np.stack([tone(440, SECONDS, rate), tone(660, SECONDS, rate, 0.25)]), rate
+        ),
+        "opus": write_clip_with_sound(
+            folder / "opus.mkv",
+            tone(440, SECONDS, 48000)[None].repeat(2, 0),
+            48000,
+            container="matroska",
+            codec="libopus",
+        ),
+        "pcm": write_clip_with_sound(
+            folder / "pcm.mov", tone(440, SECONDS, 8000)[None], 8000, container="mov", codec="pcm_s16le"
+        ),
         "long": write_clip_with_sound(folder / "long.mp4", tone(440, 6.0, RATE_HZ)[None], RATE_HZ, seconds=6.0),
         # Speech-like noise: white noise whose loudness comes and goes four times a second, like syllables.
         "noise": write_clip_with_sound(
             folder / "noise.mp4",
-            (np.random.default_rng(0).uniform(-0.5, 0.5, round(SECONDS * RATE_HZ))
-             * np.abs(np.sin(np.pi * 4 * np.arange(round(SECONDS * RATE_HZ)) / RATE_HZ)))[None], RATE_HZ),
+            (
+                np.random.default_rng(0).uniform(-0.5, 0.5, round(SECONDS * RATE_HZ))
+                * np.abs(np.sin(np.pi * 4 * np.arange(round(SECONDS * RATE_HZ)) / RATE_HZ))
+            )[None],
+            RATE_HZ,
+        ),
     }
 
 
@@ -162,12 +176,13 @@ sys.modules["engine"] = package
 import engine.prompt.audio, engine.reading.soundtrack
 engine_side = "av" in sys.modules
 from engine.reading.decoders.pyav_soundtrack import read_soundtrack
-soundtrack = read_soundtrack({str(clips['tone'])!r}, {RATE_HZ}, 60.0)
+soundtrack = read_soundtrack({str(clips["tone"])!r}, {RATE_HZ}, 60.0)
 print(json.dumps({{"samples": len(soundtrack.samples), "engine_side_pyav": engine_side,
                   "reader_heavy": sorted(name for name in ("torch", "transformers") if name in sys.modules)}}))
 """
-    found = json.loads(subprocess.run([sys.executable, "-c", program], capture_output=True, check=True,
-                                      text=True, timeout=120).stdout)
+    found = json.loads(
+        subprocess.run([sys.executable, "-c", program], capture_output=True, check=True, text=True, timeout=120).stdout
+    )
     assert not found["engine_side_pyav"] and found["reader_heavy"] == [] and found["samples"] > 0
 
 
@@ -188,8 +203,9 @@ def test_audio_tokens_are_counted_as_the_processor_writes_them_and_the_tower_giv
     writes between `<so_start>` and `<so_end>`, and the rows the model's audio tower returns for them."""
     model, processor = omni
     audio = processor_audio(processor, tone(440, samples / RATE_HZ, RATE_HZ).astype(np.float32), RATE_HZ)
-    inputs = processor(text=["<|im_start|>user\n<so_embedding>\nWhat do you hear?<|im_end|>\n"], return_tensors="pt",
-                       **audio)
+    inputs = processor(
+        text=["<|im_start|>user\n<so_embedding>\nWhat do you hear?<|im_end|>\n"], return_tensors="pt", **audio
+    )
     text = processor.tokenizer.decode(inputs["input_ids"][0])
     written = text.count(processor.audio_token)
     with torch.inference_mode():
@@ -214,10 +230,16 @@ def media_inputs(processor, soundtrack) -> dict:
     """The processor's inputs for 8 frames and the soundtrack, in the first user turn: the video, then its
     soundtrack, then the question (the order engine.prompt.unpruned.chat_text writes them in)."""
     frames = np.stack([np.full((64, 64, 3), 30 * index, np.uint8) for index in range(8)])
-    text = ("<|im_start|>system\n<|im_end|>\n<|im_start|>user\n<video>\n<so_embedding>\nWhat is said?<|im_end|>\n"
-            "<|im_start|>assistant\n<think></think>")
-    return processor(text=[text], videos=[frames], return_tensors="pt",
-                     **processor_audio(processor, soundtrack.samples, soundtrack.rate_hz))
+    text = (
+        "<|im_start|>system\n<|im_end|>\n<|im_start|>user\n<video>\n<so_embedding>\nWhat is said?<|im_end|>\n"
+        "<|im_start|>assistant\n<think></think>"
+    )
+    return processor(
+        text=[text],
+        videos=[frames],
+        return_tensors="pt",
+        **processor_audio(processor, soundtrack.samples, soundtrack.rate_hz),
+    )
 
 
 def test_the_model_hears_the_soundtrack_beside_the_video(omni, clips):

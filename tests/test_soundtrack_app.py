@@ -29,22 +29,27 @@ def hearing_app(tiny_cache_dir):
 def speech(tmp_path_factory):
     """2 s of speech-like sound: white noise whose loudness comes and goes four times a second."""
     samples = round(2.0 * RATE_HZ)
-    noise = (np.random.default_rng(2).uniform(-0.5, 0.5, samples)
-             * np.abs(np.sin(np.pi * 4 * np.arange(samples) / RATE_HZ)))
+    noise = np.random.default_rng(2).uniform(-0.5, 0.5, samples) * np.abs(
+        np.sin(np.pi * 4 * np.arange(samples) / RATE_HZ)
+    )
     return write_clip_with_sound(tmp_path_factory.mktemp("soundtrack-app") / "speech.mp4", noise[None], RATE_HZ)
 
 
 def test_the_page_shows_the_switch_on_for_a_model_that_hears(hearing_app):
-    props = next(component["props"] for component in hearing_app.client.config["components"]
-                 if component.get("props", {}).get("elem_id") == "evs-hear")
+    props = next(
+        component["props"]
+        for component in hearing_app.client.config["components"]
+        if component.get("props", {}).get("elem_id") == "evs-hear"
+    )
     assert props["visible"] is True and props["value"] is True and props["label"] == "Hear the soundtrack"
 
 
 def test_ask_hears_the_soundtrack_unless_told_not_to(hearing_app, speech):
     video = handle_file(str(speech))
     _, heard, _, _ = hearing_app.client.predict(video, "What is said?", 0.5, api_name="/ask", **FAST)
-    _, off, _, _ = hearing_app.client.predict(video, "What is said?", 0.5, hear_soundtrack=False, api_name="/ask",
-                                              **FAST)
+    _, off, _, _ = hearing_app.client.predict(
+        video, "What is said?", 0.5, hear_soundtrack=False, api_name="/ask", **FAST
+    )
     assert heard["soundtrack"] == "heard" and heard["audio_tokens"] > 0 and heard["audio_seconds"] > 1.9
     assert (off["soundtrack"], off["audio_tokens"], off["audio_seconds"]) == ("off", 0, 0.0)
     assert heard["prompt_tokens"] > off["prompt_tokens"] + heard["audio_tokens"]
@@ -54,8 +59,9 @@ def test_sweep_takes_the_switch_for_every_rate(hearing_app, speech):
     video = handle_file(str(speech))
     prompt_tokens = {}
     for hear in (True, False):
-        table, _, _ = hearing_app.client.predict(video, "What is said?", "0.3, 0.6", hear_soundtrack=hear,
-                                                 api_name="/sweep", **FAST)
+        table, _, _ = hearing_app.client.predict(
+            video, "What is said?", "0.3, 0.6", hear_soundtrack=hear, api_name="/sweep", **FAST
+        )
         prompt_tokens[hear] = [row[table["headers"].index("prompt tokens")] for row in table["data"]]
     assert all(on > off for on, off in zip(prompt_tokens[True], prompt_tokens[False]))
 
@@ -65,9 +71,18 @@ def test_the_mcp_tool_takes_the_switch(hearing_app, speech):
 
     async def work(session):
         tools = (await session.list_tools()).tools
-        calls = [await session.call_tool(TOOL, {"video": data_url, "question": "What is said?", "max_new_tokens": 3,
-                                                **({} if hear is None else {"hear_soundtrack": hear})})
-                 for hear in (None, False)]
+        calls = [
+            await session.call_tool(
+                TOOL,
+                {
+                    "video": data_url,
+                    "question": "What is said?",
+                    "max_new_tokens": 3,
+                    **({} if hear is None else {"hear_soundtrack": hear}),
+                },
+            )
+            for hear in (None, False)
+        ]
         return tools, calls
 
     tools, calls = mcp_session(hearing_app, work)
@@ -81,12 +96,17 @@ def test_the_mcp_tool_takes_the_switch(hearing_app, speech):
 def test_the_openai_route_takes_hear_soundtrack_as_a_json_boolean(hearing_app, speech):
     client = openai.OpenAI(base_url=f"{hearing_app.url}v1", api_key="unused", max_retries=0, timeout=120)
     url = "data:video/mp4;base64," + base64.b64encode(speech.read_bytes()).decode()
-    messages = [{"role": "user", "content": [{"type": "video_url", "video_url": {"url": url}},
-                                             {"type": "text", "text": "What is said?"}]}]
+    messages = [
+        {
+            "role": "user",
+            "content": [{"type": "video_url", "video_url": {"url": url}}, {"type": "text", "text": "What is said?"}],
+        }
+    ]
 
     def ask(**extra):
-        return client.chat.completions.create(model=MODEL, messages=messages, max_tokens=4, temperature=0,
-                                              extra_body=extra or None)
+        return client.chat.completions.create(
+            model=MODEL, messages=messages, max_tokens=4, temperature=0, extra_body=extra or None
+        )
 
     heard, off = ask().usage.evs, ask(hear_soundtrack=False).usage.evs
     assert heard["soundtrack"] == "heard" and heard["audio_tokens"] > 0

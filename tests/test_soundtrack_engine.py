@@ -17,14 +17,13 @@ from transformers.video_utils import VideoMetadata
 import pruning
 from engine import Engine, EngineConfig, GenerationParams
 from engine.__main__ import main as engine_main
-from engine.prompt.audio import audio_token_count, processor_audio
 from engine.config import FrameSampling
 from engine.prepare import NO_SOUNDTRACK
-from engine.worker.lm import embed_prompt
-from engine.prompt.unpruned import chat_text, processor_frame_positions, processor_inputs, unpruned_prompt
+from engine.prompt.audio import audio_token_count, processor_audio
 from engine.prompt.pruned import prune_prompt
+from engine.prompt.unpruned import chat_text, processor_frame_positions, processor_inputs, unpruned_prompt
 from engine.reading.video import read_video
-
+from engine.worker.lm import embed_prompt
 from sound_clips import tone, write_clip_with_sound
 from test_nemotron_omni import builtin_evs
 
@@ -42,23 +41,32 @@ def clips(tmp_path_factory) -> dict[str, Path]:
     folder = tmp_path_factory.mktemp("soundtrack-engine")
     # Speech-like: white noise whose loudness comes and goes four times a second, like syllables.
     samples = round(2.0 * RATE_HZ)
-    speech = (np.random.default_rng(1).uniform(-0.5, 0.5, samples)
-              * np.abs(np.sin(np.pi * 4 * np.arange(samples) / RATE_HZ)))
-    return {"speech": write_clip_with_sound(folder / "speech.mp4", speech[None], RATE_HZ),
-            "long": write_clip_with_sound(folder / "long.mp4", tone(440, 4.0, 22050)[None], 22050, seconds=4.0),
-            "silent": write_clip_with_sound(folder / "silent.mp4", None)}
+    speech = np.random.default_rng(1).uniform(-0.5, 0.5, samples) * np.abs(
+        np.sin(np.pi * 4 * np.arange(samples) / RATE_HZ)
+    )
+    return {
+        "speech": write_clip_with_sound(folder / "speech.mp4", speech[None], RATE_HZ),
+        "long": write_clip_with_sound(folder / "long.mp4", tone(440, 4.0, 22050)[None], 22050, seconds=4.0),
+        "silent": write_clip_with_sound(folder / "silent.mp4", None),
+    }
 
 
 @pytest.fixture(scope="module")
 def engine(tiny_cache_dir):
-    with Engine(EngineConfig(model=NAME, device="cpu", cache_dir=tiny_cache_dir, frame_sampling=FRAME_SAMPLING,
-                             max_soundtrack_seconds=MAX_SOUNDTRACK_S)) as running:
+    with Engine(
+        EngineConfig(
+            model=NAME,
+            device="cpu",
+            cache_dir=tiny_cache_dir,
+            frame_sampling=FRAME_SAMPLING,
+            max_soundtrack_seconds=MAX_SOUNDTRACK_S,
+        )
+    ) as running:
         yield running
 
 
 def params(hear: bool | None = None, q: float = 0.5) -> GenerationParams:
-    return GenerationParams(pruning_rate=q, max_new_tokens=6, ignore_eos=True, return_logits=True,
-                            hear_soundtrack=hear)
+    return GenerationParams(pruning_rate=q, max_new_tokens=6, ignore_eos=True, return_logits=True, hear_soundtrack=hear)
 
 
 def asked(engine, video: Path, hear: bool | None = None, q: float = 0.5, question: str = "What is said?"):
@@ -94,7 +102,8 @@ def test_another_question_on_the_same_upload_resumes_after_the_soundtrack(engine
     asked(engine, clips["speech"], question="Who speaks?")
     second, _ = asked(engine, clips["speech"], question="How loud is it?")
     after_soundtrack = chat_text(engine.family, engine.system_prompt, "How loud is it?", [], heard=True).split(
-        engine.family.audio_placeholder().strip())[1]
+        engine.family.audio_placeholder().strip()
+    )[1]
     assert second.stats["prefix_cache_hit"] and second.stats["audio_tokens"] > 0
     assert second.stats["prefill_tokens"] == len(engine.loaded.processor.tokenizer(after_soundtrack)["input_ids"])
 
@@ -117,8 +126,10 @@ def test_soundtracks_cut_at_the_limit_share_a_vision_forward_but_not_an_audio_fo
     """Two uploads whose soundtracks are both cut at the limit have the same length, and their videos go through
     one vision forward; their soundtracks must go through the audio tower one at a time, as the memory plan counts
     it (one soundtrack of the longest length per forward: the tower's attention is quadratic in the length)."""
-    videos = [write_clip_with_sound(tmp_path / f"long-{hz}.mp4", tone(hz, 4.0, 22050)[None], 22050, seconds=4.0)
-              for hz in (550, 660)]
+    videos = [
+        write_clip_with_sound(tmp_path / f"long-{hz}.mp4", tone(hz, 4.0, 22050)[None], 22050, seconds=4.0)
+        for hz in (550, 660)
+    ]
     model = engine.loaded.model
     tower, batches = model.get_audio_features, []
 
@@ -133,8 +144,9 @@ def test_soundtracks_cut_at_the_limit_share_a_vision_forward_but_not_an_audio_fo
         answers = [stream.result(60) for stream in streams]
     finally:
         del model.get_audio_features
-    assert [(a.stats["soundtrack"], a.stats["audio_seconds"], a.stats["vit_batch_requests"]) for a in answers] == \
-        [("cut", MAX_SOUNDTRACK_S, 2)] * 2
+    assert [(a.stats["soundtrack"], a.stats["audio_seconds"], a.stats["vit_batch_requests"]) for a in answers] == [
+        ("cut", MAX_SOUNDTRACK_S, 2)
+    ] * 2
     assert batches == [1, 1]
 
 
@@ -142,8 +154,10 @@ def test_a_request_that_does_not_hear_has_no_soundtrack_read_for_it(engine, tmp_
     """The switch off, the reader is not asked for the soundtrack (600 s of one take seconds to decode), so a later
     request that hears the same upload reads it again; a read with the soundtrack serves a request without it.
     read_s is 0 on a frame cache hit."""
-    off_first, heard_first = (write_clip_with_sound(tmp_path / f"{name}.mp4", tone(hz, 2.0, 22050)[None], 22050)
-                              for name, hz in (("off-first", 330), ("heard-first", 370)))
+    off_first, heard_first = (
+        write_clip_with_sound(tmp_path / f"{name}.mp4", tone(hz, 2.0, 22050)[None], 22050)
+        for name, hz in (("off-first", 330), ("heard-first", 370))
+    )
     pool, soundtrack_asked = engine.readers, []
     read = pool.read
 
@@ -167,8 +181,9 @@ def test_a_request_that_does_not_hear_has_no_soundtrack_read_for_it(engine, tmp_
 
 
 def test_a_model_without_an_audio_tower_ignores_the_switch(tiny_cache_dir, clips):
-    with Engine(EngineConfig(model="tiny-random", device="cpu", cache_dir=tiny_cache_dir,
-                             frame_sampling=FRAME_SAMPLING)) as deaf:
+    with Engine(
+        EngineConfig(model="tiny-random", device="cpu", cache_dir=tiny_cache_dir, frame_sampling=FRAME_SAMPLING)
+    ) as deaf:
         answer, _ = asked(deaf, clips["speech"], hear=True)
     assert not deaf.model_info["hears"]
     assert (answer.stats["soundtrack"], answer.stats["audio_tokens"]) == ("unsupported", 0)
@@ -177,10 +192,26 @@ def test_a_model_without_an_audio_tower_ignores_the_switch(tiny_cache_dir, clips
 def test_the_command_line_hears_unless_told_not_to(tiny_cache_dir, clips, capsys, monkeypatch):
     monkeypatch.setenv("EVS_CACHE_DIR", str(tiny_cache_dir))  # the tiny model the session built
     for flags, verdict in (((), "heard"), (("--no-soundtrack",), "off")):
-        assert engine_main(["--model", NAME, "--device", "cpu", "--video", str(clips["speech"]), "--question",
-                            "What is said?", "--max-new-tokens", "2", *flags]) == 0
+        assert (
+            engine_main(
+                [
+                    "--model",
+                    NAME,
+                    "--device",
+                    "cpu",
+                    "--video",
+                    str(clips["speech"]),
+                    "--question",
+                    "What is said?",
+                    "--max-new-tokens",
+                    "2",
+                    *flags,
+                ]
+            )
+            == 0
+        )
         printed = capsys.readouterr().out
-        assert json.loads(printed[printed.index("{"):])["soundtrack"] == verdict
+        assert json.loads(printed[printed.index("{") :])["soundtrack"] == verdict
 
 
 @pytest.mark.parametrize("method", pruning.PRUNING_METHODS)
@@ -188,10 +219,12 @@ def test_every_pruning_method_keeps_every_audio_token(engine, clips, method):
     """At q = 0.9 most video tokens go, whichever method chooses them; the audio tokens kept are exactly the audio
     tower's rows, which go in their place."""
     loaded, family = engine.loaded, engine.family
-    video = read_video(clips["speech"], FRAME_SAMPLING, max_seconds=60, max_bytes=10**8, timeout_s=60,
-                       soundtrack_rate_hz=RATE_HZ)
-    prompt = unpruned_prompt(loaded, family, video, "What is said?", [], engine.system_prompt,
-                            FRAME_SAMPLING.max_pixels_per_frame, hear=True)
+    video = read_video(
+        clips["speech"], FRAME_SAMPLING, max_seconds=60, max_bytes=10**8, timeout_s=60, soundtrack_rate_hz=RATE_HZ
+    )
+    prompt = unpruned_prompt(
+        loaded, family, video, "What is said?", [], engine.system_prompt, FRAME_SAMPLING.max_pixels_per_frame, hear=True
+    )
     with torch.inference_mode():
         features = family.encode_media(loaded.model, prompt.media)
         features[0].audio = family.encode_audio(loaded.model, prompt.media[0].audio)
@@ -199,8 +232,12 @@ def test_every_pruning_method_keeps_every_audio_token(engine, clips, method):
         pruned = prune_prompt(prompt, features, 0.9, method)
         embeds = embed_prompt(loaded.model, pruned.input_ids, pruned.visual_mask, pruned.features, pruned.audio_mask)
     assert int(pruned.retention[0].sum()) < prompt.is_visual.sum()
-    assert int(pruned.audio_mask.sum()) == len(pruned.features.audio) == int(prompt.is_audio.sum()) == \
-        audio_token_count(loaded.processor, len(video.soundtrack.samples))
+    assert (
+        int(pruned.audio_mask.sum())
+        == len(pruned.features.audio)
+        == int(prompt.is_audio.sum())
+        == audio_token_count(loaded.processor, len(video.soundtrack.samples))
+    )
     torch.testing.assert_close(embeds[pruned.audio_mask], audio, atol=0, rtol=0)
 
 
@@ -210,11 +247,15 @@ def stock_logits(model, inputs, answer) -> tuple[torch.Tensor, int]:
     fed = torch.tensor([answer.token_ids[:-1]])
     ids = torch.cat([inputs["input_ids"], fed], dim=1)
     with torch.inference_mode(), builtin_evs(model, Q):
-        out = model(input_ids=ids, attention_mask=torch.ones_like(ids),
-                    pixel_values_videos=inputs["pixel_values_videos"], input_features=inputs["input_features"],
-                    input_features_mask=inputs["input_features_mask"])
+        out = model(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            pixel_values_videos=inputs["pixel_values_videos"],
+            input_features=inputs["input_features"],
+            input_features_mask=inputs["input_features_mask"],
+        )
     kept = out.logits.shape[1] - fed.shape[1]
-    return out.logits[0, kept - 1:].float(), kept
+    return out.logits[0, kept - 1 :].float(), kept
 
 
 def test_per_request_pruning_with_the_soundtrack_equals_the_models_own_evs(engine, clips):
@@ -225,8 +266,15 @@ def test_per_request_pruning_with_the_soundtrack_equals_the_models_own_evs(engin
     question = "What is said in this clip?"
     answer, _ = asked(engine, clips["speech"], q=Q, question=question)
     loaded, family = engine.loaded, engine.family
-    video = read_video(clips["speech"], FRAME_SAMPLING, max_seconds=60, max_bytes=10**8, timeout_s=60,
-                       soundtrack_rate_hz=RATE_HZ, max_soundtrack_seconds=MAX_SOUNDTRACK_S)
+    video = read_video(
+        clips["speech"],
+        FRAME_SAMPLING,
+        max_seconds=60,
+        max_bytes=10**8,
+        timeout_s=60,
+        soundtrack_rate_hz=RATE_HZ,
+        max_soundtrack_seconds=MAX_SOUNDTRACK_S,
+    )
     text = chat_text(family, engine.system_prompt, question, [], heard=True)
     audio = processor_audio(loaded.processor, video.soundtrack.samples, video.soundtrack.rate_hz)
     inputs = processor_inputs(loaded, video, text, FRAME_SAMPLING.max_pixels_per_frame, audio)
@@ -249,19 +297,44 @@ def test_two_videos_each_heard_equal_the_models_own_forward_with_both(engine, cl
     answer = engine.submit(media=[clips["speech"], other], question=question, params=params(q=Q)).result(60)
     assert [medium["soundtrack"] for medium in answer.stats["media"]] == ["heard", "heard"]
     loaded, family = engine.loaded, engine.family
-    videos = [read_video(path, FRAME_SAMPLING, max_seconds=60, max_bytes=10**8, timeout_s=60,
-                         soundtrack_rate_hz=RATE_HZ, max_soundtrack_seconds=MAX_SOUNDTRACK_S)
-              for path in (clips["speech"], other)]
+    videos = [
+        read_video(
+            path,
+            FRAME_SAMPLING,
+            max_seconds=60,
+            max_bytes=10**8,
+            timeout_s=60,
+            soundtrack_rate_hz=RATE_HZ,
+            max_soundtrack_seconds=MAX_SOUNDTRACK_S,
+        )
+        for path in (clips["speech"], other)
+    ]
     placeholder = family.video_placeholder() + family.audio_placeholder()
     text = chat_text(family, engine.system_prompt, question, [], media=placeholder * 2)
-    processor, sizing = family.sized_processor(loaded.processor, len(videos[0].frames),
-                                               FRAME_SAMPLING.max_pixels_per_frame)
-    metadata = [VideoMetadata(total_num_frames=v.total_frames, fps=v.native_fps, duration=v.duration_s,
-                              height=v.frames.shape[1], width=v.frames.shape[2],
-                              frames_indices=processor_frame_positions(v)) for v in videos]
-    inputs = processor(text=[text], videos=[v.frames for v in videos], video_metadata=metadata, do_sample_frames=False,
-                       audio=[v.soundtrack.samples for v in videos], sampling_rate=RATE_HZ, return_tensors="pt",
-                       **sizing)
+    processor, sizing = family.sized_processor(
+        loaded.processor, len(videos[0].frames), FRAME_SAMPLING.max_pixels_per_frame
+    )
+    metadata = [
+        VideoMetadata(
+            total_num_frames=v.total_frames,
+            fps=v.native_fps,
+            duration=v.duration_s,
+            height=v.frames.shape[1],
+            width=v.frames.shape[2],
+            frames_indices=processor_frame_positions(v),
+        )
+        for v in videos
+    ]
+    inputs = processor(
+        text=[text],
+        videos=[v.frames for v in videos],
+        video_metadata=metadata,
+        do_sample_frames=False,
+        audio=[v.soundtrack.samples for v in videos],
+        sampling_rate=RATE_HZ,
+        return_tensors="pt",
+        **sizing,
+    )
     logits, kept = stock_logits(loaded.model, inputs, answer)
     assert answer.stats["audio_tokens"] == int((inputs["input_ids"] == loaded.model.config.audio_token_id).sum())
     assert answer.stats["prompt_tokens"] == kept

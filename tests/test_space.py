@@ -94,14 +94,20 @@ def cuda_pin_problems(text: str) -> list[str]:
         problems.append("torch is not installed from PyTorch's ${TORCH_CUDA} wheel index")
     if not re.search(r'"torch==\$\{TORCH_VERSION\}\+\$\{TORCH_CUDA\}"', text):
         problems.append("torch is not pinned to ${TORCH_VERSION}+${TORCH_CUDA}")
-    wheel = re.fullmatch(r"flash_attn-([\w.]+)\+(cu\d+)torch(\d+\.\d+)-(cp\d+)-(cp\d+)-linux_x86_64\.whl",
-                         args.get("FLASH_ATTN_WHEEL", ""))
+    wheel = re.fullmatch(
+        r"flash_attn-([\w.]+)\+(cu\d+)torch(\d+\.\d+)-(cp\d+)-(cp\d+)-linux_x86_64\.whl",
+        args.get("FLASH_ATTN_WHEEL", ""),
+    )
     if wheel is None:
         return problems + [f"FLASH_ATTN_WHEEL={args.get('FLASH_ATTN_WHEEL')} is not a flash-attn wheel name"]
     torch_minor = ".".join(args["TORCH_VERSION"].split(".")[:2])
     python_tag = "cp" + UBUNTU_PYTHON[ubuntu].replace(".", "")
-    for what, found, wanted in (("CUDA tag", wheel[2], cuda_tag), ("torch", wheel[3], torch_minor),
-                                ("Python", wheel[4], python_tag), ("ABI tag", wheel[5], python_tag)):
+    for what, found, wanted in (
+        ("CUDA tag", wheel[2], cuda_tag),
+        ("torch", wheel[3], torch_minor),
+        ("Python", wheel[4], python_tag),
+        ("ABI tag", wheel[5], python_tag),
+    ):
         if found != wanted:
             problems.append(f"the flash-attn wheel's {what} is {found}, the image has {wanted}")
     return problems
@@ -118,6 +124,7 @@ def dockerfile_env(text: str) -> dict[str, str]:
 
 
 # ---- front matter --------------------------------------------------------------------------------
+
 
 def _front_matter_sources() -> list:
     sources = [pytest.param(PROPOSED_FRONT_MATTER, id="docs/space_front_matter.yaml")]
@@ -151,6 +158,7 @@ def test_front_matter_reader_needs_the_opening_line():
 
 
 # ---- Dockerfile ----------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def dockerfile() -> str:
@@ -194,8 +202,10 @@ def test_dockerfile_pins_agree_with_requirements(dockerfile):
 
 
 def test_pin_readers_see_args_and_literals():
-    text = ("ARG TORCH_VERSION=2.14.1\nARG FLASH_ATTN_VERSION=2.8.3\nRUN pip install einops==0.8.2 x==${V} "
-            '"torch==${TORCH_VERSION}+${TORCH_CUDA}"\n')
+    text = (
+        "ARG TORCH_VERSION=2.14.1\nARG FLASH_ATTN_VERSION=2.8.3\nRUN pip install einops==0.8.2 x==${V} "
+        '"torch==${TORCH_VERSION}+${TORCH_CUDA}"\n'
+    )
     assert dockerfile_pins(text) == {"torch": "2.14.1", "flash-attn": "2.8.3", "einops": "0.8.2"}
     assert requirement_pins("# c\ntorch==2.14.1\nnumpy>=2.0\nFlash_Attn==1.0 ; os_name=='posix'\n") == {
         "torch": "2.14.1",
@@ -207,14 +217,17 @@ def test_torch_cuda_base_image_and_flash_attn_wheel_agree(dockerfile):
     assert cuda_pin_problems(dockerfile) == []
 
 
-@pytest.mark.parametrize("change, complaint", [
-    (("nvidia/cuda:12.6.3-base", "nvidia/cuda:13.0.1-base"), "does not run on the hosts"),
-    (("ARG TORCH_CUDA=cu126", "ARG TORCH_CUDA=cu128"), "TORCH_CUDA=cu128 but the base image is cu126"),
-    (("+cu126torch2.14-cp312-cp312", "+cu130torch2.14-cp312-cp312"), "CUDA tag is cu130"),
-    (("+cu126torch2.14-cp312-cp312", "+cu126torch2.13-cp312-cp312"), "torch is 2.13"),
-    (("+cu126torch2.14-cp312-cp312", "+cu126torch2.14-cp311-cp311"), "Python is cp311"),
-    (("ubuntu24.04", "ubuntu22.04"), "Python is cp312, the image has cp310"),
-])
+@pytest.mark.parametrize(
+    "change, complaint",
+    [
+        (("nvidia/cuda:12.6.3-base", "nvidia/cuda:13.0.1-base"), "does not run on the hosts"),
+        (("ARG TORCH_CUDA=cu126", "ARG TORCH_CUDA=cu128"), "TORCH_CUDA=cu128 but the base image is cu126"),
+        (("+cu126torch2.14-cp312-cp312", "+cu130torch2.14-cp312-cp312"), "CUDA tag is cu130"),
+        (("+cu126torch2.14-cp312-cp312", "+cu126torch2.13-cp312-cp312"), "torch is 2.13"),
+        (("+cu126torch2.14-cp312-cp312", "+cu126torch2.14-cp311-cp311"), "Python is cp311"),
+        (("ubuntu24.04", "ubuntu22.04"), "Python is cp312, the image has cp310"),
+    ],
+)
 def test_cuda_pin_check_sees_each_disagreement(dockerfile, change, complaint):
     old, new = change
     assert old in dockerfile

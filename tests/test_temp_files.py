@@ -30,11 +30,17 @@ def short_lived_app(tmp_path_factory):
     home = tmp_path_factory.mktemp("home")
     temp_dir = home / "gradio-temp"
     port = free_port()
-    env = offline_env(home, GRADIO_TEMP_DIR=str(temp_dir), EVS_TEMP_MAX_AGE_S=str(MAX_AGE_S),
-                      EVS_TEMP_CLEAN_S=str(CLEAN_S))
+    env = offline_env(
+        home, GRADIO_TEMP_DIR=str(temp_dir), EVS_TEMP_MAX_AGE_S=str(MAX_AGE_S), EVS_TEMP_CLEAN_S=str(CLEAN_S)
+    )
     with open(home / "app.log", "w") as log:
-        proc = subprocess.Popen([sys.executable, "app.py", "--model", "tiny-random", "--device", "cpu",
-                                 "--port", str(port)], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [sys.executable, "app.py", "--model", "tiny-random", "--device", "cpu", "--port", str(port)],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         try:
             wait_for_health(proc, port)
             yield Client(f"http://127.0.0.1:{port}/", verbose=False), temp_dir
@@ -80,8 +86,23 @@ def test_a_follow_up_on_a_deleted_upload_asks_for_it_again(short_lived_app, clip
     # What a browser tab sends for the video it still shows: the server path of the deleted upload
     # (gradio_client would try to upload it again, so the call goes over Gradio's plain HTTP API).
     stale = {"path": str(uploaded), "meta": {"_type": "gradio.FileData"}, "orig_name": uploaded.name}
-    data = [stale, "Where does it go next?", 0.7, 2.0, 32, 224 * 224, 4, 0.0, False, [["What moves?", answer]], False,
-            False, "evs", False, None]
+    data = [
+        stale,
+        "Where does it go next?",
+        0.7,
+        2.0,
+        32,
+        224 * 224,
+        4,
+        0.0,
+        False,
+        [["What moves?", answer]],
+        False,
+        False,
+        "evs",
+        False,
+        None,
+    ]
     base = client.src.rstrip("/")
     event_id = httpx.post(f"{base}/gradio_api/call/ask", json={"data": data}, timeout=30).json()["event_id"]
     events = httpx.get(f"{base}/gradio_api/call/ask/{event_id}", timeout=60).text

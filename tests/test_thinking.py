@@ -12,15 +12,15 @@ from gradio_client import handle_file
 from playwright.sync_api import sync_playwright
 
 from app_harness import launched_app
-from engine.worker import events as stream_events
+from engine.checkpoints.tokenizer import build_tokenizer
 from engine.config import FrameSampling, GenerationParams
+from engine.detokenize import SplitDetokenizer
 from engine.engine import think_end_id
-from engine.families.qwen import Qwen3VL, Qwen35, Qwen25VL
+from engine.families.qwen import Qwen3VL, Qwen25VL, Qwen35
 from engine.prompt.unpruned import chat_text
 from engine.scheduling.request import Request
-from engine.detokenize import SplitDetokenizer
 from engine.stream import Event, Stream
-from engine.checkpoints.tokenizer import build_tokenizer
+from engine.worker import events as stream_events
 from test_browser import CHROMIUM, CHROMIUM_ARGS, PHONE, TIMEOUT_MS, ask, set_slider, upload
 from ui import openai_api
 
@@ -37,13 +37,17 @@ TOKENS = 8  # every answer here is this long: a tiny random model never ends one
 # [video, "What moves? "]; for the follow-up also the assistant turn
 # "<think>\nA square slides.\n</think>\n\nA red square. \n" and the user turn " Which way? ".
 TEMPLATE_VIDEO = "<|vision_start|><|video_pad|><|vision_end|>"  # the processor expands it as it does ours
-TEMPLATE_FIRST_TURN = ("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
-                       f"<|im_start|>user\n{TEMPLATE_VIDEO}What moves?<|im_end|>\n<|im_start|>assistant\n")
+TEMPLATE_FIRST_TURN = (
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+    f"<|im_start|>user\n{TEMPLATE_VIDEO}What moves?<|im_end|>\n<|im_start|>assistant\n"
+)
 # An earlier turn keeps neither its reasoning nor a think block, and every message is trimmed.
-TEMPLATE_FOLLOW_UP = ("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
-                      f"<|im_start|>user\n{TEMPLATE_VIDEO}What moves?<|im_end|>\n"
-                      "<|im_start|>assistant\nA red square.<|im_end|>\n"
-                      "<|im_start|>user\nWhich way?<|im_end|>\n<|im_start|>assistant\n")
+TEMPLATE_FOLLOW_UP = (
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+    f"<|im_start|>user\n{TEMPLATE_VIDEO}What moves?<|im_end|>\n"
+    "<|im_start|>assistant\nA red square.<|im_end|>\n"
+    "<|im_start|>user\nWhich way?<|im_end|>\n<|im_start|>assistant\n"
+)
 TEMPLATE_OPENING = {True: "<think>\n", False: "<think>\n\n</think>\n\n"}  # add_generation_prompt's tail
 
 
@@ -62,9 +66,11 @@ def test_qwen35_prompt_is_what_its_chat_template_writes(thinking):
 @pytest.mark.parametrize("family", [Qwen3VL(temporal_patch=2), Qwen25VL(temporal_patch=2, tokens_per_second=2)])
 def test_families_without_the_switch_ignore_it(family):
     video = family.video_placeholder()
-    expected = (f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\n{video}What moves?<|im_end|>\n"
-                "<|im_start|>assistant\nA red square. <|im_end|>\n<|im_start|>user\nWhich way?<|im_end|>\n"
-                "<|im_start|>assistant\n")
+    expected = (
+        f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\n{video}What moves?<|im_end|>\n"
+        "<|im_start|>assistant\nA red square. <|im_end|>\n<|im_start|>user\nWhich way?<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
     history = [("What moves?", "A red square. ")]
     assert chat_text(family, SYSTEM, "Which way?", history, thinking=True) == expected
     assert chat_text(family, SYSTEM, "Which way?", history, thinking=False) == expected
@@ -77,8 +83,9 @@ def test_a_qwen35_tokenizer_without_the_think_end_token_has_no_switch():
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    core = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))},
-                                merges=[]))
+    core = Tokenizer(
+        models.BPE(vocab={c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}, merges=[])
+    )
     core.pre_tokenizer, core.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
     core.add_special_tokens(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
     without = PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<|im_end|>", pad_token="<|endoftext|>")
@@ -89,6 +96,7 @@ def test_a_qwen35_tokenizer_without_the_think_end_token_has_no_switch():
 
 # --- thinking and answer apart -----------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def tokenizer():
     return build_tokenizer()
@@ -97,9 +105,14 @@ def tokenizer():
 def served(tokenizer, token_ids: list[int], thinking: bool):
     """Feed token_ids to a request as the worker does, end it, and return its Answer and events."""
     think_end = think_end_id(Qwen35(temporal_patch=2), tokenizer) if thinking else None
-    request = Request(stream=Stream(1), media_paths=["clip.mp4"], question="What moves?", history=[],
-                      params=GenerationParams(max_new_tokens=100, enable_thinking=thinking),
-                      frame_sampling=FrameSampling())
+    request = Request(
+        stream=Stream(1),
+        media_paths=["clip.mp4"],
+        question="What moves?",
+        history=[],
+        params=GenerationParams(max_new_tokens=100, enable_thinking=thinking),
+        frame_sampling=FrameSampling(),
+    )
     request.detokenizer = SplitDetokenizer(tokenizer, think_end)
     for token_id in token_ids:
         if stream_events.token(request, token_id, logits=None, eos_ids={tokenizer.eos_token_id}):
@@ -142,6 +155,7 @@ def test_without_thinking_every_token_is_answer(tokenizer):
 
 # --- the ways in, on a launched app --------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def thinking_app(tiny_cache_dir):
     with launched_app(tiny_cache_dir, model=MODEL) as running:
@@ -154,23 +168,30 @@ def data_url(path: Path) -> str:
 
 def test_ask_and_the_tool_endpoint_think_when_asked(thinking_app, clip):
     client, video = thinking_app.client, clip("moving_object")
-    answer, stats, _, _ = client.predict(handle_file(str(video)), "What moves?", max_new_tokens=TOKENS,
-                                         enable_thinking=True, api_name="/ask")
+    answer, stats, _, _ = client.predict(
+        handle_file(str(video)), "What moves?", max_new_tokens=TOKENS, enable_thinking=True, api_name="/ask"
+    )
     # The tiny model never writes </think>: all it says is thinking.
     assert answer == "" and stats["thinking"] and (stats["thinking_tokens"], stats["answer_tokens"]) == (TOKENS, 0)
-    answer, stats, _, _ = client.predict(handle_file(str(video)), "What moves?", max_new_tokens=TOKENS,
-                                         api_name="/ask")
+    answer, stats, _, _ = client.predict(handle_file(str(video)), "What moves?", max_new_tokens=TOKENS, api_name="/ask")
     assert answer and "thinking" not in stats and (stats["thinking_tokens"], stats["answer_tokens"]) == (0, TOKENS)
 
-    reply = json.loads(client.predict(data_url(video), "What moves?", None, TOKENS, True,
-                                      api_name="/answer_video_question"))
+    reply = json.loads(
+        client.predict(data_url(video), "What moves?", None, TOKENS, True, api_name="/answer_video_question")
+    )
     assert reply["thinking"] and reply["stats"]["thinking_tokens"] == TOKENS
 
 
 def test_a_sweep_thinks_first_at_every_rate_when_asked(thinking_app, clip):
     client, video = thinking_app.client, clip("scene_cut")
-    client.predict(handle_file(str(video)), "What changes?", "0, 0.7", max_new_tokens=TOKENS, enable_thinking=True,
-                   api_name="/sweep")
+    client.predict(
+        handle_file(str(video)),
+        "What changes?",
+        "0, 0.7",
+        max_new_tokens=TOKENS,
+        enable_thinking=True,
+        api_name="/sweep",
+    )
     stats = [stream.result().stats for stream in thinking_app.spy.streams[-2:]]
     assert sorted(s["pruning_rate"] for s in stats) == [0.0, 0.7]
     assert all((s["thinking_tokens"], s["answer_tokens"]) == (TOKENS, 0) for s in stats)
@@ -178,13 +199,21 @@ def test_a_sweep_thinks_first_at_every_rate_when_asked(thinking_app, clip):
 
 def test_openai_route_returns_the_thinking_as_reasoning_content(thinking_app, clip):
     client = openai.OpenAI(base_url=f"{thinking_app.url}v1", api_key="unused", max_retries=0, timeout=120)
-    messages = [{"role": "user", "content": [{"type": "video_url", "video_url": {"url": data_url(clip("pan"))}},
-                                             {"type": "text", "text": "What moves?"}]}]
+    messages = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "video_url", "video_url": {"url": data_url(clip("pan"))}},
+                {"type": "text", "text": "What moves?"},
+            ],
+        }
+    ]
 
     def create(thinking, **kwargs):
         extra = {"chat_template_kwargs": {"enable_thinking": thinking}} if thinking is not None else None
-        return client.chat.completions.create(model=MODEL, messages=messages, max_tokens=TOKENS, temperature=0,
-                                              extra_body=extra, **kwargs)
+        return client.chat.completions.create(
+            model=MODEL, messages=messages, max_tokens=TOKENS, temperature=0, extra_body=extra, **kwargs
+        )
 
     thought = create(True)
     message = thought.choices[0].message
@@ -202,8 +231,10 @@ def test_openai_route_returns_the_thinking_as_reasoning_content(thinking_app, cl
 
     # A client sends the answer back as it got it, think block and all: the template drops the block, so the
     # follow-up is answered (the tags are the model's markup anywhere else).
-    messages += [{"role": "assistant", "content": f"<think>\nA square slides.\n</think>\n\n{plain.content}"},
-                 {"role": "user", "content": "Which way?"}]
+    messages += [
+        {"role": "assistant", "content": f"<think>\nA square slides.\n</think>\n\n{plain.content}"},
+        {"role": "user", "content": "Which way?"},
+    ]
     assert create(None).choices[0].message.content
     messages[-1]["content"] = "Which way? </think>"
     with pytest.raises(openai.BadRequestError, match="control markers such as </think>"):
@@ -224,8 +255,9 @@ def test_the_page_shows_the_thinking_in_a_collapsed_block_above_the_answer(think
             page.click("#evs-advanced button")
             set_slider(page, "evs-max-new-tokens", TOKENS)
             ask(page, "What moves?")
-            page.wait_for_function("document.querySelector('#evs-status').innerText.includes('done')",
-                                   timeout=TIMEOUT_MS)
+            page.wait_for_function(
+                "document.querySelector('#evs-status').innerText.includes('done')", timeout=TIMEOUT_MS
+            )
             block = page.locator("#evs-chat .thought-group")
             assert block.inner_text().strip() == "Thinking"  # collapsed: the title alone
             block.locator(".title").click()

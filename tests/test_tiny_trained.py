@@ -35,8 +35,13 @@ def held_out_clips(tmp_path_factory) -> dict[int, Path]:
 
 def engine_for(model: str, tmp_path_factory):
     # No prefix KV cache: the positions test must not reuse KV computed with the right positions.
-    config = EngineConfig(model=model, device="cpu", cache_dir=tmp_path_factory.mktemp("models"),
-                          max_queue=PER_TYPE * len(accuracy_bench.KINDS), prefix_cache_bytes=0)
+    config = EngineConfig(
+        model=model,
+        device="cpu",
+        cache_dir=tmp_path_factory.mktemp("models"),
+        max_queue=PER_TYPE * len(accuracy_bench.KINDS),
+        prefix_cache_bytes=0,
+    )
     return Engine(config)
 
 
@@ -98,8 +103,7 @@ def test_when_it_starts_moving_is_answered_above_chance_at_the_default_rate(tabl
     assert table[str(Q)]["start"] >= max(0.8, chance + 0.2), table
 
 
-def test_positions_renumbered_for_the_pruned_sequence_lose_answers(trained_engine, held_out_clips, table,
-                                                                   monkeypatch):
+def test_positions_renumbered_for_the_pruned_sequence_lose_answers(trained_engine, held_out_clips, table, monkeypatch):
     """The classic EVS bug, on purpose: number the pruned sequence's positions afresh (as if it had never
     held the dropped tokens) instead of keeping the unpruned layout's. Answers at q = 0.7 get worse."""
     original = engine.worker.runner.prune_prompt
@@ -124,8 +128,11 @@ def test_every_example_is_answered_at_the_default_rate(trained_engine):
         assert rate == Q
         _, text, expected = asked(seeds[0], kind)
         assert text == question(kind)
-        answer = trained_engine.submit(media=[EXAMPLES_DIR / name for name in names], question=text,
-                                       params=GenerationParams(pruning_rate=rate, max_new_tokens=8)).result()
+        answer = trained_engine.submit(
+            media=[EXAMPLES_DIR / name for name in names],
+            question=text,
+            params=GenerationParams(pruning_rate=rate, max_new_tokens=8),
+        ).result()
         assert answer.text.strip() == expected, (names, answer.text)
 
 
@@ -133,8 +140,10 @@ def test_the_accuracy_plot_draws_every_question_type_for_every_model():
     from xml.etree import ElementTree
 
     def table(direction_at_09: float) -> dict:
-        return {"0.0": dict.fromkeys(QUESTIONS, 1.0), "0.9": {**dict.fromkeys(QUESTIONS, 0.5),
-                                                               "direction": direction_at_09}}
+        return {
+            "0.0": dict.fromkeys(QUESTIONS, 1.0),
+            "0.9": {**dict.fromkeys(QUESTIONS, 0.5), "direction": direction_at_09},
+        }
 
     svg = ElementTree.fromstring(accuracy_plot.svg_plot({"evs": table(0.3), "plain": table(0.25)}, "title"))
     lines = svg.findall("{http://www.w3.org/2000/svg}polyline")
@@ -148,8 +157,10 @@ def test_the_accuracy_plot_draws_every_question_type_for_every_model():
 def test_the_methods_are_measured_at_their_budgets(trained_engine, held_out_clips):
     """bench/accuracy.py --method: every method through the engine on the same clips, each at its own exact
     count (8 groups of 2x2 at q = 0.7: EVS and VidCom2 keep 9 of 32, uniform two whole groups, 8)."""
-    kept = {method: accuracy_bench.measured(trained_engine, held_out_clips, [Q], method, SEEDS[:5], QUESTIONS)[str(Q)]
-            for method in ("evs", "vidcom2", "uniform")}
+    kept = {
+        method: accuracy_bench.measured(trained_engine, held_out_clips, [Q], method, SEEDS[:5], QUESTIONS)[str(Q)]
+        for method in ("evs", "vidcom2", "uniform")
+    }
     assert {method: row["video_tokens_kept"] for method, row in kept.items()} == {"evs": 9, "vidcom2": 9, "uniform": 8}
     assert all(row["video_tokens_total"] == 32 and set(row["accuracy"]) == set(QUESTIONS) for row in kept.values())
 
@@ -158,8 +169,10 @@ def test_the_methods_table_and_plot_put_the_methods_side_by_side():
     from xml.etree import ElementTree
 
     def measured(share: float, kept: int) -> dict:
-        return {rate: {"accuracy": dict.fromkeys(QUESTIONS, share), "video_tokens_kept": kept,
-                       "video_tokens_total": 32} for rate in ("0.5", "0.9")}
+        return {
+            rate: {"accuracy": dict.fromkeys(QUESTIONS, share), "video_tokens_kept": kept, "video_tokens_total": 32}
+            for rate in ("0.5", "0.9")
+        }
 
     by_method = {"evs": measured(1.0, 4), "vidcom2": measured(0.5, 8), "uniform": measured(0.25, 4)}
     table = accuracy_bench.methods_markdown(by_method)

@@ -13,9 +13,9 @@ import torch
 import engine.worker.runner
 from assets.shapes import QUESTIONS, held_out_seeds, write_shape_clip
 from engine import Engine, EngineConfig, GenerationParams
+from engine.checkpoints.tiny import MODEL_NOTES_FILE
 from engine.families.registry import family_for
 from engine.loading.load import load_model
-from engine.checkpoints.tiny import MODEL_NOTES_FILE
 from train import tiny_trained
 
 Q = 0.7
@@ -66,20 +66,38 @@ def test_teacher_forcing_predicts_what_the_engine_generated(served, loaded):
     other = tiny_trained.served_prompts(loaded, family, [[tiny_trained.sampled_video(5)]], [QUESTIONS["shape"]], [0.0])
     answer = torch.tensor(generated)
     with torch.no_grad():
-        logits, targets = tiny_trained.teacher_forced_logits(loaded, family, [engine_pruned, *other],
-                                                            [answer, answer])
+        logits, targets = tiny_trained.teacher_forced_logits(loaded, family, [engine_pruned, *other], [answer, answer])
     assert torch.equal(targets[: len(generated)], answer)
     assert logits[: len(generated)].argmax(-1).tolist() == generated
 
 
 def test_a_few_training_steps_lower_the_loss_and_save_a_loadable_model(tmp_path):
     out = tmp_path / "model"
-    summary = tiny_trained.train(tiny_trained.parser().parse_args(
-        ["--evs", "--init", "", "--steps", "8", "--batch", "4", "--lr", "2e-3", "--warmup", "1",
-         "--eval-every", "1", "--eval-clips", "1", "--out", str(out)]))
+    summary = tiny_trained.train(
+        tiny_trained.parser().parse_args(
+            [
+                "--evs",
+                "--init",
+                "",
+                "--steps",
+                "8",
+                "--batch",
+                "4",
+                "--lr",
+                "2e-3",
+                "--warmup",
+                "1",
+                "--eval-every",
+                "1",
+                "--eval-clips",
+                "1",
+                "--out",
+                str(out),
+            ]
+        )
+    )
     losses = [entry["loss"] for entry in summary["log"]]
     assert losses[-1] < losses[0] - 1.0, losses
     assert json.loads((out / MODEL_NOTES_FILE).read_text())["system_prompt"] == ""
     assert json.loads((out / "training.json").read_text())["rates"] == list(tiny_trained.TRAIN_RATES)
     assert load_model(str(out), device="cpu").model.config.model_type == "qwen3_vl"
-

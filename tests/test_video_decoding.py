@@ -1,5 +1,5 @@
-"""How the child decodes (engine/reading/decoders/pyav_video.py): seeking to keyframes, skipping frames nothing refers to,
-decoding at a reduced size. Each shortcut must give the frames decoding everything from the start gives,
+"""How the child decodes (engine/reading/decoders/pyav_video.py): seeking to keyframes, skipping frames nothing refers
+to, decoding at a reduced size. Each shortcut must give the frames decoding everything from the start gives,
 to the bit, and must actually save work. Run in this process (no child) on files made with PyAV.
 """
 
@@ -8,7 +8,6 @@ from fractions import Fraction
 import av
 import numpy as np
 import pytest
-from test_video_formats import CONSTANT_8FPS, CORPUS, picture, write_video
 
 from engine.config import FrameSampling
 from engine.reading.decoders.pyav_video import (
@@ -22,6 +21,7 @@ from engine.reading.decoders.pyav_video import (
     with_fresh_decoder,
 )
 from engine.reading.video import read_video
+from test_video_formats import CONSTANT_8FPS, CORPUS, picture, write_video
 
 FRAME_SAMPLING = FrameSampling(fps=2.0, max_frames=16, max_pixels_per_frame=96 * 72)
 SIX_SECONDS = [Fraction(i, 30) for i in range(180)]  # 30 fps
@@ -86,8 +86,16 @@ def test_a_file_opened_without_probing_reads_as_after_a_full_open(tmp_path, name
     def described(container):
         stream = container.streams.video[0]
         timeline = read_timeline(container, stream)
-        return (container.format.name, stream.codec_context.width, stream.codec_context.height, timeline.pts.tolist(),
-                timeline.keyframes, timeline.end, timeline.time_base, timeline.by_order)
+        return (
+            container.format.name,
+            stream.codec_context.width,
+            stream.codec_context.height,
+            timeline.pts.tolist(),
+            timeline.keyframes,
+            timeline.end,
+            timeline.time_base,
+            timeline.by_order,
+        )
 
     with open_unprobed(str(path), decoding=False) as quick, av.open(str(path)) as full:
         assert described(quick) == described(full)
@@ -127,8 +135,9 @@ def test_h264_seeks_and_skips_non_reference_frames(tmp_path):
     """8 samples over 4 GOPs of H.264 with B-frames: a seek into each later GOP, and about half the
     frames left undecoded (the non-reference B-frames between samples, the GOP heads seeking skips)."""
     options = {"g": "90", "keyint_min": "90", "sc_threshold": "0", "bf": "3", "preset": "fast"}
-    path = write_video(tmp_path / "long_gop.mp4", "mp4", "libx264", [Fraction(i, 30) for i in range(360)],
-                       options=options)
+    path = write_video(
+        tmp_path / "long_gop.mp4", "mp4", "libx264", [Fraction(i, 30) for i in range(360)], options=options
+    )
     header, _ = read(path, FrameSampling(fps=1.0, max_frames=8, max_pixels_per_frame=96 * 72))
     assert header["seeks"] == 3  # into GOPs 2, 3 and 4; the first is decoded from the start
     assert header["frames_decoded"] < 360 * 0.6, header["frames_decoded"]
@@ -147,15 +156,20 @@ def test_decodes_at_a_reduced_size_where_the_codec_can(tmp_path, codec, pix_fmt)
     """640x480 MPEG-4 part 2 or MJPEG sampled at 160x120: the decoder itself gives 160x120 (lowres 2),
     no less faithful to the source (averaged over 4x4 pixels) than decoding at full size then scaling."""
     times = [Fraction(i, 8) for i in range(16)]
-    path = write_video(tmp_path / f"{codec}.avi", "avi", codec, times, size=(640, 480), pix_fmt=pix_fmt,
-                       options={"qscale": "2"})
+    path = write_video(
+        tmp_path / f"{codec}.avi", "avi", codec, times, size=(640, 480), pix_fmt=pix_fmt, options={"qscale": "2"}
+    )
     header, frames = read(path, FrameSampling(fps=4.0, max_frames=32, max_pixels_per_frame=160 * 120))
     assert header["decoded_size"] == [160, 120] and frames.shape == (8, 120, 160, 3)
     with av.open(str(path)) as container:  # the decoder's own defaults: full size
         decoded = list(container.decode(video=0))
     full = np.stack([decoded[i].to_ndarray(format="rgb24", width=160, height=120) for i in header["frame_indices"]])
-    source = np.stack([picture(float(times[i]), 15 / 8, size=(640, 480)).reshape(120, 4, 160, 4, 3).mean(axis=(1, 3))
-                       for i in header["frame_indices"]])
+    source = np.stack(
+        [
+            picture(float(times[i]), 15 / 8, size=(640, 480)).reshape(120, 4, 160, 4, 3).mean(axis=(1, 3))
+            for i in header["frame_indices"]
+        ]
+    )
     reduced_error, full_error = (float(np.abs(f.astype(np.float64) - source).mean()) for f in (frames, full))
     assert reduced_error < full_error + 0.5 and reduced_error < 7, (reduced_error, full_error)
 

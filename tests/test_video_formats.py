@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from engine.config import FrameSampling
-from engine.prompt.unpruned import group_timestamps_s, unpruned_prompt, processor_frame_positions, processor_inputs
+from engine.prompt.unpruned import group_timestamps_s, processor_frame_positions, processor_inputs, unpruned_prompt
 from engine.reading.video import read_video
 
 SIZE = (160, 120)  # width, height
@@ -34,7 +34,7 @@ def picture(time_s: float, clip_s: float, size=SIZE) -> np.ndarray:
     frame[:, ::16] = (230, 230, 230)
     left = round(time_s / clip_s * (width - SIDE))
     top = (height - SIDE) // 2
-    frame[top:top + SIDE, left:left + SIDE] = (220, 20, 30)
+    frame[top : top + SIDE, left : left + SIDE] = (220, 20, 30)
     return frame
 
 
@@ -46,8 +46,20 @@ def square_left(frame: np.ndarray) -> int:
     return int(columns.min())
 
 
-def write_video(path, container_format: str, codec: str, times_s: list[Fraction], *, size=SIZE,
-                pix_fmt="yuv420p", options=None, codec_tag=None, rotation=None, audio=False, container_options=None):
+def write_video(
+    path,
+    container_format: str,
+    codec: str,
+    times_s: list[Fraction],
+    *,
+    size=SIZE,
+    pix_fmt="yuv420p",
+    options=None,
+    codec_tag=None,
+    rotation=None,
+    audio=False,
+    container_options=None,
+):
     """Encode pictures shown at `times_s` (exact, as pts in a time base that holds them all)."""
     time_base = Fraction(1, int(np.lcm.reduce([t.denominator for t in times_s])))
     clip_s = float(times_s[-1])
@@ -91,8 +103,12 @@ def assert_frames_show_their_times(video, clip_s: float, width: int = SIZE[0]):
 CORPUS = [
     ("h264.mp4", "mp4", "libx264", {}),
     ("hevc_hvc1.mov", "mov", "libx265", {"codec_tag": "hvc1", "options": {"x265-params": "log-level=none"}}),
-    ("hevc_10bit_hvc1.mov", "mov", "libx265",
-     {"codec_tag": "hvc1", "pix_fmt": "yuv420p10le", "options": {"x265-params": "log-level=none"}}),
+    (
+        "hevc_10bit_hvc1.mov",
+        "mov",
+        "libx265",
+        {"codec_tag": "hvc1", "pix_fmt": "yuv420p10le", "options": {"x265-params": "log-level=none"}},
+    ),
     ("vp8.webm", "webm", "libvpx", {}),
     ("vp9.webm", "webm", "libvpx-vp9", {}),
     ("mpeg4.avi", "avi", "mpeg4", {}),
@@ -180,4 +196,5 @@ def test_constant_rate_prompts_keep_integer_frame_positions(tmp_path):
     positions = processor_frame_positions(video)
     assert positions == video.frame_indices and all(isinstance(p, int) for p in positions)
     assert group_timestamps_s(positions, video.native_fps, 2) == [
-        (a / 30 + b / 30) / 2 for a, b in zip(video.frame_indices[::2], video.frame_indices[1::2])]
+        (a / 30 + b / 30) / 2 for a, b in zip(video.frame_indices[::2], video.frame_indices[1::2])
+    ]

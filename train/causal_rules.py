@@ -76,8 +76,10 @@ def token_bucket(dissimilarity: torch.Tensor, q: float) -> torch.Tensor:
 
 def per_clip(rule, groups: int):
     """rule applied to each clip of `groups` groups alone, as uploads of them are pruned."""
+
     def apply(dissimilarity: torch.Tensor, q: float) -> torch.Tensor:
         return torch.cat([rule(part, q) for part in dissimilarity.split(groups)])
+
     return apply
 
 
@@ -96,8 +98,9 @@ def clip_features(loaded, family, seeds: list[int]) -> tuple[dict, dict]:
         for seed in seeds:
             video = uploads.video(seed)
             for kind, text in QUESTIONS.items():
-                prompts[seed, kind] = unpruned_prompt(loaded, family, video, text, [], "",
-                                                      FRAME_SAMPLING.max_pixels_per_frame)
+                prompts[seed, kind] = unpruned_prompt(
+                    loaded, family, video, text, [], "", FRAME_SAMPLING.max_pixels_per_frame
+                )
             prompt = prompts[seed, "colour"]
             features[seed] = family.encode_media(loaded.model, prompt.media)[0]
     return prompts, features
@@ -118,8 +121,9 @@ def accuracy(loaded, family, prompts, features, seeds, rule, q) -> dict[str, dic
             masks[seed] = (mask.reshape(groups, -1)[rows].reshape(-1), dissimilarity[rows])
     right = {"first": dict.fromkeys(QUESTIONS, 0), "after a cut": dict.fromkeys(QUESTIONS, 0)}
     for kind in QUESTIONS:
-        pruned = [pruned_with(prompts[seed, kind], [features[seed]], [masks[seed][0]], [masks[seed][1]])
-                  for seed in seeds]
+        pruned = [
+            pruned_with(prompts[seed, kind], [features[seed]], [masks[seed][0]], [masks[seed][1]]) for seed in seeds
+        ]
         answers = [answer_ids(loaded, shape_clip(seed).answer(kind)) for seed in seeds]
         logits, targets = teacher_forced_logits(loaded, family, pruned, answers)
         for seed, hits in zip(seeds, (logits.argmax(-1) == targets).split([a.numel() for a in answers])):
@@ -151,12 +155,16 @@ def main(argv: list[str] | None = None) -> None:
         embeds = torch.cat([features[seed].embeds for seed in seeds])
         noise = torch.randn(embeds.shape, generator=torch.Generator().manual_seed(0))
         noisy = embeds + NOISE * embeds.norm(dim=-1, keepdim=True) / embeds.shape[-1] ** 0.5 * noise
-        grid = (embeds.shape[0] // math.prod(prompts[seeds[0], "colour"].media[0].grid_thw[1:]),
-                *prompts[seeds[0], "colour"].media[0].grid_thw[1:])
+        grid = (
+            embeds.shape[0] // math.prod(prompts[seeds[0], "colour"].media[0].grid_thw[1:]),
+            *prompts[seeds[0], "colour"].media[0].grid_thw[1:],
+        )
         streams = {label: pruning.frame_dissimilarity(e, grid) for label, e in (("as read", embeds), ("noisy", noisy))}
-        print(f"{len(seeds) // 2} streams of two held-out clips; accuracy colour / direction / shape / start; kept "
-              f"share of all {len(seeds)} clips as one stream of {grid[0]} groups (range over {STRETCH_GROUPS}-group "
-              "stretches)\n")
+        print(
+            f"{len(seeds) // 2} streams of two held-out clips; accuracy colour / direction / shape / start; kept "
+            f"share of all {len(seeds)} clips as one stream of {grid[0]} groups (range over {STRETCH_GROUPS}-group "
+            "stretches)\n"
+        )
         print("| q | rule | first clip | after a cut | kept, as read | kept, noisy |\n|---|---|---|---|---|---|")
         for q in rates:
             for name, rule in RULES.items():

@@ -53,18 +53,18 @@ from assets.shapes import (
     shape_clip,
     write_shape_clip,
 )
+from engine.checkpoints.tiny import MODEL_NOTES_FILE, qwen3_vl_layout
+from engine.checkpoints.tokenizer import build_tokenizer
 from engine.config import FrameSampling
 from engine.families.base import Family
 from engine.families.registry import family_for
-from engine.reading.frame_sampling import sample_frame_indices
-from engine.worker.lm import embed_prompt
 from engine.loading.load import LoadedModel, load_model
-from engine.prompt.unpruned import unpruned_prompt
 from engine.prompt.pruned import PrunedPrompt, prune_prompt
-from engine.checkpoints.tiny import MODEL_NOTES_FILE, qwen3_vl_layout
-from engine.checkpoints.tokenizer import build_tokenizer
+from engine.prompt.unpruned import unpruned_prompt
+from engine.reading.frame_sampling import sample_frame_indices
 from engine.reading.pool import ReaderPool
 from engine.reading.video import SampledVideo, read_video
+from engine.worker.lm import embed_prompt
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BASE = REPO_ROOT / "assets" / "models" / "tiny-trained-base"
@@ -75,9 +75,11 @@ TRAINED = REPO_ROOT / "assets" / "models" / "tiny-trained"
 # 0.56 of the time after 1,800 steps, where the plain run had reached 1.00 (it sees a fifth as many unpruned
 # examples). The pairs stage fine-tunes the EVS stage's model (tiny-trained as committed before it) on the
 # two-clip question beside the single-clip ones, so that they keep their answers.
-RECIPES = {"plain": {"init": str(BASE), "steps": 3000, "lr": 1e-3},
-           "evs": {"init": str(PLAIN), "steps": 3000, "lr": 5e-4},
-           "pairs": {"init": str(TRAINED), "steps": 1500, "lr": 3e-4}}
+RECIPES = {
+    "plain": {"init": str(BASE), "steps": 3000, "lr": 1e-3},
+    "evs": {"init": str(PLAIN), "steps": 3000, "lr": 5e-4},
+    "pairs": {"init": str(TRAINED), "steps": 1500, "lr": 3e-4},
+}
 PAIR_SHARE = 0.5  # of the pairs stage's examples, the two-clip question; the others single-clip, as before
 FRAME_SAMPLING = FrameSampling()  # the engine's CPU default: 2 fps, so 16 of the clip's 64 frames
 TRAIN_RATES = (0.0, 0.3, 0.5, 0.7, 0.9)  # each --evs example is pruned at one of these, drawn uniformly
@@ -85,13 +87,20 @@ EVAL_RATES = (0.0, 0.7)  # q = 0.7 is the app's default
 INIT_STD = 0.02
 # Saved beside the weights; the engine reads them (engine.loading.load): trained without a system turn, so it
 # is served without one, and the app's banner says what it can answer.
-ABOUT = "a tiny model trained on synthetic clips of moving shapes: ask about colour, direction, shape or " \
-        "when it starts moving"
+ABOUT = (
+    "a tiny model trained on synthetic clips of moving shapes: ask about colour, direction, shape or "
+    "when it starts moving"
+)
 NOTES = {  # keyed by stage
-    "pairs": {"system_prompt": "", "about": ABOUT + ", or of two clips which one has a colour; trained with EVS in "
-                                                    "the loop, it answers all five at the default pruning rate"},
-    "evs": {"system_prompt": "", "about": ABOUT + "; trained with EVS in the loop, it answers all four at the "
-                                                  "default pruning rate"},
+    "pairs": {
+        "system_prompt": "",
+        "about": ABOUT + ", or of two clips which one has a colour; trained with EVS in "
+        "the loop, it answers all five at the default pruning rate",
+    },
+    "evs": {
+        "system_prompt": "",
+        "about": ABOUT + "; trained with EVS in the loop, it answers all four at the default pruning rate",
+    },
     "plain": {"system_prompt": "", "about": ABOUT + "; trained without EVS, it loses direction and start as q grows"},
 }
 
@@ -102,11 +111,20 @@ def build(seed: int) -> LoadedModel:
     model_class, config, processor = qwen3_vl_layout(tokenizer, "tiny-trained", init_range=INIT_STD)
     torch.manual_seed(seed)
     model = model_class(config).to(torch.float32)
-    model.generation_config = GenerationConfig(eos_token_id=[tokenizer.eos_token_id, tokenizer.pad_token_id],
-                                               pad_token_id=tokenizer.pad_token_id)
-    return LoadedModel(name="tiny-trained", family="qwen3_vl", model=model, processor=processor,
-                       device=torch.device("cpu"), dtype=torch.float32, attn_implementation="sdpa",
-                       is_tiny=True, random_weights=False)
+    model.generation_config = GenerationConfig(
+        eos_token_id=[tokenizer.eos_token_id, tokenizer.pad_token_id], pad_token_id=tokenizer.pad_token_id
+    )
+    return LoadedModel(
+        name="tiny-trained",
+        family="qwen3_vl",
+        model=model,
+        processor=processor,
+        device=torch.device("cpu"),
+        dtype=torch.float32,
+        attn_implementation="sdpa",
+        is_tiny=True,
+        random_weights=False,
+    )
 
 
 def start_model(init: str, seed: int) -> LoadedModel:
@@ -121,9 +139,16 @@ def sampled_video(seed: int) -> SampledVideo:
     """The clip of `seed` as drawn, before any codec: the frames the engine samples, at their times."""
     frames = shape_clip(seed).frames
     indices = sample_frame_indices(SECONDS, len(frames), FRAME_SAMPLING)
-    return SampledVideo(frames=frames[indices], frame_indices=indices, timestamps_s=[i / FPS for i in indices],
-                        native_fps=float(FPS), total_frames=len(frames), duration_s=SECONDS,
-                        sampled_fps=len(indices) / SECONDS, content_hash="")
+    return SampledVideo(
+        frames=frames[indices],
+        frame_indices=indices,
+        timestamps_s=[i / FPS for i in indices],
+        native_fps=float(FPS),
+        total_frames=len(frames),
+        duration_s=SECONDS,
+        sampled_fps=len(indices) / SECONDS,
+        content_hash="",
+    )
 
 
 class UploadedClips:
@@ -147,32 +172,37 @@ class UploadedClips:
     def video(self, seed: int) -> SampledVideo:
         path = write_shape_clip(Path(self._folder.name) / f"{seed}.mp4", seed)
         try:
-            return read_video(path, FRAME_SAMPLING, max_seconds=SECONDS + 1, max_bytes=1 << 24, timeout_s=60.0,
-                              readers=self._readers)
+            return read_video(
+                path, FRAME_SAMPLING, max_seconds=SECONDS + 1, max_bytes=1 << 24, timeout_s=60.0, readers=self._readers
+            )
         finally:
             path.unlink()
 
 
-def served_prompts(loaded: LoadedModel, family: Family, videos: list[list[SampledVideo]], questions: list[str],
-                   rates: list[float]) -> list[PrunedPrompt]:
+def served_prompts(
+    loaded: LoadedModel, family: Family, videos: list[list[SampledVideo]], questions: list[str], rates: list[float]
+) -> list[PrunedPrompt]:
     """What the engine's language model receives for each (videos, question, q): the prompt about one clip or
     several prepared as the engine prepares it, every clip encoded in one vision forward (with gradients when
     training), each prompt pruned by the engine's own prune_prompt (every clip on its own)."""
-    prompts = [unpruned_prompt(loaded, family, clips, question, [], "", FRAME_SAMPLING.max_pixels_per_frame)
-               for clips, question in zip(videos, questions)]
+    prompts = [
+        unpruned_prompt(loaded, family, clips, question, [], "", FRAME_SAMPLING.max_pixels_per_frame)
+        for clips, question in zip(videos, questions)
+    ]
     features = iter(family.encode_media(loaded.model, [medium for prompt in prompts for medium in prompt.media]))
-    return [prune_prompt(prompt, [next(features) for _ in prompt.media], q, "evs")
-            for prompt, q in zip(prompts, rates)]
+    return [prune_prompt(prompt, [next(features) for _ in prompt.media], q, "evs") for prompt, q in zip(prompts, rates)]
 
 
 def answer_ids(loaded: LoadedModel, answer: str) -> torch.Tensor:
     """(A,) long: the answer's tokens and <|im_end|>, what greedy decoding should produce."""
     return loaded.processor.tokenizer(answer + "<|im_end|>", add_special_tokens=False, return_tensors="pt")[
-        "input_ids"][0]
+        "input_ids"
+    ][0]
 
 
-def teacher_forced_logits(loaded: LoadedModel, family: Family, pruned: list[PrunedPrompt],
-                          answers: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+def teacher_forced_logits(
+    loaded: LoadedModel, family: Family, pruned: list[PrunedPrompt], answers: list[torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Logits predicting each answer token after its pruned prompt, and those tokens.
 
     Each row is the pruned prompt followed by its answer, at the positions the engine's decode steps give
@@ -197,19 +227,29 @@ def teacher_forced_logits(loaded: LoadedModel, family: Family, pruned: list[Prun
         targets.append(answer)
     visual_mask = torch.stack(visual)
     deepstack = [torch.cat(levels) for levels in zip(*(p.features.deepstack for p in pruned))]
-    out = model.model.language_model(inputs_embeds=torch.stack(embeds), position_ids=torch.stack(positions, dim=1),
-                                     use_cache=False, **family.language_kwargs(visual_mask, deepstack))
+    out = model.model.language_model(
+        inputs_embeds=torch.stack(embeds),
+        position_ids=torch.stack(positions, dim=1),
+        use_cache=False,
+        **family.language_kwargs(visual_mask, deepstack),
+    )
     hidden = out.last_hidden_state.flatten(0, 1)[torch.cat(predicting)]
     return model.lm_head(hidden), torch.cat(targets)
 
 
-def example_loss(loaded: LoadedModel, family: Family, examples: list[tuple[int, str, float]],
-                 video: Callable[[int], SampledVideo]) -> torch.Tensor:
+def example_loss(
+    loaded: LoadedModel, family: Family, examples: list[tuple[int, str, float]], video: Callable[[int], SampledVideo]
+) -> torch.Tensor:
     """Mean cross-entropy over the answer tokens of (seed, question type, q) examples; `video` gives a
     seed's clip as the model sees it."""
     questions = [asked(seed, kind) for seed, kind, _ in examples]
-    pruned = served_prompts(loaded, family, [[video(s) for s in seeds] for seeds, _, _ in questions],
-                            [question for _, question, _ in questions], [q for _, _, q in examples])
+    pruned = served_prompts(
+        loaded,
+        family,
+        [[video(s) for s in seeds] for seeds, _, _ in questions],
+        [question for _, question, _ in questions],
+        [q for _, _, q in examples],
+    )
     answers = [answer_ids(loaded, answer) for _, _, answer in questions]
     logits, targets = teacher_forced_logits(loaded, family, pruned, answers)
     return torch.nn.functional.cross_entropy(logits, targets)
@@ -223,16 +263,22 @@ def learning_rate(step: int, steps: int, peak: float, warmup: int) -> float:
 
 
 @torch.no_grad()
-def teacher_forced_accuracy(loaded: LoadedModel, family: Family, seeds: list[int], kinds: list[str],
-                            video: Callable[[int], SampledVideo]) -> dict[str, float]:
+def teacher_forced_accuracy(
+    loaded: LoadedModel, family: Family, seeds: list[int], kinds: list[str], video: Callable[[int], SampledVideo]
+) -> dict[str, float]:
     """{"<type>@<q>": share of clips whose whole answer is the argmax at every answer token} over EVAL_RATES."""
     loaded.model.eval()
     scores = {}
     for q in EVAL_RATES:
         for kind in kinds:
             questions = [asked(s, kind) for s in seeds]
-            pruned = served_prompts(loaded, family, [[video(s) for s in clips] for clips, _, _ in questions],
-                                    [question for _, question, _ in questions], [q] * len(seeds))
+            pruned = served_prompts(
+                loaded,
+                family,
+                [[video(s) for s in clips] for clips, _, _ in questions],
+                [question for _, question, _ in questions],
+                [q] * len(seeds),
+            )
             answers = [answer_ids(loaded, answer) for _, _, answer in questions]
             logits, targets = teacher_forced_logits(loaded, family, pruned, answers)
             right = (logits.argmax(-1) == targets).split([a.numel() for a in answers])
@@ -265,9 +311,14 @@ def train(args: argparse.Namespace) -> dict:
         for step in range(steps):
             for group in optimizer.param_groups:
                 group["lr"] = learning_rate(step, steps, lr, args.warmup)
-            examples = [(rng.randrange(HELD_OUT_FROM - 1000),  # a pair's second clip is a later seed
-                         PAIR if args.pairs and rng.random() < PAIR_SHARE else rng.choice(kinds), rng.choice(rates))
-                        for _ in range(args.batch)]
+            examples = [
+                (
+                    rng.randrange(HELD_OUT_FROM - 1000),  # a pair's second clip is a later seed
+                    PAIR if args.pairs and rng.random() < PAIR_SHARE else rng.choice(kinds),
+                    rng.choice(rates),
+                )
+                for _ in range(args.batch)
+            ]
             loss = example_loss(loaded, family, examples, video)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -277,19 +328,33 @@ def train(args: argparse.Namespace) -> dict:
                 accuracy = teacher_forced_accuracy(loaded, family, eval_seeds, kinds + [PAIR] * args.pairs, video)
                 elapsed = time.perf_counter() - start
                 log.append({"step": step, "loss": loss.item(), "elapsed_s": elapsed, **accuracy})
-                print(f"step {step:5d}  loss {loss.item():.4f}  {elapsed:7.1f} s  " +
-                      "  ".join(f"{k} {v:.2f}" for k, v in accuracy.items()), flush=True)
+                print(
+                    f"step {step:5d}  loss {loss.item():.4f}  {elapsed:7.1f} s  "
+                    + "  ".join(f"{k} {v:.2f}" for k, v in accuracy.items()),
+                    flush=True,
+                )
     model.eval()
     args.out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(args.out)
     loaded.processor.save_pretrained(args.out)
     (args.out / MODEL_NOTES_FILE).write_text(json.dumps(NOTES[stage(args)], indent=2))
-    summary = {"init": Path(init).name if init else None, "evs": args.evs, "pairs": args.pairs,
-               "pair_share": PAIR_SHARE if args.pairs else 0.0, "read_from": "mp4" if args.evs else "frames",
-               "rates": list(rates), "steps": steps, "batch": args.batch, "lr": lr,
-               "warmup": args.warmup, "seed": args.seed, "threads": args.threads,
-               "train_s": time.perf_counter() - start,
-               "parameters": sum(p.numel() for p in model.parameters()), "log": log}
+    summary = {
+        "init": Path(init).name if init else None,
+        "evs": args.evs,
+        "pairs": args.pairs,
+        "pair_share": PAIR_SHARE if args.pairs else 0.0,
+        "read_from": "mp4" if args.evs else "frames",
+        "rates": list(rates),
+        "steps": steps,
+        "batch": args.batch,
+        "lr": lr,
+        "warmup": args.warmup,
+        "seed": args.seed,
+        "threads": args.threads,
+        "train_s": time.perf_counter() - start,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "log": log,
+    }
     (args.out / "training.json").write_text(json.dumps(summary, indent=2))
     return summary
 
@@ -297,8 +362,11 @@ def train(args: argparse.Namespace) -> dict:
 def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m train.tiny_trained", description=__doc__.splitlines()[0])
     parser.add_argument("--evs", action="store_true", help=f"prune each example at a q drawn from {TRAIN_RATES}")
-    parser.add_argument("--pairs", action="store_true",
-                        help=f"as --evs, and ask {PAIR_SHARE * 100:.0f}%% of the examples about two clips (clip_pair)")
+    parser.add_argument(
+        "--pairs",
+        action="store_true",
+        help=f"as --evs, and ask {PAIR_SHARE * 100:.0f}%% of the examples about two clips (clip_pair)",
+    )
     parser.add_argument("--init", help="model folder to start from ('' for random weights); default: the recipe's")
     parser.add_argument("--steps", type=int, help="default: the recipe's")
     parser.add_argument("--batch", type=int, default=16)

@@ -49,22 +49,45 @@ def tokens_per_group_figure(picture: EvsPicture) -> go.Figure:
     hover = "t=%{customdata:.2f} s<br>%{y} of " + str(tokens_per_group) + " tokens %{meta}<extra></extra>"
     fig = go.Figure(
         [
-            go.Bar(x=group_index, y=kept, name="kept", marker_color=KEPT_COLOR,
-                   customdata=time_s, meta="kept", hovertemplate=hover),
-            go.Bar(x=group_index, y=pruned, name="pruned", marker_color=PRUNED_COLOR,
-                   customdata=time_s, meta="pruned", hovertemplate=hover),
+            go.Bar(
+                x=group_index,
+                y=kept,
+                name="kept",
+                marker_color=KEPT_COLOR,
+                customdata=time_s,
+                meta="kept",
+                hovertemplate=hover,
+            ),
+            go.Bar(
+                x=group_index,
+                y=pruned,
+                name="pruned",
+                marker_color=PRUNED_COLOR,
+                customdata=time_s,
+                meta="pruned",
+                hovertemplate=hover,
+            ),
         ]
     )
     fig.update_layout(
         barmode="stack",
         bargap=0.15,
-        title=dict(text=f"Tokens per temporal group: {kept_total:,} of {total:,} kept "
-                        f"({pruned_pct:.0f}% pruned)", x=0.0, xanchor="left", font=dict(size=14)),
+        title=dict(
+            text=f"Tokens per temporal group: {kept_total:,} of {total:,} kept ({pruned_pct:.0f}% pruned)",
+            x=0.0,
+            xanchor="left",
+            font=dict(size=14),
+        ),
         yaxis_title=f"tokens (of {tokens_per_group} per group)",
         yaxis=dict(range=[0, tokens_per_group], gridcolor=_GRID_COLOR, automargin=True),
         plot_bgcolor="rgba(0,0,0,0)",
-        xaxis=dict(title="group time (centre)", tickmode="array", tickvals=group_index,
-                   ticktext=group_tick_labels(picture), automargin=True),
+        xaxis=dict(
+            title="group time (centre)",
+            tickmode="array",
+            tickvals=group_index,
+            ticktext=group_tick_labels(picture),
+            automargin=True,
+        ),
         legend_traceorder="normal",
         **_base_layout(),
     )
@@ -90,24 +113,43 @@ def dissimilarity_figure(picture: EvsPicture) -> go.Figure:
     fig = go.Figure(
         [
             go.Heatmap(
-                z=dissim, x=np.arange(tokens_per_group, dtype=np.int32), y=group_index,
-                colorscale="Viridis", zmin=0.0, zmax=max(finite_max, 1e-6),
+                z=dissim,
+                x=np.arange(tokens_per_group, dtype=np.int32),
+                y=group_index,
+                colorscale="Viridis",
+                zmin=0.0,
+                zmax=max(finite_max, 1e-6),
                 colorbar=dict(title=dict(text="1 − cos", side="right"), thickness=12),
                 hovertemplate="group %{y} · patch %{x}<br>1 − cos = %{z:.3f}<extra></extra>",
             ),
             go.Scatter(
-                x=kept_patch.astype(np.int32), y=kept_group.astype(np.int32), mode="markers", name="kept",
+                x=kept_patch.astype(np.int32),
+                y=kept_group.astype(np.int32),
+                mode="markers",
+                name="kept",
                 marker=dict(symbol="circle", size=6, color="white", line=dict(width=1, color="#0f172a")),
                 hovertemplate="group %{y} · patch %{x}: kept<extra></extra>",
             ),
         ]
     )
     fig.update_layout(
-        title=dict(text=f"Change since the previous group ({h}×{w} patches per group, ○ = kept)",
-                   x=0.0, xanchor="left", font=dict(size=14)),
+        title=dict(
+            text=f"Change since the previous group ({h}×{w} patches per group, ○ = kept)",
+            x=0.0,
+            xanchor="left",
+            font=dict(size=14),
+        ),
         xaxis=dict(title="patch (row-major)", showgrid=False, zeroline=False, automargin=True),
-        yaxis=dict(title="group", autorange="reversed", tickmode="array", tickvals=group_index,
-                   ticktext=ticks, showgrid=False, zeroline=False, automargin=True),
+        yaxis=dict(
+            title="group",
+            autorange="reversed",
+            tickmode="array",
+            tickvals=group_index,
+            ticktext=ticks,
+            showgrid=False,
+            zeroline=False,
+            automargin=True,
+        ),
         plot_bgcolor=_NAN_COLOR,
         showlegend=False,
         **_base_layout(),
@@ -172,13 +214,17 @@ def sweep_figure(rows: list[dict]) -> go.Figure:
     layout["legend"] = dict(orientation="h", yanchor="top", y=-0.28, xanchor="left", x=0.0)
     layout["margin"] = dict(layout["margin"], b=96)
     fig.update_layout(
-        title=dict(text=f"Kept tokens (of {total:,}), TTFT and prefill against q" if len(methods) == 1 else
-                   f"Kept tokens (of {total:,}) and TTFT against q, per method", x=0.0, xanchor="left",
-                   font=dict(size=14)),
+        title=dict(
+            text=f"Kept tokens (of {total:,}), TTFT and prefill against q"
+            if len(methods) == 1
+            else f"Kept tokens (of {total:,}) and TTFT against q, per method",
+            x=0.0,
+            xanchor="left",
+            font=dict(size=14),
+        ),
         xaxis=dict(title="pruning rate q", type="category", automargin=True),
         yaxis=dict(title="video tokens kept", rangemode="tozero", gridcolor=_GRID_COLOR, automargin=True),
-        yaxis2=dict(title="seconds", overlaying="y", side="right", rangemode="tozero", showgrid=False,
-                    automargin=True),
+        yaxis2=dict(title="seconds", overlaying="y", side="right", rangemode="tozero", showgrid=False, automargin=True),
         plot_bgcolor="rgba(0,0,0,0)",
         barmode="group",
         **layout,
@@ -190,32 +236,59 @@ def _rate_traces(rows: list[dict], kept_name: str, ttft_name: str, bar_colour: s
     """[kept tokens as bars, TTFT as a line] of rows against q (category labels)."""
     labels = [f"{stats['pruning_rate']:g}" for stats in rows]
     kept = np.array([stats["video_tokens_kept"] for stats in rows], dtype=np.int32)
-    return [go.Bar(x=labels, y=kept, name=kept_name, marker_color=bar_colour,
-                   hovertemplate=f"{kept_name}, q=%{{x}}: %{{y}} tokens<extra></extra>"),
-            _line(rows, "ttft_s", ttft_name, line_colour, "solid", 8)]
+    return [
+        go.Bar(
+            x=labels,
+            y=kept,
+            name=kept_name,
+            marker_color=bar_colour,
+            hovertemplate=f"{kept_name}, q=%{{x}}: %{{y}} tokens<extra></extra>",
+        ),
+        _line(rows, "ttft_s", ttft_name, line_colour, "solid", 8),
+    ]
 
 
 def _line(rows: list[dict], key: str, name: str, colour: str, dash: str, marker_px: int) -> go.Scatter:
     """Seconds of `key` against q on the right axis."""
     labels = [f"{stats['pruning_rate']:g}" for stats in rows]
     seconds = np.array([stats[key] for stats in rows], dtype=np.float32)
-    return go.Scatter(x=labels, y=seconds, name=name, yaxis="y2", mode="lines+markers",
-                      line=dict(color=colour, width=2, dash=dash), marker=dict(size=marker_px),
-                      hovertemplate=f"{name}, q=%{{x}}: %{{y:.3f}} s<extra></extra>")
+    return go.Scatter(
+        x=labels,
+        y=seconds,
+        name=name,
+        yaxis="y2",
+        mode="lines+markers",
+        line=dict(color=colour, width=2, dash=dash),
+        marker=dict(size=marker_px),
+        hovertemplate=f"{name}, q=%{{x}}: %{{y:.3f}} s<extra></extra>",
+    )
 
 
 def live_tokens_figure(times_s: list[float], kept_per_s: list[float], total_per_s: list[float]) -> go.Figure:
     """A live session's video tokens per second over time: those causal EVS kept (the language model's load) and,
     dashed, all of them before pruning. times_s: seconds since the session opened, one per point."""
     times = np.asarray(times_s, dtype=np.float32)
-    fig = go.Figure([
-        go.Scatter(x=times, y=np.asarray(total_per_s, dtype=np.float32), name="before pruning", mode="lines",
-                   line=dict(color=_NAN_COLOR, width=2, dash="dash"),
-                   hovertemplate="%{x:.0f} s: %{y:.1f} tokens/s before pruning<extra></extra>"),
-        go.Scatter(x=times, y=np.asarray(kept_per_s, dtype=np.float32), name="kept", mode="lines",
-                   line=dict(color=KEPT_COLOR, width=2), fill="tozeroy",
-                   hovertemplate="%{x:.0f} s: %{y:.1f} tokens/s kept<extra></extra>"),
-    ])
+    fig = go.Figure(
+        [
+            go.Scatter(
+                x=times,
+                y=np.asarray(total_per_s, dtype=np.float32),
+                name="before pruning",
+                mode="lines",
+                line=dict(color=_NAN_COLOR, width=2, dash="dash"),
+                hovertemplate="%{x:.0f} s: %{y:.1f} tokens/s before pruning<extra></extra>",
+            ),
+            go.Scatter(
+                x=times,
+                y=np.asarray(kept_per_s, dtype=np.float32),
+                name="kept",
+                mode="lines",
+                line=dict(color=KEPT_COLOR, width=2),
+                fill="tozeroy",
+                hovertemplate="%{x:.0f} s: %{y:.1f} tokens/s kept<extra></extra>",
+            ),
+        ]
+    )
     layout = _base_layout()
     layout.update(height=240, margin=dict(l=48, r=12, t=40, b=40))
     fig.update_layout(

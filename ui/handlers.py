@@ -28,8 +28,21 @@ from ui.runs import RunView, answer_cards
 THINKING_TITLE = "Thinking"  # the title of the block that holds the model's thinking in the chat
 # Output order of the chat (browser) handler; layout.py wires components by these names.
 CHAT_OUTPUTS = (
-    "chat", "question", "status", "stats_html", "stats_json", "bars", "heatmap", "gallery",
-    "compare_cards", "compare_pictures", "compare_summary", "turns", "video_choice", "pictures", "asked_media",
+    "chat",
+    "question",
+    "status",
+    "stats_html",
+    "stats_json",
+    "bars",
+    "heatmap",
+    "gallery",
+    "compare_cards",
+    "compare_pictures",
+    "compare_summary",
+    "turns",
+    "video_choice",
+    "pictures",
+    "asked_media",
 )
 BASELINE_TITLE = "q = 0 · all tokens"
 
@@ -60,15 +73,24 @@ def _params_for(compare: bool, compare_methods: bool, params: GenerationParams) 
     """The requests of one question: the unpruned baseline first (compare), then the other pruning methods at
     the chosen q (compare_methods); the chosen settings are always the last request."""
     baseline = [dataclasses.replace(params, pruning_rate=0.0)] if compare else []
-    others = [dataclasses.replace(params, pruning_method=method) for method in PRUNING_METHODS
-              if method != params.pruning_method] if compare_methods else []
+    others = (
+        [
+            dataclasses.replace(params, pruning_method=method)
+            for method in PRUNING_METHODS
+            if method != params.pruning_method
+        ]
+        if compare_methods
+        else []
+    )
     return [*baseline, *others, params]
 
 
 def _titles(runs: list[RunView], compare: bool, compare_methods: bool) -> list[str]:
     """Each request's title in the compare view: the baseline's, else its q (and method, comparing them)."""
-    return [BASELINE_TITLE if compare and index == 0 else run.label(with_method=compare_methods)
-            for index, run in enumerate(runs)]
+    return [
+        BASELINE_TITLE if compare and index == 0 else run.label(with_method=compare_methods)
+        for index, run in enumerate(runs)
+    ]
 
 
 class Handlers:
@@ -104,18 +126,27 @@ class Handlers:
         model that can. compare_methods: also answer with the other pruning methods at the same q. media: more
         uploads (videos and pictures) asked about after `video`, in order.
         """
-        params = request_params(self.engine, pruning_rate=pruning_rate, pruning_method=pruning_method, fps=fps,
-                                max_frames=max_frames, max_pixels_per_frame=max_pixels_per_frame,
-                                max_new_tokens=max_new_tokens, temperature=temperature,
-                                enable_thinking=enable_thinking, hear_soundtrack=hear_soundtrack)
+        params = request_params(
+            self.engine,
+            pruning_rate=pruning_rate,
+            pruning_method=pruning_method,
+            fps=fps,
+            max_frames=max_frames,
+            max_pixels_per_frame=max_pixels_per_frame,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            enable_thinking=enable_thinking,
+            hear_soundtrack=hear_soundtrack,
+        )
         params_list = _params_for(bool(compare), bool(compare_methods), params)
         runs = [RunView.of(p) for p in params_list]
         chosen = runs[-1]
         figures_json, frames = gr.skip(), gr.skip()
         yield "", {"status": chosen.status}, figures_json, frames
         uploads = upload_paths(video) + upload_paths(media)
-        async for index, event in follow(self.engine, uploads, question, params_list, history_pairs(history),
-                                         burst=len(params_list) > 1):
+        async for index, event in follow(
+            self.engine, uploads, question, params_list, history_pairs(history), burst=len(params_list) > 1
+        ):
             runs[index].apply(event)
             if index != len(runs) - 1:
                 continue
@@ -135,9 +166,10 @@ class Handlers:
         if compare:
             stats["compare"] = {"pruning_rate": 0.0, "answer": runs[0].answer, "stats": runs[0].stats}
         if compare_methods:
-            stats["compare_methods"] = {run.pruning_method: {"answer": run.answer, "stats": run.stats}
-                                        for run in sorted(runs[bool(compare):],
-                                                          key=lambda run: PRUNING_METHODS.index(run.pruning_method))}
+            stats["compare_methods"] = {
+                run.pruning_method: {"answer": run.answer, "stats": run.stats}
+                for run in sorted(runs[bool(compare) :], key=lambda run: PRUNING_METHODS.index(run.pruning_method))
+            }
         # The final update repeats every output so that a client's result holds all four values.
         yield chosen.answer, stats, figures_json, frames
 
@@ -164,10 +196,18 @@ class Handlers:
         uploads: the strip's videos and pictures. turns: the earlier [question, answer, thinking] of this
         conversation. The pruning picture shows the first video; the video choice switches to another.
         """
-        params = request_params(self.engine, pruning_rate=pruning_rate, pruning_method=pruning_method, fps=fps,
-                                max_frames=max_frames, max_pixels_per_frame=max_pixels_per_frame,
-                                max_new_tokens=max_new_tokens, temperature=temperature,
-                                enable_thinking=enable_thinking, hear_soundtrack=hear_soundtrack)
+        params = request_params(
+            self.engine,
+            pruning_rate=pruning_rate,
+            pruning_method=pruning_method,
+            fps=fps,
+            max_frames=max_frames,
+            max_pixels_per_frame=max_pixels_per_frame,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            enable_thinking=enable_thinking,
+            hear_soundtrack=hear_soundtrack,
+        )
         paths = upload_paths(uploads)
         if not paths:  # before the question shows up in the chat
             raise InputError(NO_VIDEO)
@@ -193,8 +233,9 @@ class Handlers:
 
         chosen_picture: dict = {}  # the chosen request's pruning picture, once it has come
 
-        yield update(chat=chat_view(), question="", status=status(), **compare_cards(), compare_pictures=None,
-                     compare_summary="")
+        yield update(
+            chat=chat_view(), question="", status=status(), **compare_cards(), compare_pictures=None, compare_summary=""
+        )
         history = [(q, a) for q, a, _ in turns]
         async for index, event in follow(self.engine, paths, question, params_list, history, burst=comparing):
             runs[index].apply(event)
@@ -203,9 +244,11 @@ class Handlers:
                 pictures = dict(compare_pictures=_compare_pictures(runs, titles)) if comparing else {}
                 if is_chosen:
                     shown = media_view.first_picture(chosen.pictures)
-                    chosen_picture = dict(**media_view.picture_outputs(shown), pictures=dict(chosen.pictures),
-                                          video_choice=media_view.video_choice(chosen.pictures, len(paths),
-                                                                               shown.medium))
+                    chosen_picture = dict(
+                        **media_view.picture_outputs(shown),
+                        pictures=dict(chosen.pictures),
+                        video_choice=media_view.video_choice(chosen.pictures, len(paths), shown.medium),
+                    )
                 yield update(status=status(), **(chosen_picture if is_chosen else {}), **pictures)
             elif event.kind in ("thinking", "text"):
                 shown_answer = dict(chat=chat_view()) if is_chosen else {}
@@ -215,22 +258,41 @@ class Handlers:
         summary = stats_panel.compare_summary(runs[0].stats, chosen.stats) if compare else ""
         # The pruning picture again: the uploads' change event and Ask can reach a busy server in either order,
         # and a change handled after the question started (new_media, before asked_media is set) clears it.
-        yield update(chat=chat_view(), status=status(), stats_html=stats_panel.stats_html(chosen.stats),
-                     stats_json=chosen.stats, compare_summary=summary,
-                     turns=[*turns, [question, chosen.answer, chosen.thinking]], asked_media=paths,
-                     **chosen_picture, **compare_cards())
+        yield update(
+            chat=chat_view(),
+            status=status(),
+            stats_html=stats_panel.stats_html(chosen.stats),
+            stats_json=chosen.stats,
+            compare_summary=summary,
+            turns=[*turns, [question, chosen.answer, chosen.thinking]],
+            asked_media=paths,
+            **chosen_picture,
+            **compare_cards(),
+        )
 
     @staticmethod
     def new_media(uploads: list | None, asked: list | None) -> tuple:
         """Other uploads start a new conversation: clear everything shown about the old one. Uploads added
         after the ones already asked about (a second video for a follow-up) keep the conversation going."""
         paths, asked = upload_paths(uploads), list(asked or [])
-        if asked and paths[:len(asked)] == asked:
+        if asked and paths[: len(asked)] == asked:
             return tuple(gr.skip() for _ in CHAT_OUTPUTS)
-        cleared = dict(chat=[], status="", stats_html=stats_panel.stats_html(None), stats_json=None,
-                       bars=None, heatmap=None, gallery=None, compare_cards="", compare_pictures=None,
-                       compare_summary="", turns=[], video_choice=media_view.video_choice({}, 0, None),
-                       pictures={}, asked_media=[])
+        cleared = dict(
+            chat=[],
+            status="",
+            stats_html=stats_panel.stats_html(None),
+            stats_json=None,
+            bars=None,
+            heatmap=None,
+            gallery=None,
+            compare_cards="",
+            compare_pictures=None,
+            compare_summary="",
+            turns=[],
+            video_choice=media_view.video_choice({}, 0, None),
+            pictures={},
+            asked_media=[],
+        )
         return tuple(cleared.get(name, gr.skip()) for name in CHAT_OUTPUTS)
 
 

@@ -95,8 +95,9 @@ class LiveFeed:
         with self._lock:
             if self.closed:
                 return
-            if self.live is not None and (self._pushed[0] != rate or self._pushed[1] != self.size
-                                          or t_s <= self._pushed[2]):
+            if self.live is not None and (
+                self._pushed[0] != rate or self._pushed[1] != self.size or t_s <= self._pushed[2]
+            ):
                 self._close_live()  # a session's rate, frame size and clock are its own: a new one for new ones
             if self.live is None:
                 if now_s < self._retry_s:
@@ -239,8 +240,10 @@ class LiveFeeds:
                     yield text
                 elif event.kind == "done":
                     feed.view.ttft_s = event.stats["ttft_s"]
-                    yield (f"{text}\n\n<small>TTFT {event.stats['ttft_s']:.2f} s · "
-                           f"{event.stats['video_tokens_kept']:,} video tokens seen</small>")
+                    yield (
+                        f"{text}\n\n<small>TTFT {event.stats['ttft_s']:.2f} s · "
+                        f"{event.stats['video_tokens_kept']:,} video tokens seen</small>"
+                    )
         except InputError as error:
             yield str(error)
         except Exception:

@@ -32,8 +32,13 @@ BAD_TIME = "A frame's capture time must be a finite number of seconds, 0 or more
 
 def check_frame(frame, max_pixels: int = MAX_VIDEO_SOURCE_PIXELS) -> np.ndarray:
     """`frame` when it is an (H, W, 3) uint8 array of at most max_pixels pixels; InputError otherwise."""
-    if not isinstance(frame, np.ndarray) or frame.dtype != np.uint8 or frame.ndim != 3 or frame.shape[2] != 3 \
-            or 0 in frame.shape:
+    if (
+        not isinstance(frame, np.ndarray)
+        or frame.dtype != np.uint8
+        or frame.ndim != 3
+        or frame.shape[2] != 3
+        or 0 in frame.shape
+    ):
         raise InputError(NOT_A_FRAME)
     height, width = frame.shape[:2]
     if height * width > max_pixels:
@@ -49,8 +54,9 @@ def check_time(t_s) -> float:
     return float(t_s)
 
 
-def decode_image(data: bytes, max_pixels: int = MAX_VIDEO_SOURCE_PIXELS,
-                 max_bytes: int = MAX_FRAME_BYTES) -> np.ndarray:
+def decode_image(
+    data: bytes, max_pixels: int = MAX_VIDEO_SOURCE_PIXELS, max_bytes: int = MAX_FRAME_BYTES
+) -> np.ndarray:
     """JPEG or PNG bytes -> (H, W, 3) uint8 RGB. The size is read from the header first, so a small file
     that would decode to a huge image (a pixel bomb) is refused before any pixel is decoded; an alpha
     channel is dropped, grey and palette images become RGB."""
@@ -77,10 +83,11 @@ def decode_image(data: bytes, max_pixels: int = MAX_VIDEO_SOURCE_PIXELS,
     return check_frame(rgb, max_pixels)
 
 
-def frame_message(message: bytes, max_pixels: int = MAX_VIDEO_SOURCE_PIXELS,
-                  max_bytes: int = MAX_FRAME_BYTES) -> tuple[np.ndarray, float]:
+def frame_message(
+    message: bytes, max_pixels: int = MAX_VIDEO_SOURCE_PIXELS, max_bytes: int = MAX_FRAME_BYTES
+) -> tuple[np.ndarray, float]:
     """One binary frame message -> ((H, W, 3) uint8 RGB frame, capture time in seconds)."""
     if len(message) <= TIME_HEADER.size:
         raise InputError(NO_TIME)
     (t_s,) = TIME_HEADER.unpack_from(message)
-    return decode_image(message[TIME_HEADER.size:], max_pixels, max_bytes), check_time(t_s)
+    return decode_image(message[TIME_HEADER.size :], max_pixels, max_bytes), check_time(t_s)

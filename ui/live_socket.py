@@ -40,7 +40,7 @@ EVENT_KINDS = ("status", "thinking", "text")  # an answer's events sent on as th
 
 NOT_A_MESSAGE = 'A text message must be a JSON object whose "type" is "open", "ask", "stats" or "close".'
 OPENED_ALREADY = 'The live session is already open: "open" may only be the first message.'
-NO_QUESTION = "An ask message needs a question: {\"type\": \"ask\", \"question\": \"...\"}."
+NO_QUESTION = 'An ask message needs a question: {"type": "ask", "question": "..."}.'
 
 
 def idle_sentence(idle_s: float) -> str:
@@ -251,8 +251,9 @@ class LiveSocket:
                 await self.socket.close(code)
 
 
-def live_routes(engine: Serving, max_source_pixels: int = MAX_VIDEO_SOURCE_PIXELS,
-                idle_s: float = IDLE_S) -> list[APIWebSocketRoute]:
+def live_routes(
+    engine: Serving, max_source_pixels: int = MAX_VIDEO_SOURCE_PIXELS, idle_s: float = IDLE_S
+) -> list[APIWebSocketRoute]:
     """The `/v1/live` WebSocket for `engine`, to go into the server's FastAPI routes beside openai_routes.
     max_source_pixels: EngineConfig.max_video_source_pixels; idle_s: EngineConfig.read_timeout_s."""
 
@@ -260,4 +261,3 @@ def live_routes(engine: Serving, max_source_pixels: int = MAX_VIDEO_SOURCE_PIXEL
         await LiveSocket(socket, engine, max_source_pixels, idle_s).run()
 
     return [APIWebSocketRoute("/v1/live", live)]
-

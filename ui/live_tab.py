@@ -46,17 +46,33 @@ GROUPS_LABEL = "The newest groups as the model saw them (dropped patches dimmed)
 def live_input(source: str, visible: bool = True) -> gr.Image:
     """The streaming image input for one source ("Camera" or "Screen"). Not mirrored: the server must see
     text the right way round (Gradio mirrors a webcam by default)."""
-    return gr.Image(label=source, sources=["webcam"], streaming=True, type="numpy", image_mode="RGB",
-                    webcam_options=gr.WebcamOptions(mirror=False), height=240, visible=visible,
-                    elem_id=f"evs-live-{source.lower()}", elem_classes="evs-live-input")
+    return gr.Image(
+        label=source,
+        sources=["webcam"],
+        streaming=True,
+        type="numpy",
+        image_mode="RGB",
+        webcam_options=gr.WebcamOptions(mirror=False),
+        height=240,
+        visible=visible,
+        elem_id=f"evs-live-{source.lower()}",
+        elem_classes="evs-live-input",
+    )
 
 
 def stream_frames(image: gr.Image, handler, inputs: list, outputs: list, every_s: float = STREAM_EVERY_S):
     """Wire `image`'s stream event: a frame every `every_s` seconds, for STREAM_TIME_LIMIT_S at most, every
     tab's frames handled at once (no queue limit: each handler call is short)."""
-    return image.stream(handler, inputs=inputs, outputs=outputs, stream_every=every_s,
-                        time_limit=STREAM_TIME_LIMIT_S, concurrency_limit=None, api_visibility="private",
-                        show_progress="hidden")
+    return image.stream(
+        handler,
+        inputs=inputs,
+        outputs=outputs,
+        stream_every=every_s,
+        time_limit=STREAM_TIME_LIMIT_S,
+        concurrency_limit=None,
+        api_visibility="private",
+        show_progress="hidden",
+    )
 
 
 class StreamWatch:
@@ -92,8 +108,9 @@ class StreamWatch:
             stream.close()
 
 
-def live_tab(engine: Serving, policy: VideoPolicy, sampling: FrameSampling, limits: EngineConfig,
-             pruning_rate: float) -> LiveFeeds:
+def live_tab(
+    engine: Serving, policy: VideoPolicy, sampling: FrameSampling, limits: EngineConfig, pruning_rate: float
+) -> LiveFeeds:
     """The tab's components and events, inside the page's `gr.Tab("Live")`: a camera, a shared screen and,
     when `policy.live_urls`, a stream URL read at `sampling`'s fps and size under `limits`, each feeding a live
     session of `engine` at the tab's pruning rate (starting at `pruning_rate`); a question box that asks it; the
@@ -101,43 +118,81 @@ def live_tab(engine: Serving, policy: VideoPolicy, sampling: FrameSampling, limi
     sources = [*SOURCES, STREAM_URL] if policy.live_urls else list(SOURCES)
     with gr.Row(equal_height=False, elem_id="evs-live-row"):
         with gr.Column(scale=1, min_width=300):
-            gr.Markdown("Stream your camera or a shared screen to the server, then ask about what it has seen while "
-                        "it goes on. Choose the source, allow access, then press **Record**.",
-                        elem_classes="evs-live-intro")
+            gr.Markdown(
+                "Stream your camera or a shared screen to the server, then ask about what it has seen while "
+                "it goes on. Choose the source, allow access, then press **Record**.",
+                elem_classes="evs-live-intro",
+            )
             source = gr.Radio(sources, value=sources[0], label="Source", elem_id="evs-live-source")
             inputs = {name: live_input(name, visible=name == SOURCES[0]) for name in SOURCES}
             with gr.Group(visible=False) as url_group:
-                url = gr.Textbox(label=STREAM_URL, placeholder="rtsp://camera.example.com/live",
-                                 elem_id="evs-live-url")
+                url = gr.Textbox(label=STREAM_URL, placeholder="rtsp://camera.example.com/live", elem_id="evs-live-url")
                 with gr.Row():
                     watch = gr.Button("Watch", variant="primary", elem_id="evs-live-watch", min_width=80)
                     stop = gr.Button("Stop", variant="stop", elem_id="evs-live-stop", min_width=80)
             status = gr.Markdown(WAITING, elem_id="evs-live-status")
-            rate = gr.Slider(0.0, 0.95, value=pruning_rate, step=0.05, label="Pruning rate q",
-                             info="Fraction of video tokens dropped; a new rate starts a new live session.",
-                             elem_id="evs-live-rate")
+            rate = gr.Slider(
+                0.0,
+                0.95,
+                value=pruning_rate,
+                step=0.05,
+                label="Pruning rate q",
+                info="Fraction of video tokens dropped; a new rate starts a new live session.",
+                elem_id="evs-live-rate",
+            )
         with gr.Column(scale=1, min_width=300):
-            question = gr.Textbox(label="Question", placeholder="What is happening now?", lines=1, max_lines=4,
-                                  elem_id="evs-live-question")
+            question = gr.Textbox(
+                label="Question",
+                placeholder="What is happening now?",
+                lines=1,
+                max_lines=4,
+                elem_id="evs-live-question",
+            )
             ask = gr.Button("Ask", variant="primary", elem_id="evs-live-ask", min_width=80)
             answer = gr.Markdown(elem_id="evs-live-answer")
             numbers = gr.Markdown(elem_id="evs-live-numbers")
-            groups = gr.Gallery(label=GROUPS_LABEL, columns=4, rows=1, height=160, object_fit="contain",
-                                allow_preview=False, elem_id="evs-live-groups")
+            groups = gr.Gallery(
+                label=GROUPS_LABEL,
+                columns=4,
+                rows=1,
+                height=160,
+                object_fit="contain",
+                allow_preview=False,
+                elem_id="evs-live-groups",
+            )
             plot = gr.Plot(show_label=False, elem_id="evs-live-plot")
     shown = [status, numbers, groups, plot]
     feeds = LiveFeeds(engine, max_pixels=limits.max_video_source_pixels)
     for image in inputs.values():
         stream_frames(image, feeds.on_frame, inputs=[image, rate], outputs=shown)
-    source.change(lambda chosen: [*(gr.Image(visible=name == chosen) for name in SOURCES),
-                                  gr.Group(visible=chosen == STREAM_URL)],
-                  inputs=source, outputs=[*inputs.values(), url_group], api_visibility="private", queue=False)
+    source.change(
+        lambda chosen: [
+            *(gr.Image(visible=name == chosen) for name in SOURCES),
+            gr.Group(visible=chosen == STREAM_URL),
+        ],
+        inputs=source,
+        outputs=[*inputs.values(), url_group],
+        api_visibility="private",
+        queue=False,
+    )
     # Named: Gradio would name it "ask" after its function, and the `/ask` endpoint, made later, "ask_1".
-    gr.on([ask.click, question.submit], feeds.ask, inputs=question, outputs=answer, api_name="live_ask",
-          api_visibility="private", show_progress="hidden")
+    gr.on(
+        [ask.click, question.submit],
+        feeds.ask,
+        inputs=question,
+        outputs=answer,
+        api_name="live_ask",
+        api_visibility="private",
+        show_progress="hidden",
+    )
     if policy.live_urls:
-        watching = watch.click(StreamWatch(feeds, policy, sampling, limits).watch, inputs=[url, rate],
-                               outputs=shown, api_visibility="private", concurrency_limit=None,
-                               show_progress="hidden")
+        watching = watch.click(
+            StreamWatch(feeds, policy, sampling, limits).watch,
+            inputs=[url, rate],
+            outputs=shown,
+            api_visibility="private",
+            concurrency_limit=None,
+            show_progress="hidden",
+        )
         stop.click(None, cancels=[watching])
     return feeds

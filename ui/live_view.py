@@ -64,8 +64,12 @@ def stats_line(stats: dict, ttft_s: float | None) -> str:
     """The session's numbers in one line: its q, tokens held against the window, the share kept, lag p50/p95,
     frames dropped, the last answer's TTFT."""
     held, window = stats["video_tokens_held"], stats["window_tokens"]
-    parts = [f"q = {stats['pruning_rate']:g}", f"held {held:,} of {window:,} tokens ({100 * held / window:.0f}% of the "
-             "window)" if window else f"held {held:,} tokens"]
+    parts = [
+        f"q = {stats['pruning_rate']:g}",
+        f"held {held:,} of {window:,} tokens ({100 * held / window:.0f}% of the window)"
+        if window
+        else f"held {held:,} tokens",
+    ]
     if stats["video_tokens_total"]:
         parts.append(f"kept {stats['video_tokens_kept']:,} of {stats['video_tokens_total']:,}")
     lag = stats["lag_s"]

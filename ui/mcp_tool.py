@@ -73,9 +73,14 @@ class VideoQuestionTool:
         Returns:
             A JSON object: "answer", the model's answer (greedy decoding); with enable_thinking, "thinking", what the model thought first; and "stats", the request's numbers (pruning_method, video_tokens_total and video_tokens_kept, summed over the videos; media, one entry per video or picture with its kind, tokens_total and tokens_kept; audio_tokens and soundtrack: whether it was heard, prompt_tokens, generated_tokens with thinking_tokens and answer_tokens, ttft_s: time to first token, and the time of each stage).
         """
-        params = request_params(self.engine, pruning_rate=pruning_rate, pruning_method=pruning_method,
-                                max_new_tokens=max_new_tokens, enable_thinking=enable_thinking,
-                                hear_soundtrack=hear_soundtrack)
+        params = request_params(
+            self.engine,
+            pruning_rate=pruning_rate,
+            pruning_method=pruning_method,
+            max_new_tokens=max_new_tokens,
+            enable_thinking=enable_thinking,
+            hear_soundtrack=hear_soundtrack,
+        )
         urls = [video, *more_media(media)]
         if len(urls) > self.engine.model_info["max_media"]:  # before any is decoded or fetched
             raise InputError(too_many_media(len(urls), self.engine.model_info["max_media"]))
@@ -92,8 +97,11 @@ class VideoQuestionTool:
 
     # Gradio reads the description from the docstring: the defaults go in from their one definition.
     answer_video_question.__doc__ = answer_video_question.__doc__.format(
-        default_rate=DEFAULT_PRUNING_RATE, max_new_tokens=TOOL_MAX_NEW_TOKENS, cpu_media=CPU_MAX_MEDIA,
-        gpu_media=GPU_MAX_MEDIA)
+        default_rate=DEFAULT_PRUNING_RATE,
+        max_new_tokens=TOOL_MAX_NEW_TOKENS,
+        cpu_media=CPU_MAX_MEDIA,
+        gpu_media=GPU_MAX_MEDIA,
+    )
 
 
 def more_media(media) -> list[str]:

@@ -13,7 +13,7 @@ from ui import figures, frame_files, overlays
 
 
 def video_label(medium: int) -> str:
-    """"Video 3" for the upload at index 2."""
+    """ "Video 3" for the upload at index 2."""
     return f"Video {medium + 1}"
 
 
@@ -26,15 +26,22 @@ def picture_outputs(picture: EvsPicture | None) -> dict:
     """The page's bars, heatmap and dimmed frames for one video (all empty for None)."""
     if picture is None:
         return dict(bars=None, heatmap=None, gallery=None)
-    return dict(bars=figures.tokens_per_group_figure(picture), heatmap=figures.dissimilarity_figure(picture),
-                gallery=frame_files.saved(overlays.frame_gallery(picture)))
+    return dict(
+        bars=figures.tokens_per_group_figure(picture),
+        heatmap=figures.dissimilarity_figure(picture),
+        gallery=frame_files.saved(overlays.frame_gallery(picture)),
+    )
 
 
 def video_choice(pictures: dict[int, EvsPicture], uploads: int, shown: int | None):
     """The choice of video above the pruning picture: shown when a request has two videos or more, on `shown`."""
     choices = [video_label(medium) for medium in sorted(pictures)]
-    return gr.Radio(choices=choices, value=None if shown is None else video_label(shown),
-                    visible=len(choices) > 1, label=f"Which video ({len(choices)} of {uploads} uploads)")
+    return gr.Radio(
+        choices=choices,
+        value=None if shown is None else video_label(shown),
+        visible=len(choices) > 1,
+        label=f"Which video ({len(choices)} of {uploads} uploads)",
+    )
 
 
 def show(choice: str | None, pictures: dict[int, EvsPicture] | None) -> tuple:
@@ -49,8 +56,9 @@ def media_figures_payload(pictures: dict[int, EvsPicture]) -> dict:
     {"medium": its place among the uploads, "tokens_per_group": ..., "dissimilarity": ...} in order."""
     payload = figures.figures_payload(first_picture(pictures))
     if len(pictures) > 1:
-        payload["videos"] = [{"medium": medium, **figures.figures_payload(pictures[medium])}
-                             for medium in sorted(pictures)]
+        payload["videos"] = [
+            {"medium": medium, **figures.figures_payload(pictures[medium])} for medium in sorted(pictures)
+        ]
     return payload
 
 

@@ -66,8 +66,14 @@ BAD_THINKING = "chat_template_kwargs.enable_thinking must be true or false."
 class ApiError(Exception):
     """An answer in OpenAI's error format: one sentence and the HTTP status."""
 
-    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", code: str | None = None,
-                 param: str | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        kind: str = "invalid_request_error",
+        code: str | None = None,
+        param: str | None = None,
+    ):
         super().__init__(message)
         self.status, self.message, self.kind, self.code, self.param = status, message, kind, code, param
 
@@ -172,8 +178,11 @@ def _text_and_media(message: dict) -> tuple[str, list[str]]:
                 raise ApiError(400, f'{MEDIA_PARTS[kind]} part must hold {{"url": "..."}}.')
             media.append(url)
         else:
-            raise ApiError(400, f"Content parts of type {kind!r} are not supported; send videos as video_url "
-                                "parts, pictures as image_url parts and the question as text.")
+            raise ApiError(
+                400,
+                f"Content parts of type {kind!r} are not supported; send videos as video_url "
+                "parts, pictures as image_url parts and the question as text.",
+            )
     return "\n".join(texts), media
 
 
@@ -220,10 +229,14 @@ def jsonable(value):
 def usage(stats: dict) -> dict:
     prompt, completion = stats.get("prompt_tokens") or 0, stats.get("generated_tokens") or 0
     cached = prompt - (stats.get("prefill_tokens") or prompt)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": max(cached, 0)},
-            "completion_tokens_details": {"reasoning_tokens": stats.get("thinking_tokens") or 0},
-            "evs": jsonable(stats)}
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": max(cached, 0)},
+        "completion_tokens_details": {"reasoning_tokens": stats.get("thinking_tokens") or 0},
+        "evs": jsonable(stats),
+    }
 
 
 def enable_thinking(chat: ChatRequest) -> bool:
@@ -249,8 +262,10 @@ class ChatCompletions:
         ]
 
     async def models(self) -> dict:
-        return {"object": "list",
-                "data": [{"id": self.model, "object": "model", "created": 0, "owned_by": "evs-video-chat"}]}
+        return {
+            "object": "list",
+            "data": [{"id": self.model, "object": "model", "created": 0, "owned_by": "evs-video-chat"}],
+        }
 
     async def completions(self, request: Request):
         files: list[LocalVideo] = []
@@ -267,8 +282,12 @@ class ChatCompletions:
             if len(chosen.media_urls) > most:  # before any is decoded or fetched
                 raise InputError(too_many_media(len(chosen.media_urls), most))
             files = await local_files(chosen.media_urls, self.policy)
-            stream = self.engine.submit(media=[str(file.path) for file in files], question=chosen.question,
-                                        params=params, history=chosen.history)
+            stream = self.engine.submit(
+                media=[str(file.path) for file in files],
+                question=chosen.question,
+                params=params,
+                history=chosen.history,
+            )
         except Exception as error:
             release()
             return (error if isinstance(error, ApiError) else engine_error(error)).response()
@@ -287,8 +306,11 @@ class ChatCompletions:
         except Exception as error:
             release()
             return engine_error(error).response()
-        return StreamingResponse(reply.chunks(opening, include_usage, release), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return StreamingResponse(
+            reply.chunks(opening, include_usage, release),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
 
     async def _chat_request(self, request: Request) -> ChatRequest:
         limit = self.policy.max_bytes * 4 // 3 + BODY_OVERHEAD_BYTES
@@ -317,21 +339,33 @@ class ChatCompletions:
             where = ".".join(str(part) for part in first["loc"]) or "body"
             raise ApiError(422, f"{where}: {first['msg']}.", param=where) from None
         if chat.model != self.model:
-            raise ApiError(404, f"The model {chat.model!r} does not exist; this server serves {self.model!r}.",
-                           code="model_not_found", param="model")
+            raise ApiError(
+                404,
+                f"The model {chat.model!r} does not exist; this server serves {self.model!r}.",
+                code="model_not_found",
+                param="model",
+            )
         if reason := unsupported(chat):
             raise ApiError(400, reason)
         return chat
 
     def _params(self, chat: ChatRequest):
-        max_tokens = next((n for n in (chat.max_completion_tokens, chat.max_tokens) if n is not None),
-                          DEFAULT_MAX_TOKENS)
+        max_tokens = next(
+            (n for n in (chat.max_completion_tokens, chat.max_tokens) if n is not None), DEFAULT_MAX_TOKENS
+        )
         return request_params(
-            self.engine, pruning_rate=chat.pruning_rate, pruning_method=chat.pruning_method, fps=chat.fps,
-            max_frames=chat.max_frames, max_pixels_per_frame=chat.max_pixels_per_frame, max_new_tokens=max_tokens,
-            temperature=DEFAULT_TEMPERATURE if chat.temperature is None else chat.temperature, top_p=chat.top_p,
+            self.engine,
+            pruning_rate=chat.pruning_rate,
+            pruning_method=chat.pruning_method,
+            fps=chat.fps,
+            max_frames=chat.max_frames,
+            max_pixels_per_frame=chat.max_pixels_per_frame,
+            max_new_tokens=max_tokens,
+            temperature=DEFAULT_TEMPERATURE if chat.temperature is None else chat.temperature,
+            top_p=chat.top_p,
             # Without a seed, sampling differs from call to call, as OpenAI clients expect.
-            seed=secrets.randbits(31) if chat.seed is None else chat.seed, enable_thinking=enable_thinking(chat),
+            seed=secrets.randbits(31) if chat.seed is None else chat.seed,
+            enable_thinking=enable_thinking(chat),
             hear_soundtrack=chat.hear_soundtrack,
         )
 
@@ -365,9 +399,11 @@ class Reply:
         message = {"role": "assistant", "content": ""}  # reasoning_content only when the model thought
         message.update({MESSAGE_FIELDS[kind]: "".join(texts) for kind, texts in pieces.items() if texts})
         return {
-            "id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
-            "choices": [{"index": 0, "message": message, "finish_reason": self.finish_reason(stats),
-                         "logprobs": None}],
+            "id": self.id,
+            "object": "chat.completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [{"index": 0, "message": message, "finish_reason": self.finish_reason(stats), "logprobs": None}],
             "usage": usage(stats),
         }
 
@@ -386,12 +422,18 @@ class Reply:
         return seen
 
     def _chunk(self, delta: dict, finish_reason: str | None = None) -> str:
-        chunk = {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
-                 "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}]}
+        chunk = {
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}],
+        }
         return f"data: {json.dumps(chunk)}\n\n"
 
-    async def chunks(self, opening: list[Event], include_usage: bool,
-                     release: Callable[[], None]) -> AsyncIterator[str]:
+    async def chunks(
+        self, opening: list[Event], include_usage: bool, release: Callable[[], None]
+    ) -> AsyncIterator[str]:
         """Server-sent events; the request is cancelled when the client goes away (the generator is closed), and
         `release` gives back the request's temporary files at the end."""
         stats: dict = {}
@@ -411,8 +453,14 @@ class Reply:
                     stats = event.stats or {}
             yield self._chunk({}, self.finish_reason(stats))
             if include_usage:
-                body = {"id": self.id, "object": "chat.completion.chunk", "created": self.created,
-                        "model": self.model, "choices": [], "usage": usage(stats)}
+                body = {
+                    "id": self.id,
+                    "object": "chat.completion.chunk",
+                    "created": self.created,
+                    "model": self.model,
+                    "choices": [],
+                    "usage": usage(stats),
+                }
                 yield f"data: {json.dumps(body)}\n\n"
             yield "data: [DONE]\n\n"
         except Exception as error:  # after the 200 status: OpenAI clients raise on an error event
@@ -431,8 +479,9 @@ async def _cancel_on_disconnect(request: Request, stream: Stream) -> None:
         await asyncio.sleep(DISCONNECT_POLL_S)
 
 
-def openai_routes(engine: Serving, max_file_bytes: int = MAX_FILE_BYTES,
-                  fetch_video_urls: bool = False) -> list[APIRoute]:
+def openai_routes(
+    engine: Serving, max_file_bytes: int = MAX_FILE_BYTES, fetch_video_urls: bool = False
+) -> list[APIRoute]:
     """`GET /v1/models` and `POST /v1/chat/completions` for `engine`, to go into the server's FastAPI
     routes (app.py and the tests pass them as `app_kwargs["routes"]`).
 

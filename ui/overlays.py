@@ -60,5 +60,5 @@ def pruning_montage(picture: EvsPicture, side_px: int = 96) -> np.ndarray:
     out = np.full((rows * (cell_h + gap) - gap, columns * (cell_w + gap) - gap, 3), 255, dtype=np.uint8)
     for index, frame in enumerate(frames):
         top, left = (index // columns) * (cell_h + gap), (index % columns) * (cell_w + gap)
-        out[top:top + cell_h, left:left + cell_w] = frame[np.ix_(rows_px, cols_px)]
+        out[top : top + cell_h, left : left + cell_w] = frame[np.ix_(rows_px, cols_px)]
     return out

@@ -34,7 +34,7 @@ class RunView:
         return cls(params.pruning_rate, params.pruning_method)
 
     def label(self, with_method: bool) -> str:
-        """"q = 0.7", or "vidcom2 · q = 0.7" where requests of several methods stand side by side."""
+        """ "q = 0.7", or "vidcom2 · q = 0.7" where requests of several methods stand side by side."""
         rate = f"q = {self.pruning_rate:g}"
         return f"{self.pruning_method} · {rate}" if with_method else rate
 
@@ -59,10 +59,18 @@ def answer_cards(runs: Sequence[RunView], titles: Sequence[str]) -> str:
     cards = []
     for run, title in zip(runs, titles):
         stats = run.stats
-        numbers = (f"kept {stats['video_tokens_kept']:,}/{stats['video_tokens_total']:,} · "
-                   f"TTFT {stats_panel.format_seconds(stats['ttft_s'])}") if stats else escape(run.status)
+        numbers = (
+            (
+                f"kept {stats['video_tokens_kept']:,}/{stats['video_tokens_total']:,} · "
+                f"TTFT {stats_panel.format_seconds(stats['ttft_s'])}"
+            )
+            if stats
+            else escape(run.status)
+        )
         answer = escape(run.answer) if run.answer else "<i>…</i>"
-        cards.append(f'<div class="evs-answer-card"><div class="evs-answer-title">{escape(title)}</div>'
-                     f'<div class="evs-answer-numbers">{numbers}</div>'
-                     f'<div class="evs-answer-text">{answer}</div></div>')
+        cards.append(
+            f'<div class="evs-answer-card"><div class="evs-answer-title">{escape(title)}</div>'
+            f'<div class="evs-answer-numbers">{numbers}</div>'
+            f'<div class="evs-answer-text">{answer}</div></div>'
+        )
     return '<div class="evs-answers">' + "".join(cards) + "</div>"

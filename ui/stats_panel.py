@@ -31,7 +31,7 @@ def decode_tokens_per_s(stats: dict) -> float | None:
 
 
 def _reading(stats: dict) -> str:
-    """" (read 32 ms, waited 1 ms)": of the video stage, reading the file and waiting for a reader process;
+    """ " (read 32 ms, waited 1 ms)": of the video stage, reading the file and waiting for a reader process;
     nothing when the frames came from the cache of recent uploads (both 0) or the stats predate the keys."""
     read, wait = stats.get("read_s"), stats.get("read_wait_s")
     if not read and not wait:
@@ -40,14 +40,17 @@ def _reading(stats: dict) -> str:
 
 
 def _frames(stats: dict) -> str:
-    """"32 frames at 0.05 fps · grid 16 × 7 × 7": the rate says how sparsely a long video was sampled (the first
+    """ "32 frames at 0.05 fps · grid 16 × 7 × 7": the rate says how sparsely a long video was sampled (the first
     video's, with several); "1 picture" for a question about pictures alone."""
     if stats.get("grid_thw") is None:
         pictures = sum(medium["kind"] == "image" for medium in stats.get("media") or [])
         return f"{pictures} picture{'s' if pictures != 1 else ''}"
     rate = stats.get("sampled_fps")
-    return (f"{stats['frames_sampled']} frames" + ("" if rate is None else f" at {rate:.3g} fps")
-            + f" · grid {' × '.join(str(n) for n in stats['grid_thw'])}")
+    return (
+        f"{stats['frames_sampled']} frames"
+        + ("" if rate is None else f" at {rate:.3g} fps")
+        + f" · grid {' × '.join(str(n) for n in stats['grid_thw'])}"
+    )
 
 
 def _media(stats: dict) -> tuple[str, str, str] | None:
@@ -56,13 +59,18 @@ def _media(stats: dict) -> tuple[str, str, str] | None:
     media = stats.get("media") or []
     if len(media) < 2:
         return None
-    named = [f"{medium['kind'].replace('image', 'picture')} {number} {medium['tokens_total']:,}"
-             + ("" if medium["kind"] == "image" else f" → {medium['tokens_kept']:,}")
-             for number, medium in enumerate(media, start=1)]
+    named = [
+        f"{medium['kind'].replace('image', 'picture')} {number} {medium['tokens_total']:,}"
+        + ("" if medium["kind"] == "image" else f" → {medium['tokens_kept']:,}")
+        for number, medium in enumerate(media, start=1)
+    ]
     videos = sum(medium["kind"] == "video" for medium in media)
-    return ("Uploads", f"{videos} video{'s' if videos != 1 else ''}, {len(media) - videos} "
-                       f"picture{'s' if len(media) - videos != 1 else ''}",
-            " · ".join(named) + " tokens; EVS prunes each video on its own, never a picture")
+    return (
+        "Uploads",
+        f"{videos} video{'s' if videos != 1 else ''}, {len(media) - videos} "
+        f"picture{'s' if len(media) - videos != 1 else ''}",
+        " · ".join(named) + " tokens; EVS prunes each video on its own, never a picture",
+    )
 
 
 def stats_html(stats: dict | None) -> str:
@@ -72,20 +80,35 @@ def stats_html(stats: dict | None) -> str:
     speed = decode_tokens_per_s(stats)
     vit = "cached" if stats["vit_cache_hit"] else format_seconds(stats["vit_s"])
     cards = [
-        ("Video tokens", f"{stats['video_tokens_total']:,} → {stats['video_tokens_kept']:,}",
-         f"{pruned_percent(stats):.0f}% pruned at q={stats['pruning_rate']:.2f} by {stats['pruning_method']}"),
+        (
+            "Video tokens",
+            f"{stats['video_tokens_total']:,} → {stats['video_tokens_kept']:,}",
+            f"{pruned_percent(stats):.0f}% pruned at q={stats['pruning_rate']:.2f} by {stats['pruning_method']}",
+        ),
         ("Prompt tokens", f"{stats['prompt_tokens']:,}", _frames(stats)),
-        ("Generated", f"{stats['generated_tokens']:,} tokens",
-         " · ".join([*_thinking_and_answer(stats), "—" if speed is None else f"{speed:.1f} tokens/s decode"])),
+        (
+            "Generated",
+            f"{stats['generated_tokens']:,} tokens",
+            " · ".join([*_thinking_and_answer(stats), "—" if speed is None else f"{speed:.1f} tokens/s decode"]),
+        ),
         ("Time to first token", format_seconds(stats["ttft_s"]), f"total {format_seconds(stats['total_s'])}"),
-        ("Stages", f"ViT {vit} · pruning {format_seconds(stats['evs_s'])}",
-         f"video {format_seconds(stats['read_video_s'])}{_reading(stats)}"
-         f" · prefill {format_seconds(stats['prefill_s'])} · decode {format_seconds(stats['decode_s'])}"),
-        ("Batching", f"ViT × {stats['vit_batch_requests']} · decode × {stats['decode_batch_max']}",
-         "requests sharing the ViT forward · most in one decode step"),
-        ("Caches", f"features {_hit(stats['vit_cache_hit'])} · prefix {_hit(stats['prefix_cache_hit'])}",
-         f"prefilled {stats['prefill_tokens']:,} of {stats['prompt_tokens']:,} prompt tokens; "
-         "the rest came from the KV of this video's conversation"),
+        (
+            "Stages",
+            f"ViT {vit} · pruning {format_seconds(stats['evs_s'])}",
+            f"video {format_seconds(stats['read_video_s'])}{_reading(stats)}"
+            f" · prefill {format_seconds(stats['prefill_s'])} · decode {format_seconds(stats['decode_s'])}",
+        ),
+        (
+            "Batching",
+            f"ViT × {stats['vit_batch_requests']} · decode × {stats['decode_batch_max']}",
+            "requests sharing the ViT forward · most in one decode step",
+        ),
+        (
+            "Caches",
+            f"features {_hit(stats['vit_cache_hit'])} · prefix {_hit(stats['prefix_cache_hit'])}",
+            f"prefilled {stats['prefill_tokens']:,} of {stats['prompt_tokens']:,} prompt tokens; "
+            "the rest came from the KV of this video's conversation",
+        ),
     ]
     if soundtrack := _soundtrack(stats):
         cards.insert(1, soundtrack)
@@ -99,9 +122,11 @@ def compare_summary(full: dict, pruned: dict) -> str:
     saved_tokens = full["prompt_tokens"] - pruned["prompt_tokens"]
     ratio = full["ttft_s"] / pruned["ttft_s"] if pruned["ttft_s"] > 0 else float("inf")
     pace = f"{ratio:.1f}× faster" if ratio >= 1 else f"{1 / ratio:.1f}× slower"
-    return (f"At q={pruned['pruning_rate']:.2f} the prompt is **{saved_tokens:,} tokens shorter** "
-            f"({pruned['prompt_tokens']:,} vs {full['prompt_tokens']:,}) and the first token came after "
-            f"**{format_seconds(pruned['ttft_s'])}** instead of {format_seconds(full['ttft_s'])} ({pace}).")
+    return (
+        f"At q={pruned['pruning_rate']:.2f} the prompt is **{saved_tokens:,} tokens shorter** "
+        f"({pruned['prompt_tokens']:,} vs {full['prompt_tokens']:,}) and the first token came after "
+        f"**{format_seconds(pruned['ttft_s'])}** instead of {format_seconds(full['ttft_s'])} ({pace})."
+    )
 
 
 def _thinking_and_answer(stats: dict) -> list[str]:
@@ -128,9 +153,12 @@ def _soundtrack(stats: dict) -> tuple[str, str, str] | None:
     if verdict not in ("heard", "cut"):
         return None
     first = "the first " if verdict == "cut" else ""
-    return ("Soundtrack", f"heard {first}{stats['audio_seconds']:.1f} s",
-            f"{stats['audio_tokens']:,} audio tokens, all kept: EVS prunes video tokens only"
-            + ("; the rest is past the server's limit" if verdict == "cut" else ""))
+    return (
+        "Soundtrack",
+        f"heard {first}{stats['audio_seconds']:.1f} s",
+        f"{stats['audio_tokens']:,} audio tokens, all kept: EVS prunes video tokens only"
+        + ("; the rest is past the server's limit" if verdict == "cut" else ""),
+    )
 
 
 def _hit(hit: bool) -> str:
@@ -138,6 +166,8 @@ def _hit(hit: bool) -> str:
 
 
 def _card(label: str, value: str, detail: str) -> str:
-    return (f'<div class="evs-card"><div class="evs-card-label">{escape(label)}</div>'
-            f'<div class="evs-card-value">{escape(value)}</div>'
-            f'<div class="evs-card-detail">{escape(detail)}</div></div>')
+    return (
+        f'<div class="evs-card"><div class="evs-card-label">{escape(label)}</div>'
+        f'<div class="evs-card-value">{escape(value)}</div>'
+        f'<div class="evs-card-detail">{escape(detail)}</div></div>'
+    )

@@ -32,14 +32,28 @@ MAX_RATES = 8
 MAX_REQUESTS = 16  # one sweep holds this many engine requests at once: rates x methods
 BAD_RATES = f"Sweep rates must be 1 to {MAX_RATES} numbers separated by commas, e.g. {DEFAULT_RATES_TEXT}."
 BAD_METHODS = f"Sweep methods must be 1 to {len(PRUNING_METHODS)} names separated by commas, e.g. evs, vidcom2."
-TOO_MANY = (f"A sweep answers at most {MAX_REQUESTS} questions at once (rates times methods); "
-            "choose fewer rates or methods.")
+TOO_MANY = (
+    f"A sweep answers at most {MAX_REQUESTS} questions at once (rates times methods); choose fewer rates or methods."
+)
 UPDATE_EVERY_S = 0.15  # five answers growing token by token would otherwise send an update per token
-TABLE_HEADERS = ["q", "method", "answer", "video tokens kept", "video tokens total", "prompt tokens", "TTFT (s)",
-                 "prefill (s)", "ViT (s)", "requests in the ViT forward", "total (s)"]
-PLACEHOLDER_HTML = (f'<div class="evs-sweep-empty">Press <b>Sweep</b> to answer the question at q = '
-                    f'{DEFAULT_RATES_TEXT} in one go: one read of the video, one ViT forward, the answers '
-                    "decoding together.</div>")
+TABLE_HEADERS = [
+    "q",
+    "method",
+    "answer",
+    "video tokens kept",
+    "video tokens total",
+    "prompt tokens",
+    "TTFT (s)",
+    "prefill (s)",
+    "ViT (s)",
+    "requests in the ViT forward",
+    "total (s)",
+]
+PLACEHOLDER_HTML = (
+    f'<div class="evs-sweep-empty">Press <b>Sweep</b> to answer the question at q = '
+    f"{DEFAULT_RATES_TEXT} in one go: one read of the video, one ViT forward, the answers "
+    "decoding together.</div>"
+)
 
 
 def parse_rates(rates: str | Sequence[float] | None) -> list[float]:
@@ -77,13 +91,24 @@ def table(runs: Sequence[RunView]) -> pd.DataFrame:
     for run in runs:
         stats = run.stats or {}
 
-        def seconds(key: str):
+        def seconds(key: str, stats=stats):
             return None if stats.get(key) is None else round(stats[key], 4)
 
-        rows.append([run.pruning_rate, run.pruning_method, run.answer, stats.get("video_tokens_kept"),
-                     stats.get("video_tokens_total"), stats.get("prompt_tokens"), seconds("ttft_s"),
-                     seconds("prefill_s"), seconds("vit_s"),
-                     stats.get("vit_batch_requests"), seconds("total_s")])
+        rows.append(
+            [
+                run.pruning_rate,
+                run.pruning_method,
+                run.answer,
+                stats.get("video_tokens_kept"),
+                stats.get("video_tokens_total"),
+                stats.get("prompt_tokens"),
+                seconds("ttft_s"),
+                seconds("prefill_s"),
+                seconds("vit_s"),
+                stats.get("vit_batch_requests"),
+                seconds("total_s"),
+            ]
+        )
     return pd.DataFrame(rows, columns=TABLE_HEADERS)
 
 
@@ -127,14 +152,22 @@ class Sweep:
         "Think first"); the cards show the answers, the stats count the thinking. hear_soundtrack: every
         request hears the soundtrack (None: on a model that can); no method prunes it.
         """
-        params = request_params(self.engine, fps=fps, max_frames=max_frames, max_pixels_per_frame=max_pixels_per_frame,
-                                max_new_tokens=max_new_tokens, temperature=temperature, enable_thinking=enable_thinking,
-                                hear_soundtrack=hear_soundtrack)
+        params = request_params(
+            self.engine,
+            fps=fps,
+            max_frames=max_frames,
+            max_pixels_per_frame=max_pixels_per_frame,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            enable_thinking=enable_thinking,
+            hear_soundtrack=hear_soundtrack,
+        )
         rates, methods = parse_rates(rates), parse_methods(methods)
         if len(rates) * len(methods) > MAX_REQUESTS:
             raise InputError(TOO_MANY)
-        params_list = [dataclasses.replace(params, pruning_rate=q, pruning_method=method)
-                       for q in rates for method in methods]
+        params_list = [
+            dataclasses.replace(params, pruning_rate=q, pruning_method=method) for q in rates for method in methods
+        ]
         runs = [RunView.of(p) for p in params_list]
         titles = [run.label(with_method=len(methods) > 1) for run in runs]
         yield gr.skip(), gr.skip(), answer_cards(runs, titles)

@@ -86,6 +86,10 @@ class TempFileCleaner:
 def start_cleaner(demo: gr.Blocks, every_s: float, older_than_s: float) -> TempFileCleaner:
     """Clean Gradio's temp folder (GRADIO_TEMP_DIR) for `demo` on a schedule, keeping its example clips."""
     folder = Path(gr.utils.get_upload_folder())
-    log.info("temporary files in %s are deleted %d s after they were made (checked every %d s)", folder,
-             older_than_s, every_s)
+    log.info(
+        "temporary files in %s are deleted %d s after they were made (checked every %d s)",
+        folder,
+        older_than_s,
+        every_s,
+    )
     return TempFileCleaner(folder, every_s, older_than_s, keep=lambda: files_to_keep(demo)).start()

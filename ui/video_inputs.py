@@ -35,15 +35,23 @@ GRADIO_FILE_ROUTE = "/gradio_api/file="
 FETCH_TIMEOUT_S = 30.0
 MAX_REDIRECTS = 3
 
-NOT_A_VIDEO_URL = ("The video_url must be a data:video/...;base64, URL, the path of a file uploaded to this "
-                   "server (POST /gradio_api/upload), or an http(s) URL.")
-BAD_DATA_URL = ("A data: URL must be a base64 video or picture, e.g. data:video/mp4;base64,AAAA... or "
-                "data:image/png;base64,AAAA....")
+NOT_A_VIDEO_URL = (
+    "The video_url must be a data:video/...;base64, URL, the path of a file uploaded to this "
+    "server (POST /gradio_api/upload), or an http(s) URL."
+)
+BAD_DATA_URL = (
+    "A data: URL must be a base64 video or picture, e.g. data:video/mp4;base64,AAAA... or "
+    "data:image/png;base64,AAAA...."
+)
 BAD_BASE64 = "The video's data: URL is not valid base64."
-NOT_UPLOADED = ("Only files uploaded to this server (POST /gradio_api/upload) can be named by path; "
-                "send other videos as a data: URL.")
-NO_FETCHING = ("This server does not fetch video URLs; send the video as a data: URL, or upload it "
-               "(POST /gradio_api/upload) and send its path.")
+NOT_UPLOADED = (
+    "Only files uploaded to this server (POST /gradio_api/upload) can be named by path; "
+    "send other videos as a data: URL."
+)
+NO_FETCHING = (
+    "This server does not fetch video URLs; send the video as a data: URL, or upload it "
+    "(POST /gradio_api/upload) and send its path."
+)
 
 
 @dataclass(frozen=True)
@@ -66,8 +74,9 @@ class VideoPolicy:
     address_allowed: Callable[[str], bool] = field(default=is_public_address)
 
 
-def video_policy(max_file_bytes: int = MAX_FILE_BYTES, fetch_video_urls: bool = False,
-                 live_urls: bool = False) -> VideoPolicy:
+def video_policy(
+    max_file_bytes: int = MAX_FILE_BYTES, fetch_video_urls: bool = False, live_urls: bool = False
+) -> VideoPolicy:
     """The policy of this server: Gradio's upload folder (GRADIO_TEMP_DIR), the upload limit, the fetch and
     live-URL flags."""
     import gradio as gr  # only here: the rest of this module does not need Gradio
@@ -117,7 +126,7 @@ async def local_video(url: str, policy: VideoPolicy) -> LocalVideo:
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
     if scheme in ("http", "https"):
-        linked = unquote(parts.path[len(GRADIO_FILE_ROUTE):]) if parts.path.startswith(GRADIO_FILE_ROUTE) else ""
+        linked = unquote(parts.path[len(GRADIO_FILE_ROUTE) :]) if parts.path.startswith(GRADIO_FILE_ROUTE) else ""
         if linked and _under_upload_folder(linked, policy):
             # A link to an upload this server holds is read from disk, whatever host name the caller used
             # (behind a proxy the app cannot tell its public name). Gradio names upload folders by the
@@ -156,12 +165,14 @@ def _new_temp_path(policy: VideoPolicy, suffix: str) -> Path:
 
 
 def _decode_data_url(url: str, policy: VideoPolicy) -> LocalVideo:
-    header, comma, payload = url[len("data:"):].partition(",")
+    header, comma, payload = url[len("data:") :].partition(",")
     media_type, *options = header.split(";")
     media_type = media_type.strip().lower()
     picture = media_type.startswith("image/")
-    if not comma or "base64" not in (o.strip().lower() for o in options) or not (
-        media_type.startswith("video/") or picture or media_type in ("", "application/octet-stream")
+    if (
+        not comma
+        or "base64" not in (o.strip().lower() for o in options)
+        or not (media_type.startswith("video/") or picture or media_type in ("", "application/octet-stream"))
     ):
         raise InputError(BAD_DATA_URL)
     payload = "".join(payload.split())  # line breaks are allowed in base64
@@ -228,8 +239,9 @@ async def fetched_video(url: str, policy: VideoPolicy) -> LocalVideo:
                         target = target.join(response.headers["location"])
                         continue
                     if response.status_code != 200:
-                        raise InputError(f"Fetching the video URL failed: the server answered HTTP "
-                                         f"{response.status_code}.")
+                        raise InputError(
+                            f"Fetching the video URL failed: the server answered HTTP {response.status_code}."
+                        )
                     declared = int(response.headers.get("content-length") or 0)
                     if declared > policy.max_bytes:
                         raise too_large(policy.max_bytes)

@@ -77,11 +77,15 @@ def checkpoint_spec(name: str) -> dict:
         spec = json.loads(path.read_text())
     except (OSError, ValueError):
         raise UnknownCheckpoint(
-            f"{name!r} is neither a stored checkpoint ({', '.join(stored_checkpoints())}) nor a readable "
-            "spec file") from None
-    if not (isinstance(spec, dict) and isinstance(spec.get("config"), dict) and "model_type" in spec["config"]
-            and isinstance(spec.get("preprocessor"), dict)):
-        raise UnknownCheckpoint(f"{name!r}: a spec needs a \"config\" with a model_type and a \"preprocessor\"")
+            f"{name!r} is neither a stored checkpoint ({', '.join(stored_checkpoints())}) nor a readable spec file"
+        ) from None
+    if not (
+        isinstance(spec, dict)
+        and isinstance(spec.get("config"), dict)
+        and "model_type" in spec["config"]
+        and isinstance(spec.get("preprocessor"), dict)
+    ):
+        raise UnknownCheckpoint(f'{name!r}: a spec needs a "config" with a model_type and a "preprocessor"')
     return spec
 
 
@@ -112,7 +116,7 @@ def spec_config(spec: dict, tokenizer: PreTrainedTokenizerFast | None = None) ->
 
 
 def _article(count: int) -> str:
-    """"an" before a count read out starting with a vowel sound (8..., 11..., 18... of a comma group)."""
+    """ "an" before a count read out starting with a vowel sound (8..., 11..., 18... of a comma group)."""
     lead = f"{count:,}".split(",")[0]
     return "an" if lead.startswith("8") or lead in ("11", "18") else "a"
 
@@ -122,19 +126,24 @@ def unbuilt_note(spec: dict) -> str | None:
     unbuilt = spec.get("unbuilt_parameters") or {}
     if not unbuilt:
         return None
-    parts = " and ".join(f"{_article(count)} {count:,}-parameter {UNBUILT_PARTS.get(part, part)}"
-                         for part, count in unbuilt.items())
-    note = (f"the checkpoint's {spec['published_parameters']:,} parameters also hold {parts} that transformers "
-            "does not build")
+    parts = " and ".join(
+        f"{_article(count)} {count:,}-parameter {UNBUILT_PARTS.get(part, part)}" for part, count in unbuilt.items()
+    )
+    note = (
+        f"the checkpoint's {spec['published_parameters']:,} parameters also hold {parts} that transformers "
+        "does not build"
+    )
     index_bytes = spec.get("index_total_size_bytes")
     if index_bytes is None:
         return note
     # The Hub's model.safetensors.index.json gives bytes; halving them, as for bf16, counts every float32
     # parameter twice, so figures read from it run higher than the headers' counts.
     extra = index_bytes // 2 - spec["published_parameters"]
-    return (f"{note} (halving the Hub index's total_size gives {index_bytes // 2:,}, and so "
-            f"{sum(unbuilt.values()) + extra:,} for what is not built, as it counts the {extra:,} float32 "
-            "parameters twice)")
+    return (
+        f"{note} (halving the Hub index's total_size gives {index_bytes // 2:,}, and so "
+        f"{sum(unbuilt.values()) + extra:,} for what is not built, as it counts the {extra:,} float32 "
+        "parameters twice)"
+    )
 
 
 def _settings(stored: dict) -> dict:
@@ -146,28 +155,35 @@ def spec_processor(spec: dict, family: str, tokenizer: PreTrainedTokenizerFast) 
     processor for Qwen3-VL and Qwen3.5 (dense and MoE), Qwen2.5-VL's for Qwen2.5-VL, Nemotron-H Omni's (with its
     audio feature extractor) for Nemotron-H Omni."""
     if family == "nemotron_h_omni":
-        return omni_processor(tokenizer, video_settings=_settings(spec["video_preprocessor"]),
-                              image_settings=_settings(spec["preprocessor"]),
-                              audio_settings=spec["audio_preprocessor"])
+        return omni_processor(
+            tokenizer,
+            video_settings=_settings(spec["video_preprocessor"]),
+            image_settings=_settings(spec["preprocessor"]),
+            audio_settings=spec["audio_preprocessor"],
+        )
     image = Qwen2VLImageProcessor(**_settings(spec["preprocessor"]))
     if family in QWEN3_VL_PROCESSOR_FAMILIES:
         video = Qwen3VLVideoProcessor(**_settings(spec["video_preprocessor"]))
-        return Qwen3VLProcessor(image_processor=image, video_processor=video, tokenizer=tokenizer,
-                                chat_template=CHAT_TEMPLATE)
+        return Qwen3VLProcessor(
+            image_processor=image, video_processor=video, tokenizer=tokenizer, chat_template=CHAT_TEMPLATE
+        )
     # Qwen2.5-VL checkpoints ship no video processor file: their video processor reads the image settings.
     video = Qwen2VLVideoProcessor(**_settings(spec["preprocessor"]))
-    return Qwen2_5_VLProcessor(image_processor=image, video_processor=video, tokenizer=tokenizer,
-                               chat_template=CHAT_TEMPLATE)
+    return Qwen2_5_VLProcessor(
+        image_processor=image, video_processor=video, tokenizer=tokenizer, chat_template=CHAT_TEMPLATE
+    )
 
 
-def build_random_model(spec: dict, model_class: type[PreTrainedModel], device: torch.device,
-                       dtype: torch.dtype, attn_implementation: str) -> tuple[PreTrainedModel, ProcessorMixin]:
+def build_random_model(
+    spec: dict, model_class: type[PreTrainedModel], device: torch.device, dtype: torch.dtype, attn_implementation: str
+) -> tuple[PreTrainedModel, ProcessorMixin]:
     """The spec's architecture with random weights made on `device` in `dtype`, and its processor."""
     tokenizer = build_tokenizer(EXTRA_SPECIAL_TOKENS.get(spec_family(spec), ()))
     config = spec_config(spec, tokenizer)
     torch.manual_seed(0)
     with torch.device(device):
         model = model_class._from_config(config, dtype=dtype, attn_implementation=attn_implementation)
-    model.generation_config = GenerationConfig(eos_token_id=[tokenizer.eos_token_id, tokenizer.pad_token_id],
-                                               pad_token_id=tokenizer.pad_token_id)
+    model.generation_config = GenerationConfig(
+        eos_token_id=[tokenizer.eos_token_id, tokenizer.pad_token_id], pad_token_id=tokenizer.pad_token_id
+    )
     return model, spec_processor(spec, config.model_type, tokenizer)

@@ -41,8 +41,10 @@ from .tokenizer import CHAT_TEMPLATE, EXTRA_SPECIAL_TOKENS, build_tokenizer, spe
 log = logging.getLogger(__name__)
 
 # Tiny models trained by a script in the repo (train/), shipped as weights: name -> folder.
-TRAINED_MODELS = {name: Path(__file__).resolve().parents[2] / "assets" / "models" / name
-                  for name in ("tiny-trained", "tiny-trained-plain")}
+TRAINED_MODELS = {
+    name: Path(__file__).resolve().parents[2] / "assets" / "models" / name
+    for name in ("tiny-trained", "tiny-trained-plain")
+}
 # What a trained model's folder says about itself (loading/load.py reads it): its system prompt and a
 # sentence for the app's banner.
 MODEL_NOTES_FILE = "evs_model.json"
@@ -60,20 +62,41 @@ TINY_MODELS = {
 # vision (depth, hidden, heads, MLP, DeepStack layers).
 _QWEN3_SIZES = {
     "tiny-random": dict(
-        text=dict(hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
-                  head_dim=16, intermediate_size=128, mrope=[4, 2, 2]),
+        text=dict(
+            hidden_size=64,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            intermediate_size=128,
+            mrope=[4, 2, 2],
+        ),
         vision=dict(depth=3, hidden_size=32, num_heads=2, intermediate_size=64, deepstack_visual_indexes=[0, 1]),
     ),
     "random-qwen3-vl-50m": dict(
-        text=dict(hidden_size=512, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4,
-                  head_dim=64, intermediate_size=1536, mrope=[12, 10, 10]),
+        text=dict(
+            hidden_size=512,
+            num_hidden_layers=8,
+            num_attention_heads=8,
+            num_key_value_heads=4,
+            head_dim=64,
+            intermediate_size=1536,
+            mrope=[12, 10, 10],
+        ),
         vision=dict(depth=6, hidden_size=384, num_heads=6, intermediate_size=1536, deepstack_visual_indexes=[1, 3]),
     ),
     # The layout `python -m train.tiny_trained` trains on assets/shapes.py clips; those weights ship in the
     # repo (TRAINED_MODELS) and are never built here.
     "tiny-trained": dict(
-        text=dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-                  head_dim=32, intermediate_size=384, mrope=[6, 5, 5]),
+        text=dict(
+            hidden_size=128,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            intermediate_size=384,
+            mrope=[6, 5, 5],
+        ),
         vision=dict(depth=3, hidden_size=96, num_heads=3, intermediate_size=384, deepstack_visual_indexes=[0, 1]),
     ),
 }
@@ -86,8 +109,11 @@ _VERSION_FILE = "evs_tiny_version.txt"
 # decoding is stable across code paths; checked on sample prompts (gaps of ~1e-1, not 1e-5).
 _INIT_RANGE = 0.2
 
+
 def _text_config(tokenizer, mrope_section: list[int], init_range: float = _INIT_RANGE, **extra) -> dict:
-    sizes = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2)
+    sizes = dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2
+    )
     return dict(
         vocab_size=len(tokenizer),
         **{**sizes, **extra},
@@ -122,11 +148,19 @@ def qwen3_vl_layout(tokenizer, name: str = "tiny-random", init_range: float = _I
     half = [0.5, 0.5, 0.5]
     processor = Qwen3VLProcessor(
         image_processor=Qwen2VLImageProcessor(
-            patch_size=16, temporal_patch_size=2, merge_size=2, image_mean=half, image_std=half,
+            patch_size=16,
+            temporal_patch_size=2,
+            merge_size=2,
+            image_mean=half,
+            image_std=half,
             size={"shortest_edge": 64 * 32 * 32, "longest_edge": 16384 * 32 * 32},
         ),
         video_processor=Qwen3VLVideoProcessor(
-            patch_size=16, temporal_patch_size=2, merge_size=2, image_mean=half, image_std=half,
+            patch_size=16,
+            temporal_patch_size=2,
+            merge_size=2,
+            image_mean=half,
+            image_std=half,
             size={"shortest_edge": 4 * 32 * 32, "longest_edge": 24576 * 32 * 32},
         ),
         tokenizer=tokenizer,
@@ -139,9 +173,7 @@ def _qwen2_5_vl(tokenizer, name: str = "tiny-random-qwen2.5-vl"):
     """Qwen2.5-VL layout: patch 14, merge 2, windowed ViT attention with one full-attention block."""
     config = Qwen2_5_VLConfig(
         # head_dim 64/4 = 16 -> 8 rotary frequencies split t/h/w = 2/3/3 like the real 16/24/24.
-        text_config=_text_config(
-            tokenizer, [2, 3, 3], bos_token_id=None, eos_token_id=tokenizer.eos_token_id
-        ),
+        text_config=_text_config(tokenizer, [2, 3, 3], bos_token_id=None, eos_token_id=tokenizer.eos_token_id),
         vision_config=dict(
             depth=3,
             hidden_size=32,
@@ -172,12 +204,22 @@ def _qwen2_5_vl(tokenizer, name: str = "tiny-random-qwen2.5-vl"):
 # conv and recurrent state; a quarter of each head's dims is rotary (head_dim 32 -> 8 dims -> 4 frequencies,
 # split t/h/w = 2/1/1 and interleaved). Qwen3.5's vision tower has no DeepStack.
 _QWEN3_5_TEXT = dict(
-    hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-    intermediate_size=128, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
-    linear_value_head_dim=16, linear_conv_kernel_dim=4, full_attention_interval=4,
+    hidden_size=64,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    intermediate_size=128,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=16,
+    linear_value_head_dim=16,
+    linear_conv_kernel_dim=4,
+    full_attention_interval=4,
 )
-_QWEN3_5_MOE_TEXT = dict(moe_intermediate_size=32, shared_expert_intermediate_size=32, num_experts=4,
-                         num_experts_per_tok=2)
+_QWEN3_5_MOE_TEXT = dict(
+    moe_intermediate_size=32, shared_expert_intermediate_size=32, num_experts=4, num_experts_per_tok=2
+)
 
 
 def _qwen3_5(tokenizer, name: str):
@@ -191,9 +233,18 @@ def _qwen3_5(tokenizer, name: str):
     config_class = Qwen3_5MoeConfig if moe else Qwen3_5Config
     config = config_class(
         text_config=text_config,
-        vision_config=dict(depth=2, hidden_size=32, num_heads=2, intermediate_size=64, patch_size=16,
-                           temporal_patch_size=2, spatial_merge_size=2, out_hidden_size=64,
-                           num_position_embeddings=64, initializer_range=_INIT_RANGE),
+        vision_config=dict(
+            depth=2,
+            hidden_size=32,
+            num_heads=2,
+            intermediate_size=64,
+            patch_size=16,
+            temporal_patch_size=2,
+            spatial_merge_size=2,
+            out_hidden_size=64,
+            num_position_embeddings=64,
+            initializer_range=_INIT_RANGE,
+        ),
         **special_token_ids(tokenizer),
     )
     _model_class, _config, processor = qwen3_vl_layout(tokenizer)
@@ -204,8 +255,15 @@ def _nemotron_omni(tokenizer, name: str):
     return nemotron_omni_layout(tokenizer, name, _INIT_RANGE)
 
 
-_BUILDERS = {"qwen3_vl": qwen3_vl_layout, "qwen2_5_vl": _qwen2_5_vl, "qwen3_5": _qwen3_5, "qwen3_5_moe": _qwen3_5,
-             "nemotron_h_omni": _nemotron_omni}
+_BUILDERS = {
+    "qwen3_vl": qwen3_vl_layout,
+    "qwen2_5_vl": _qwen2_5_vl,
+    "qwen3_5": _qwen3_5,
+    "qwen3_5_moe": _qwen3_5,
+    "nemotron_h_omni": _nemotron_omni,
+}
+
+
 # Special tokens a family's tokenizer has beyond the Qwen ones (their ids come after them).
 def _silence_special_tokens(model, tokenizer) -> None:
     """Zero the output rows of the special tokens so greedy decoding never picks them.

@@ -35,8 +35,7 @@ def media_token_ids(tokenizer) -> dict[str, int]:
     """The config fields that name the media tokens, as ids of `tokenizer`. Video tubelets use the image
     token (`<image>`); `video_token_id` names the `<video>` placeholder, which never reaches the model."""
     ids = dict(zip(MEDIA_TOKENS, tokenizer.convert_tokens_to_ids(list(MEDIA_TOKENS))))
-    return {"image_token_id": ids["<image>"], "video_token_id": ids["<video>"],
-            "audio_token_id": ids["<so_embedding>"]}
+    return {"image_token_id": ids["<image>"], "video_token_id": ids["<video>"], "audio_token_id": ids["<so_embedding>"]}
 
 
 def omni_processor(tokenizer, video_settings: dict, image_settings: dict, audio_settings: dict):
@@ -56,28 +55,61 @@ def nemotron_omni_layout(tokenizer, name: str, init_range: float):
     Parakeet encoder; init_range is the text weights' std."""
     config = NemotronH_Omni_Reasoning_V3_Config(
         text_config=dict(
-            vocab_size=len(tokenizer), hidden_size=64, layers_block_type=_LAYERS,
-            num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=128,
-            mamba_num_heads=4, mamba_head_dim=16, ssm_state_size=16, n_groups=2, conv_kernel=4,
+            vocab_size=len(tokenizer),
+            hidden_size=64,
+            layers_block_type=_LAYERS,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            intermediate_size=128,
+            mamba_num_heads=4,
+            mamba_head_dim=16,
+            ssm_state_size=16,
+            n_groups=2,
+            conv_kernel=4,
             # Chunks of 32 tokens: a prompt spans several, so the chunked scan's carry between them is tested.
             chunk_size=32,
-            n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
             moe_shared_expert_intermediate_size=32,
-            max_position_embeddings=32768, initializer_range=init_range,
-            pad_token_id=tokenizer.pad_token_id, bos_token_id=None, eos_token_id=tokenizer.eos_token_id,
+            max_position_embeddings=32768,
+            initializer_range=init_range,
+            pad_token_id=tokenizer.pad_token_id,
+            bos_token_id=None,
+            eos_token_id=tokenizer.eos_token_id,
         ),
-        vision_config=dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, max_img_size=512,
-                           num_cls_tokens=2, num_registers=2, video_temporal_patch_size=2,
-                           norm_mean=_CLIP_MEAN, norm_std=_CLIP_STD),
-        audio_config=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
-                          subsampling_conv_channels=8, num_mel_bins=16, projection_hidden_size=32,
-                          projection_bias=False),
+        vision_config=dict(
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            max_img_size=512,
+            num_cls_tokens=2,
+            num_registers=2,
+            video_temporal_patch_size=2,
+            norm_mean=_CLIP_MEAN,
+            norm_std=_CLIP_STD,
+        ),
+        audio_config=dict(
+            hidden_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=64,
+            subsampling_conv_channels=8,
+            num_mel_bins=16,
+            projection_hidden_size=32,
+            projection_bias=False,
+        ),
         vision_hidden_size=32,
         projector_hidden_size=64,
         video_pruning_rate=_CHECKPOINT_PRUNING_RATE,
         **media_token_ids(tokenizer),
     )
     image = dict(norm_mean=_CLIP_MEAN, norm_std=_CLIP_STD, patch_size=16, downsample_ratio=0.5)
-    processor = omni_processor(tokenizer, video_settings={**image, "video_target_num_patches": 256},
-                               image_settings=image, audio_settings={"feature_size": 16})
+    processor = omni_processor(
+        tokenizer,
+        video_settings={**image, "video_target_num_patches": 256},
+        image_settings=image,
+        audio_settings={"feature_size": 16},
+    )
     return NemotronH_Omni_Reasoning_V3, config, processor

@@ -41,9 +41,11 @@ class VideoFeatures:
     def joined(parts: list["VideoFeatures"]) -> "VideoFeatures":
         """The features of several media, in order: what the prompt's visual and audio tokens take, in order."""
         audio = [part.audio for part in parts if part.audio is not None]
-        return VideoFeatures(torch.cat([part.embeds for part in parts]),
-                             [torch.cat(levels) for levels in zip(*(part.deepstack for part in parts))],
-                             torch.cat(audio) if audio else None)
+        return VideoFeatures(
+            torch.cat([part.embeds for part in parts]),
+            [torch.cat(levels) for levels in zip(*(part.deepstack for part in parts))],
+            torch.cat(audio) if audio else None,
+        )
 
 
 @dataclass
@@ -173,15 +175,16 @@ class Family:
         positions = torch.empty(3, length, dtype=torch.long)
         visual_idx = torch.nonzero(is_visual).flatten().tolist()
         if len(visual_idx) != sum(medium.tokens for medium in media):
-            raise ValueError(f"prompt holds {len(visual_idx)} media tokens, the grids need "
-                             f"{sum(medium.tokens for medium in media)}")
+            raise ValueError(
+                f"prompt holds {len(visual_idx)} media tokens, the grids need {sum(medium.tokens for medium in media)}"
+            )
         cursor, text_pos, consumed = 0, 0, 0
         for medium in media:
             T, h, w = medium.grid_thw
             tokens_per_group = h * w
             rows = torch.arange(h).repeat_interleave(w)
             cols = torch.arange(w).repeat(h)
-            for first_group, num_groups in self.video_runs(medium.grid_thw):
+            for _first_group, num_groups in self.video_runs(medium.grid_thw):
                 run_len = num_groups * tokens_per_group
                 run_begin = visual_idx[consumed]
                 if visual_idx[consumed + run_len - 1] != run_begin + run_len - 1:
@@ -210,8 +213,11 @@ class Family:
     def encode_media(self, model, media: list[VideoInputs]) -> list[VideoFeatures]:
         """One vision forward over several media, videos and still images alike (the Qwen towers take an image
         as a one-group video, whose patches have the same layout); one VideoFeatures per medium, in order."""
-        return self.encode(model, torch.cat([m.pixel_values for m in media]).to(model.device),
-                           torch.stack([m.grid_thw_patches for m in media]).to(model.device))
+        return self.encode(
+            model,
+            torch.cat([m.pixel_values for m in media]).to(model.device),
+            torch.stack([m.grid_thw_patches for m in media]).to(model.device),
+        )
 
     def language_kwargs(self, visual_mask: torch.Tensor | None, deepstack: list[torch.Tensor] | None) -> dict:
         """Extra arguments for the language model's forward (DeepStack injection)."""

@@ -76,8 +76,11 @@ class NemotronOmni(Family):
         # writes a frame's time as its index times a whole number of milliseconds per frame of the file; a live
         # stream has no file rate, so the capture time is written (the same at 8 fps, and at any rate whose frame
         # lasts a whole number of milliseconds).
-        labels = [f"{'Frame' if offset == 0 else 'frame'} {group * self.temporal_patch + offset + 1} sampled at "
-                  f"{time_s:.2f} seconds" for offset, time_s in enumerate(times_s)]
+        labels = [
+            f"{'Frame' if offset == 0 else 'frame'} {group * self.temporal_patch + offset + 1} sampled at "
+            f"{time_s:.2f} seconds"
+            for offset, time_s in enumerate(times_s)
+        ]
         return ("\n" if group else "") + " and ".join(labels) + ": <img>", self._VIDEO_END
 
     def video_runs(self, grid_thw):
@@ -141,8 +144,10 @@ class NemotronOmni(Family):
             raise ValueError(f"max_pixels_per_frame={max_pixels} is below one token ({factor}x{factor})")
         image_processor = processor.image_processor
         budget = max_pixels // self.patch_size**2
-        return {"min_num_patches": min(image_processor.min_num_patches, budget),
-                "max_num_patches": min(image_processor.max_num_patches or budget, budget)}
+        return {
+            "min_num_patches": min(image_processor.min_num_patches, budget),
+            "max_num_patches": min(image_processor.max_num_patches or budget, budget),
+        }
 
     def _tubelets(self, patches: torch.Tensor, grid: list[int]) -> torch.Tensor:
         """(T*rows*cols, temporal_patch*C*p*p) patch rows -> (T, temporal_patch*C, rows*p, cols*p) pixels."""
@@ -193,5 +198,8 @@ class NemotronOmni(Family):
         return model.language_model.lm_head
 
     def vision_modules(self, model):
-        return [module for module in (model.vision_model, model.vision_final_layernorm, model.multi_modal_projector)
-                if module is not None]
+        return [
+            module
+            for module in (model.vision_model, model.vision_final_layernorm, model.multi_modal_projector)
+            if module is not None
+        ]

@@ -32,9 +32,7 @@ class Qwen3VL(Family):
     def encode(self, model, pixel_values, grid_thw_patches):
         out = model.model.get_video_features(pixel_values, grid_thw_patches, return_dict=True)
         levels = getattr(out, "deepstack_features", None) or []  # Qwen3.5 has no DeepStack
-        return [
-            VideoFeatures(embeds, [level[i] for level in levels]) for i, embeds in enumerate(out.pooler_output)
-        ]
+        return [VideoFeatures(embeds, [level[i] for level in levels]) for i, embeds in enumerate(out.pooler_output)]
 
     def processor_size(self, num_frames, max_pixels_per_frame, factor):
         # Qwen3-VL's `size` counts pixels over all frames, so the cap is scaled by the frame count: the

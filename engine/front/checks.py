@@ -33,14 +33,15 @@ def check_markup(text: str, what: str, markup: tuple[str, ...]) -> None:
         raise InputError(f"The {what} may not contain control markers such as {found}.")
 
 
-def check_params(question: str, params: GenerationParams, config: EngineConfig,
-                 limits: FrameSamplingLimits) -> None:
+def check_params(question: str, params: GenerationParams, config: EngineConfig, limits: FrameSamplingLimits) -> None:
     """Raise InputError for anything in the request a user could have got wrong."""
     if not isinstance(question, str) or not question.strip():
         raise InputError("Please type a question about the video.")
     check_text(question, "question")
     if len(question) > config.max_question_chars:
-        raise InputError(f"The question is {len(question):,} characters long; the limit is {config.max_question_chars:,}.")
+        raise InputError(
+            f"The question is {len(question):,} characters long; the limit is {config.max_question_chars:,}."
+        )
     check_settings(params, config, limits)
 
 
@@ -55,7 +56,11 @@ def check_settings(params: GenerationParams, config: EngineConfig, limits: Frame
     if not isinstance(params.max_new_tokens, int) or not 1 <= params.max_new_tokens <= config.max_new_tokens:
         raise InputError(f"Max new tokens must be a whole number from 1 to {config.max_new_tokens:,}.")
     temperature = params.temperature
-    if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and (temperature == 0 or temperature >= 0.01)):
+    if not (
+        isinstance(temperature, (int, float))
+        and math.isfinite(temperature)
+        and (temperature == 0 or temperature >= 0.01)
+    ):
         raise InputError("The temperature must be 0 (greedy) or a number of at least 0.01.")
     if not isinstance(params.seed, int):
         raise InputError("The seed must be a whole number.")
@@ -66,11 +71,16 @@ def check_settings(params: GenerationParams, config: EngineConfig, limits: Frame
     if not (isinstance(params.top_p, (int, float)) and 0 < params.top_p <= 1):
         raise InputError("Top-p must be above 0 and at most 1.")
     sampling = params.frame_sampling
-    if sampling is not None and not (sampling.fps > 0 and sampling.max_frames >= 2 and sampling.max_pixels_per_frame >= 28 * 28):
+    if sampling is not None and not (
+        sampling.fps > 0 and sampling.max_frames >= 2 and sampling.max_pixels_per_frame >= 28 * 28
+    ):
         raise InputError("Sampling needs fps above 0, at least 2 frames and at least 28x28 pixels per frame.")
     if sampling is not None:
-        for what, asked, most in [("fps", sampling.fps, limits.max_fps), ("frames", sampling.max_frames, limits.max_frames),
-                                  ("pixels per frame", sampling.max_pixels_per_frame, limits.max_pixels_per_frame)]:
+        for what, asked, most in [
+            ("fps", sampling.fps, limits.max_fps),
+            ("frames", sampling.max_frames, limits.max_frames),
+            ("pixels per frame", sampling.max_pixels_per_frame, limits.max_pixels_per_frame),
+        ]:
             if asked > most:
                 raise InputError(f"{asked:,} {what} were asked for; this server samples at most {most:,}.")
 
@@ -81,8 +91,10 @@ def check_live_settings(params: GenerationParams, config: EngineConfig, limits: 
     its groups over the whole video; a stream's end is unknown to both (docs/live.md)."""
     check_settings(params, config, limits)
     if params.pruning_method != LIVE_PRUNING_METHOD:
-        raise InputError(f"A live session prunes with causal EVS only (the other methods need the whole video); "
-                         f"got pruning method {params.pruning_method!r}.")
+        raise InputError(
+            f"A live session prunes with causal EVS only (the other methods need the whole video); "
+            f"got pruning method {params.pruning_method!r}."
+        )
 
 
 def media_paths(video, media) -> list[str]:
@@ -103,8 +115,15 @@ def too_many_media(sent: int, max_media: int) -> str:
     return f"{sent} videos and pictures were sent; this server takes at most {max_media} in one question."
 
 
-def check_request(media: list, question: str, params: GenerationParams, history, config: EngineConfig,
-                  limits: FrameSamplingLimits, max_media: int) -> list[tuple[str, str]]:
+def check_request(
+    media: list,
+    question: str,
+    params: GenerationParams,
+    history,
+    config: EngineConfig,
+    limits: FrameSamplingLimits,
+    max_media: int,
+) -> list[tuple[str, str]]:
     """Every check of this module on one request (media: its uploads, media_paths'; max_media: the most one
     request may carry); returns the history as (question, answer) string pairs."""
     check_params(question, params, config, limits)

@@ -28,13 +28,26 @@ def defaults(engine: Serving) -> GenerationParams:
     """A request's settings where it names none: GenerationParams' own, at the pruning rate the engine
     settled at start-up (the checkpoint's `video_pruning_rate`, else the default) and the sampling of its
     device."""
-    return GenerationParams(pruning_rate=engine.model_info["default_pruning_rate"],
-                            frame_sampling=engine.default_frame_sampling)
+    return GenerationParams(
+        pruning_rate=engine.model_info["default_pruning_rate"], frame_sampling=engine.default_frame_sampling
+    )
 
 
-def request_params(engine: Serving, *, pruning_rate=None, pruning_method=None, fps=None, max_frames=None,
-                   max_pixels_per_frame=None, max_new_tokens=None, temperature=None, top_p=None, seed=None,
-                   enable_thinking=None, hear_soundtrack=None) -> GenerationParams:
+def request_params(
+    engine: Serving,
+    *,
+    pruning_rate=None,
+    pruning_method=None,
+    fps=None,
+    max_frames=None,
+    max_pixels_per_frame=None,
+    max_new_tokens=None,
+    temperature=None,
+    top_p=None,
+    seed=None,
+    enable_thinking=None,
+    hear_soundtrack=None,
+) -> GenerationParams:
     """GenerationParams from loose values: numbers or their text, None for the default.
 
     Whole numbers are rounded, since a slider sends 128.0. Raises InputError(BAD_NUMBERS) for a value that
@@ -43,12 +56,14 @@ def request_params(engine: Serving, *, pruning_rate=None, pruning_method=None, f
     """
     base = defaults(engine)
     try:
-        sampling = FrameSampling(fps=_number(fps, float, base.frame_sampling.fps),
-                                 max_frames=_number(max_frames, int, base.frame_sampling.max_frames),
-                                 max_pixels_per_frame=_number(max_pixels_per_frame, int,
-                                                              base.frame_sampling.max_pixels_per_frame))
+        sampling = FrameSampling(
+            fps=_number(fps, float, base.frame_sampling.fps),
+            max_frames=_number(max_frames, int, base.frame_sampling.max_frames),
+            max_pixels_per_frame=_number(max_pixels_per_frame, int, base.frame_sampling.max_pixels_per_frame),
+        )
         return dataclasses.replace(
-            base, frame_sampling=sampling,
+            base,
+            frame_sampling=sampling,
             pruning_rate=_number(pruning_rate, float, base.pruning_rate),
             pruning_method=base.pruning_method if pruning_method is None else pruning_method,
             max_new_tokens=_number(max_new_tokens, int, base.max_new_tokens),
@@ -74,8 +89,7 @@ def history_pairs(history) -> list[tuple[str, str]]:
     if history is None:
         return []
     if not isinstance(history, (list, tuple)) or not all(
-        isinstance(turn, (list, tuple)) and len(turn) == 2 and all(isinstance(x, str) for x in turn)
-        for turn in history
+        isinstance(turn, (list, tuple)) and len(turn) == 2 and all(isinstance(x, str) for x in turn) for turn in history
     ):
         raise InputError(BAD_HISTORY)
     return [(asked, answered) for asked, answered in history]
@@ -92,9 +106,15 @@ def media_list(media: str | Sequence[str] | None) -> list[str]:
     return [str(path) for path in paths]
 
 
-async def follow(engine: Serving, media: str | Sequence[str] | None, question: str,
-                 params_list: Sequence[GenerationParams], history: Sequence[tuple[str, str]] = (), *,
-                 burst: bool = False) -> AsyncIterator[tuple[int, Event]]:
+async def follow(
+    engine: Serving,
+    media: str | Sequence[str] | None,
+    question: str,
+    params_list: Sequence[GenerationParams],
+    history: Sequence[tuple[str, str]] = (),
+    *,
+    burst: bool = False,
+) -> AsyncIterator[tuple[int, Event]]:
     """Submit one request per params about the same uploads (media: one path, or several in order) and
     yield (request index, event) as events arrive.
 
@@ -110,7 +130,8 @@ async def follow(engine: Serving, media: str | Sequence[str] | None, question: s
     try:
         if burst:
             submitting = asyncio.ensure_future(
-                asyncio.to_thread(_submit_burst, engine, streams, paths, question, params_list, history))
+                asyncio.to_thread(_submit_burst, engine, streams, paths, question, params_list, history)
+            )
             # shield: a cancelled caller must not abandon the thread's later submissions (see finally)
             await asyncio.shield(submitting)
         else:
@@ -126,15 +147,27 @@ async def follow(engine: Serving, media: str | Sequence[str] | None, question: s
             submitting.add_done_callback(lambda _: cancel_unfinished(streams))
 
 
-def _submit_burst(engine: Serving, streams: dict[int, Stream], paths: list[str], question: str,
-                  params_list: Sequence[GenerationParams], history: Sequence[tuple[str, str]]) -> None:
+def _submit_burst(
+    engine: Serving,
+    streams: dict[int, Stream],
+    paths: list[str],
+    question: str,
+    params_list: Sequence[GenerationParams],
+    history: Sequence[tuple[str, str]],
+) -> None:
     """_submit_all while admission is held; returns once all are prepared. Blocks: run it in a thread."""
     with engine.paused():
         _submit_all(engine, streams, paths, question, params_list, history)
 
 
-def _submit_all(engine: Serving, streams: dict[int, Stream], paths: list[str], question: str,
-                params_list: Sequence[GenerationParams], history: Sequence[tuple[str, str]]) -> None:
+def _submit_all(
+    engine: Serving,
+    streams: dict[int, Stream],
+    paths: list[str],
+    question: str,
+    params_list: Sequence[GenerationParams],
+    history: Sequence[tuple[str, str]],
+) -> None:
     """One request per params, each stream filled in as it is submitted (a refusal halfway still leaves
     the caller what to cancel)."""
     for index, params in enumerate(params_list):

@@ -8,7 +8,7 @@ without asking its replicas.
 """
 
 import contextlib
-from typing import Callable
+from collections.abc import Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -25,30 +25,42 @@ class Metrics:
     """queued, running: read at scrape time (None: not known here, the gauge is left out).
     gpu_bytes: GPU memory in use, where this process holds a GPU."""
 
-    def __init__(self, running: Callable[[], int], queued: Callable[[], int] | None = None,
-                 gpu_bytes: Callable[[], int] | None = None):
+    def __init__(
+        self,
+        running: Callable[[], int],
+        queued: Callable[[], int] | None = None,
+        gpu_bytes: Callable[[], int] | None = None,
+    ):
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter("evs_requests", "Requests by how they ended", ["outcome"], registry=r)
         for outcome in OUTCOMES:  # every outcome shows from the first scrape, at 0
             self.requests.labels(outcome)
-        Gauge("evs_running_requests", "Requests decoding (one engine), or sent to a replica and not ended (replicas)",
-              registry=r).set_function(running)
+        Gauge(
+            "evs_running_requests",
+            "Requests decoding (one engine), or sent to a replica and not ended (replicas)",
+            registry=r,
+        ).set_function(running)
         if queued is not None:
-            Gauge("evs_queue_depth", "Requests submitted and not yet taken by the worker",
-                  registry=r).set_function(queued)
+            Gauge("evs_queue_depth", "Requests submitted and not yet taken by the worker", registry=r).set_function(
+                queued
+            )
         if gpu_bytes is not None:
             Gauge("evs_gpu_memory_bytes", "GPU memory allocated by this process", registry=r).set_function(gpu_bytes)
         self.ttft = Histogram("evs_ttft_seconds", "Submit to first generated token", buckets=TIME_BUCKETS, registry=r)
-        self.total = Histogram("evs_answer_seconds", "Submit to the end of an answered request",
-                               buckets=TIME_BUCKETS, registry=r)
-        self.video_tokens = Counter("evs_video_tokens", "Video tokens before EVS (in) and after it (kept)",
-                                    ["stage"], registry=r)
-        self.feature_cache = Counter("evs_feature_cache_lookups", "Vision feature cache lookups", ["result"],
-                                     registry=r)
+        self.total = Histogram(
+            "evs_answer_seconds", "Submit to the end of an answered request", buckets=TIME_BUCKETS, registry=r
+        )
+        self.video_tokens = Counter(
+            "evs_video_tokens", "Video tokens before EVS (in) and after it (kept)", ["stage"], registry=r
+        )
+        self.feature_cache = Counter(
+            "evs_feature_cache_lookups", "Vision feature cache lookups", ["result"], registry=r
+        )
         self.prefix_cache = Counter("evs_prefix_cache_lookups", "Prefix KV cache lookups", ["result"], registry=r)
-        self.vit_batch = Histogram("evs_vit_batch_requests", "Requests sharing one vision forward",
-                                   buckets=BATCH_BUCKETS, registry=r)
+        self.vit_batch = Histogram(
+            "evs_vit_batch_requests", "Requests sharing one vision forward", buckets=BATCH_BUCKETS, registry=r
+        )
         self._counting = True
 
     @contextlib.contextmanager

@@ -27,9 +27,14 @@ class Serving(Protocol):
     def frame_sampling_limits(self) -> FrameSamplingLimits:
         """The largest frame sampling a request may ask for."""
 
-    def submit(self, video: str | Path | None = None, question: str | None = None,
-               params: GenerationParams | None = None, history: Sequence[tuple[str, str]] = (),
-               media: Sequence[str | Path] | None = None) -> Stream:
+    def submit(
+        self,
+        video: str | Path | None = None,
+        question: str | None = None,
+        params: GenerationParams | None = None,
+        history: Sequence[tuple[str, str]] = (),
+        media: Sequence[str | Path] | None = None,
+    ) -> Stream:
         """Returns at once; InputError / BusyError for what is wrong now, the rest through the stream. video:
         one upload; media: several, in order (model_info["max_media"] at most)."""
 

@@ -27,11 +27,14 @@ def check_frame(frame, max_source_pixels: int) -> np.ndarray:
         raise InputError(f"A live frame must hold uint8 pixels (0-255); got {frame.dtype}.")
     height, width = frame.shape[:2]
     if height * width > max_source_pixels:
-        raise InputError(f"The frame is {width}x{height}, more than the {max_source_pixels:,} pixels this server "
-                         "takes; send smaller frames.")
+        raise InputError(
+            f"The frame is {width}x{height}, more than the {max_source_pixels:,} pixels this server "
+            "takes; send smaller frames."
+        )
     if min(height, width) < 1 or max(height, width) > MAX_ASPECT * min(height, width):
-        raise InputError(f"The frame is {width}x{height}; its longer side may be at most {MAX_ASPECT} times its "
-                         "shorter.")
+        raise InputError(
+            f"The frame is {width}x{height}; its longer side may be at most {MAX_ASPECT} times its shorter."
+        )
     return frame
 
 

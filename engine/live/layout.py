@@ -46,8 +46,9 @@ class LiveLayout:
     temporal scale).
     """
 
-    def __init__(self, family: Family, tokenizer, video_token: str, video_token_id: int, system: str,
-                 second_per_group: float):
+    def __init__(
+        self, family: Family, tokenizer, video_token: str, video_token_id: int, system: str, second_per_group: float
+    ):
         self.family, self.tokenizer, self.system = family, tokenizer, system
         self.video_token_id, self.second_per_group = video_token_id, second_per_group
         before, _ = self._split(chat_text(family, system, "", []))

@@ -18,9 +18,15 @@ from engine.stream import Stream
 CATCH_UP_TIMEOUT_S = 600.0  # as fast as possible: the longest one push may wait for the session
 
 
-def play(live, feed: Iterable[LiveFrame | str], moments_s: Sequence[float], ask: Callable[[], Stream],
-         on_answer: Callable[[float, float, Stream | InputError], None],
-         on_status: Callable[[str], None] = lambda line: None, as_fast_as_possible: bool = False) -> float | None:
+def play(
+    live,
+    feed: Iterable[LiveFrame | str],
+    moments_s: Sequence[float],
+    ask: Callable[[], Stream],
+    on_answer: Callable[[float, float, Stream | InputError], None],
+    on_status: Callable[[str], None] = lambda line: None,
+    as_fast_as_possible: bool = False,
+) -> float | None:
     """Push the feed's frames into `live` and, at each of moments_s (seconds of the feed, any order), call
     on_answer(moment_s, asked_at_s, ask()): the Stream, or the InputError ask raised (e.g. no whole group yet);
     asked_at_s is the capture time of the last frame pushed. Status lines (str items of the feed) go to on_status.

@@ -105,8 +105,18 @@ class LiveSession:
     question, history, params, groups): the engine's side of `ask`; wake(): tells the worker there is work.
     """
 
-    def __init__(self, session_id: int, loaded, family: Family, params: GenerationParams, sampling: FrameSampling,
-                 max_source_pixels: int, window_tokens: int, ask: Callable, wake: Callable):
+    def __init__(
+        self,
+        session_id: int,
+        loaded,
+        family: Family,
+        params: GenerationParams,
+        sampling: FrameSampling,
+        max_source_pixels: int,
+        window_tokens: int,
+        ask: Callable,
+        wake: Callable,
+    ):
         self.id, self.params, self.sampling = session_id, params, sampling
         self.window_tokens = window_tokens
         self._loaded, self._family = loaded, family
@@ -137,8 +147,10 @@ class LiveSession:
                 raise InputError(self._ended)
             t_s = check_time(t_s, self._last_s)
             if self._shape is not None and frame.shape != self._shape:
-                raise InputError(f"The frame is {frame.shape[1]}x{frame.shape[0]}, but this live session's frames are "
-                                 f"{self._shape[1]}x{self._shape[0]}; open a new session for another size.")
+                raise InputError(
+                    f"The frame is {frame.shape[1]}x{frame.shape[0]}, but this live session's frames are "
+                    f"{self._shape[1]}x{self._shape[0]}; open a new session for another size."
+                )
             self._shape, self._last_s = frame.shape, t_s
             counts = self._counts
             counts.frames_received += 1
@@ -171,14 +183,29 @@ class LiveSession:
         times = [time_s for _, time_s in frames]
         pictures = np.stack([resized(frame, self.sampling.max_pixels_per_frame) for frame, _ in frames])
         fps = self.sampling.fps
-        video = SampledVideo(frames=pictures, frame_indices=[round(t * fps) for t in times], timestamps_s=times,
-                             native_fps=fps, total_frames=len(times), duration_s=len(times) / fps, sampled_fps=fps,
-                             content_hash="")
-        inputs = processor_inputs(self._loaded, video, self._family.video_placeholder(),
-                                  self.sampling.max_pixels_per_frame)
+        video = SampledVideo(
+            frames=pictures,
+            frame_indices=[round(t * fps) for t in times],
+            timestamps_s=times,
+            native_fps=fps,
+            total_frames=len(times),
+            duration_s=len(times) / fps,
+            sampled_fps=fps,
+            content_hash="",
+        )
+        inputs = processor_inputs(
+            self._loaded, video, self._family.video_placeholder(), self.sampling.max_pixels_per_frame
+        )
         pixels = self._family.video_inputs(inputs, self._loaded.model.config)
-        return LiveGroup(index, times, time.perf_counter(), pixels.pixel_values, pixels.grid_thw_patches,
-                         pixels.grid_thw[1:], picture=pictures[0].copy())
+        return LiveGroup(
+            index,
+            times,
+            time.perf_counter(),
+            pixels.pixel_values,
+            pixels.grid_thw_patches,
+            pixels.grid_thw[1:],
+            picture=pictures[0].copy(),
+        )
 
     def ask(self, question: str, history=(), params: GenerationParams | None = None) -> Stream:
         """A question about the stream up to now (every group whose frames were pushed), answered in a Stream
@@ -191,8 +218,10 @@ class LiveSession:
                 raise InputError(self._ended)
             groups = self._counts.groups_formed
         if groups == 0:
-            raise InputError(f"The live stream has no video yet: push at least {self._family.temporal_patch} frames "
-                             f"{1 / self.sampling.fps:g} s apart before asking.")
+            raise InputError(
+                f"The live stream has no video yet: push at least {self._family.temporal_patch} frames "
+                f"{1 / self.sampling.fps:g} s apart before asking."
+            )
         return self._ask(self, question, history, params or self.params, groups)
 
     def wait(self, timeout_s: float | None = None) -> bool:
@@ -201,8 +230,8 @@ class LiveSession:
         wait than have frames dropped."""
         with self._lock:
             return self._in_state.wait_for(
-                lambda: self._ended is not None or self._counts.groups_in_state >= self._counts.groups_formed,
-                timeout_s)
+                lambda: self._ended is not None or self._counts.groups_in_state >= self._counts.groups_formed, timeout_s
+            )
 
     def stats(self) -> dict:
         """frames_received, frames_sampled, frames_dropped; video_tokens_total and video_tokens_kept (every group
@@ -235,8 +264,13 @@ class LiveSession:
         if not recent:
             return None
         pictures, times_s, kept, dissimilarity = zip(*recent)
-        return EvsPicture(frames=np.stack(pictures), timestamps_s=list(times_s),
-                          grid_thw=(len(recent), *kept[-1].shape), kept_mask=np.stack(kept), dissimilarity=np.stack(dissimilarity))
+        return EvsPicture(
+            frames=np.stack(pictures),
+            timestamps_s=list(times_s),
+            grid_thw=(len(recent), *kept[-1].shape),
+            kept_mask=np.stack(kept),
+            dissimilarity=np.stack(dissimilarity),
+        )
 
     def close(self) -> None:
         """End the session: its state is freed at the worker's next step (answers already forked go on). Pushing
@@ -281,9 +315,14 @@ class LiveSession:
         with self._lock:
             self._counts.video_tokens_total += group.retention.numel()
             self._counts.video_tokens_kept += int(group.retention.sum())
-            self._recent.append((group.picture, (group.times_s[0] + group.times_s[-1]) / 2,
-                                 group.retention.reshape(group.grid_hw).numpy(),
-                                 group.dissimilarity.numpy().astype(np.float16)))
+            self._recent.append(
+                (
+                    group.picture,
+                    (group.times_s[0] + group.times_s[-1]) / 2,
+                    group.retention.reshape(group.grid_hw).numpy(),
+                    group.dissimilarity.numpy().astype(np.float16),
+                )
+            )
 
     def entered_state(self, group: LiveGroup, held_tokens: int, now: float) -> None:
         """The group is in the session's state, which now holds held_tokens kept video tokens (the worker's)."""

@@ -62,8 +62,10 @@ class HostReport:
         if self.cuda_usable:
             gib = 1024**3
             major, minor = self.capability
-            line += (f"; GPU 0 of {self.gpu_count}: {self.gpu_name}, compute capability {major}.{minor}, "
-                     f"{self.free_bytes / gib:.1f} GiB free of {self.total_bytes / gib:.1f} GiB")
+            line += (
+                f"; GPU 0 of {self.gpu_count}: {self.gpu_name}, compute capability {major}.{minor}, "
+                f"{self.free_bytes / gib:.1f} GiB free of {self.total_bytes / gib:.1f} GiB"
+            )
         else:
             line += "; CUDA is not usable"
         return line
@@ -85,8 +87,12 @@ def nvidia_driver_version(proc_version: Path = NVIDIA_PROC_VERSION) -> str | Non
     except OSError:
         pass
     try:
-        result = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                capture_output=True, text=True, timeout=NVIDIA_SMI_TIMEOUT_S)
+        result = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=NVIDIA_SMI_TIMEOUT_S,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     lines = result.stdout.split()
@@ -103,13 +109,22 @@ def probe_host() -> HostReport:
     cuda_error = None
     if not usable and caught:
         cuda_error = one_line(caught[-1].message)
-    report = dict(driver_version=nvidia_driver_version(), torch_version=torch.__version__.split("+")[0],
-                  torch_cuda=torch.version.cuda, cuda_usable=usable, cuda_error=cuda_error)
+    report = dict(
+        driver_version=nvidia_driver_version(),
+        torch_version=torch.__version__.split("+")[0],
+        torch_cuda=torch.version.cuda,
+        cuda_usable=usable,
+        cuda_error=cuda_error,
+    )
     if usable:
         free_bytes, total_bytes = torch.cuda.mem_get_info(0)
-        report.update(gpu_count=torch.cuda.device_count(), gpu_name=torch.cuda.get_device_name(0),
-                      capability=torch.cuda.get_device_capability(0), free_bytes=free_bytes,
-                      total_bytes=total_bytes)
+        report.update(
+            gpu_count=torch.cuda.device_count(),
+            gpu_name=torch.cuda.get_device_name(0),
+            capability=torch.cuda.get_device_capability(0),
+            free_bytes=free_bytes,
+            total_bytes=total_bytes,
+        )
     return HostReport(**report)
 
 
@@ -122,22 +137,31 @@ def unusable_gpu_message(report: HostReport) -> str:
     seen = f"An NVIDIA GPU is visible (driver {report.driver_version})"
     cpu_instead = "or pass --device cpu to run on the CPU anyway"
     if report.torch_cuda is None:
-        return (f"{seen} but torch {report.torch_version} is a CPU-only build: install a CUDA build "
-                f"(pip install torch=={report.torch_version} --index-url {CUDA12_TORCH_INDEX}) {cpu_instead}.")
+        return (
+            f"{seen} but torch {report.torch_version} is a CPU-only build: install a CUDA build "
+            f"(pip install torch=={report.torch_version} --index-url {CUDA12_TORCH_INDEX}) {cpu_instead}."
+        )
     cuda_major = int(report.torch_cuda.split(".")[0])
     floor = MIN_DRIVER_FOR_CUDA_MAJOR.get(cuda_major)
     if floor is not None and _driver_major(report.driver_version) < floor:
         # A CUDA 12 build is the way out only for a newer build on a CUDA 12 driver.
         cuda12_driver = _driver_major(report.driver_version) >= MIN_DRIVER_FOR_CUDA_MAJOR[12]
-        instead = (f"install torch built for CUDA 12 (pip install torch=={report.torch_version} --index-url "
-                   f"{CUDA12_TORCH_INDEX}), or update the driver," if cuda_major > 12 and cuda12_driver
-                   else "update the driver,")
-        return (f"{seen} but torch {report.torch_version} was built for CUDA {report.torch_cuda}, which needs "
-                f"driver {floor} or newer: {instead} {cpu_instead}.")
+        instead = (
+            f"install torch built for CUDA 12 (pip install torch=={report.torch_version} --index-url "
+            f"{CUDA12_TORCH_INDEX}), or update the driver,"
+            if cuda_major > 12 and cuda12_driver
+            else "update the driver,"
+        )
+        return (
+            f"{seen} but torch {report.torch_version} was built for CUDA {report.torch_cuda}, which needs "
+            f"driver {floor} or newer: {instead} {cpu_instead}."
+        )
     cause = f" ({report.cuda_error})" if report.cuda_error else ""
-    return (f"{seen} but torch {report.torch_version} (built for CUDA {report.torch_cuda}) cannot use it"
-            f"{cause}: check that the container has GPU access (docker run --gpus all) and that "
-            f"CUDA_VISIBLE_DEVICES names a GPU, {cpu_instead}.")
+    return (
+        f"{seen} but torch {report.torch_version} (built for CUDA {report.torch_cuda}) cannot use it"
+        f"{cause}: check that the container has GPU access (docker run --gpus all) and that "
+        f"CUDA_VISIBLE_DEVICES names a GPU, {cpu_instead}."
+    )
 
 
 def choose_device(requested: str, report: HostReport) -> torch.device:
@@ -163,11 +187,17 @@ def choose_device(requested: str, report: HostReport) -> torch.device:
     if not report.cuda_usable:
         if report.gpu_visible:
             raise DeviceUnavailable(unusable_gpu_message(report))
-        build = (f"torch {report.torch_version} is a CPU-only build" if report.torch_cuda is None
-                 else "no NVIDIA driver is loaded")
-        raise DeviceUnavailable(f"--device {requested} was asked for, but this machine has no usable GPU "
-                                f"({build}): use --device auto or --device cpu.")
+        build = (
+            f"torch {report.torch_version} is a CPU-only build"
+            if report.torch_cuda is None
+            else "no NVIDIA driver is loaded"
+        )
+        raise DeviceUnavailable(
+            f"--device {requested} was asked for, but this machine has no usable GPU "
+            f"({build}): use --device auto or --device cpu."
+        )
     if device.index is not None and device.index >= report.gpu_count:
-        raise DeviceUnavailable(f"--device {requested} was asked for, but this machine has "
-                                f"{report.gpu_count} GPU(s), numbered from 0.")
+        raise DeviceUnavailable(
+            f"--device {requested} was asked for, but this machine has {report.gpu_count} GPU(s), numbered from 0."
+        )
     return device

@@ -90,7 +90,7 @@ class LoadedModel:
 
 
 def resolve_device(device: str) -> torch.device:
-    """"auto" -> cuda when torch can use a GPU, cpu when there is none; engine.loading.device.DeviceUnavailable
+    """ "auto" -> cuda when torch can use a GPU, cpu when there is none; engine.loading.device.DeviceUnavailable
     (one sentence) for a GPU that is there but unusable, or for "cuda" on a machine without one."""
     return choose_device(device, probe_host())
 
@@ -229,8 +229,11 @@ def active_parameters(model: PreTrainedModel, text_config) -> int:
     experts = getattr(text_config, "num_experts", None) or getattr(text_config, "n_routed_experts", None)
     if not experts:
         return total
-    routed = sum(p.numel() for name, p in model.named_parameters()
-                 if ".experts." in name and p.dim() > 1 and p.shape[0] == experts)
+    routed = sum(
+        p.numel()
+        for name, p in model.named_parameters()
+        if ".experts." in name and p.dim() > 1 and p.shape[0] == experts
+    )
     return total - routed * (experts - text_config.num_experts_per_tok) // experts
 
 
@@ -283,8 +286,11 @@ def load_model(name: str, device: str = "auto", cache_dir: Path | None = None) -
     log.info("loaded %s (%s) on %s as %s with %s attention", name, family, torch_device, dtype, vision_attn)
     linear = None
     if "linear_attention" in (getattr(config.text_config, "layer_types", None) or ()):
-        linear = (kernels.mamba_kernels(torch_device) if family == "nemotron_h_omni"
-                  else kernels.linear_attention_kernels(torch_device))
+        linear = (
+            kernels.mamba_kernels(torch_device)
+            if family == "nemotron_h_omni"
+            else kernels.linear_attention_kernels(torch_device)
+        )
         log.info("attention: linear-attention layers on %s", linear)
     return LoadedModel(
         name=name,

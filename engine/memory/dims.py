@@ -49,12 +49,25 @@ class LinearAttentionDims:
         every head (2 key-sized), x scaled by dt, the intra- and inter-chunk outputs, their sum, the output and
         the D residual (6 value-sized), and the decay, score and masked score matrices (3 chunk-wide)."""
         if hasattr(text, "linear_num_key_heads"):
-            return cls(layers=layers, key_heads=text.linear_num_key_heads, value_heads=text.linear_num_value_heads,
-                       key_head_dim=text.linear_key_head_dim, value_head_dim=text.linear_value_head_dim,
-                       conv_kernel=text.linear_conv_kernel_dim)
-        return cls(layers=layers, key_heads=text.n_groups, value_heads=text.mamba_num_heads,
-                   key_head_dim=text.ssm_state_size, value_head_dim=text.mamba_head_dim,
-                   conv_kernel=text.conv_kernel, chunk=text.chunk_size, float32_keys=2, float32_values=6)
+            return cls(
+                layers=layers,
+                key_heads=text.linear_num_key_heads,
+                value_heads=text.linear_num_value_heads,
+                key_head_dim=text.linear_key_head_dim,
+                value_head_dim=text.linear_value_head_dim,
+                conv_kernel=text.linear_conv_kernel_dim,
+            )
+        return cls(
+            layers=layers,
+            key_heads=text.n_groups,
+            value_heads=text.mamba_num_heads,
+            key_head_dim=text.ssm_state_size,
+            value_head_dim=text.mamba_head_dim,
+            conv_kernel=text.conv_kernel,
+            chunk=text.chunk_size,
+            float32_keys=2,
+            float32_values=6,
+        )
 
     @property
     def conv_dim(self) -> int:
@@ -109,9 +122,14 @@ class AudioDims:
 
     @classmethod
     def from_config(cls, audio) -> "AudioDims":
-        return cls(hidden=audio.hidden_size, heads=audio.num_attention_heads, intermediate=audio.intermediate_size,
-                   mel_bins=audio.num_mel_bins, conv_channels=audio.subsampling_conv_channels,
-                   subsampling_factor=audio.subsampling_factor)
+        return cls(
+            hidden=audio.hidden_size,
+            heads=audio.num_attention_heads,
+            intermediate=audio.intermediate_size,
+            mel_bins=audio.num_mel_bins,
+            conv_channels=audio.subsampling_conv_channels,
+            subsampling_factor=audio.subsampling_factor,
+        )
 
     def forward_bytes(self, tokens: int, dtype_bytes: int) -> int:
         """Peak activations of the audio tower over a soundtrack of `tokens` audio tokens (tokens *
@@ -129,7 +147,9 @@ class AudioDims:
         features = frames * self.mel_bins * (FLOAT32_BYTES + dtype_bytes)
         subsampling = 2 * self.conv_channels * (frames // 2) * (self.mel_bins // 2) * dtype_bytes
         scores = 3 * self.heads * tokens * 2 * tokens * dtype_bytes
-        layer = scores + dtype_bytes * (tokens * (4 * self.hidden + 2 * self.intermediate) + 2 * tokens * 2 * self.hidden)
+        layer = scores + dtype_bytes * (
+            tokens * (4 * self.hidden + 2 * self.intermediate) + 2 * tokens * 2 * self.hidden
+        )
         return features + max(subsampling, layer)
 
 
@@ -175,8 +195,11 @@ class ModelDims:
         text, vision = config.text_config, config.vision_config
         # Qwen2.5-VL's text config has no head_dim: it is hidden / heads there.
         head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-        channels = getattr(vision, "in_channels", None) or getattr(vision, "in_chans", None) or getattr(
-            vision, "num_channels", 3)
+        channels = (
+            getattr(vision, "in_channels", None)
+            or getattr(vision, "in_chans", None)
+            or getattr(vision, "num_channels", 3)
+        )
         deepstack = getattr(vision, "deepstack_visual_indexes", None) or []
         layer_types = getattr(text, "layer_types", None) or []
         linear_layers = sum(kind == LINEAR_ATTENTION for kind in layer_types)
@@ -237,15 +260,18 @@ class ModelDims:
         kv = f"KV {self.kv_bytes_per_token} bytes/token"
         if not self.linear:
             return kv
-        return (f"state {self.state_bytes_per_sequence / MIB:.1f} MiB/sequence + {kv} "
-                f"({self.kv_layers} of {self.text_layers} layers)")
+        return (
+            f"state {self.state_bytes_per_sequence / MIB:.1f} MiB/sequence + {kv} "
+            f"({self.kv_layers} of {self.text_layers} layers)"
+        )
 
     def vit_bytes(self, patches: int) -> int:
         """Peak activations of one ViT forward over `patches` patch rows: the float32 pixels and their cast,
         one layer's residual, norm, attention and MLP tensors (4 * hidden + 2 * MLP wide), and the merged
         output of every feature level, which lives until the forward ends."""
-        per_patch = (FLOAT32_BYTES * self.patch_values
-                     + self.dtype_bytes * (self.patch_values + 4 * self.vision_hidden + 2 * self.vision_intermediate))
+        per_patch = FLOAT32_BYTES * self.patch_values + self.dtype_bytes * (
+            self.patch_values + 4 * self.vision_hidden + 2 * self.vision_intermediate
+        )
         outputs = self.dtype_bytes * self.feature_levels * self.feature_dim * (patches // self.merge_patches)
         return patches * per_patch + outputs
 
@@ -260,8 +286,9 @@ class ModelDims:
           the linear one: 103 KB a token, against the 106 KB counted here);
         - a linear-attention layer: LinearAttentionDims.prefill_bytes_per_token, more than twice as much
           on Qwen3.5, since its delta rule runs in float32 (transformers' torch implementation)."""
-        per_token = self.dtype_bytes * (4 * self.text_hidden + 3 * self.text_intermediate
-                                        + 4 * self.experts_per_token * self.text_hidden)
+        per_token = self.dtype_bytes * (
+            4 * self.text_hidden + 3 * self.text_intermediate + 4 * self.experts_per_token * self.text_hidden
+        )
         if self.linear:
             per_token = max(per_token, self.linear.prefill_bytes_per_token(self.text_hidden, self.dtype_bytes))
         return tokens * per_token
@@ -276,8 +303,11 @@ def _mlp_width(text) -> tuple[int, int]:
     if not routed or not (getattr(text, "num_experts", 0) or getattr(text, "n_routed_experts", 0)):
         return text.intermediate_size, 0
     experts = text.num_experts_per_tok
-    shared = (getattr(text, "shared_expert_intermediate_size", None)  # Qwen3.5 / 3.6 MoE
-              or getattr(text, "moe_shared_expert_intermediate_size", None) or 0)  # Nemotron-H
+    shared = (
+        getattr(text, "shared_expert_intermediate_size", None)  # Qwen3.5 / 3.6 MoE
+        or getattr(text, "moe_shared_expert_intermediate_size", None)
+        or 0
+    )  # Nemotron-H
     width = experts * routed + shared
     some_dense = getattr(text, "mlp_only_layers", None) or (getattr(text, "decoder_sparse_step", None) or 1) > 1
     if some_dense:

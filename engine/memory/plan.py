@@ -148,15 +148,18 @@ class Plan:
             raise InsufficientMemory(
                 f"After loading the model the GPU has {self.free_bytes / GIB:.1f} GiB free, room for "
                 f"{max(0, self.max_video_tokens):,} video tokens per request, fewer than the "
-                f"{smallest_video_tokens:,} of a small clip: use a GPU with more memory or a smaller checkpoint.")
+                f"{smallest_video_tokens:,} of a small clip: use a GPU with more memory or a smaller checkpoint."
+            )
 
     def summary(self) -> str:
         """One line for the start-up log."""
         if not self.bounded:
             return f"memory plan: none ({self.reasons[0]}); {self.cache_summary}, {self._running()} decoding together"
-        return (f"memory plan: {self.free_bytes / GIB:.1f} GiB free, {self.cache_summary}, "
-                f"at most {self.max_video_tokens:,} video tokens per request, {self._running()} decoding together, "
-                f"{self.max_live_sessions} live session{'s' if self.max_live_sessions != 1 else ''}")
+        return (
+            f"memory plan: {self.free_bytes / GIB:.1f} GiB free, {self.cache_summary}, "
+            f"at most {self.max_video_tokens:,} video tokens per request, {self._running()} decoding together, "
+            f"{self.max_live_sessions} live session{'s' if self.max_live_sessions != 1 else ''}"
+        )
 
     def _running(self) -> str:
         return f"{self.max_running} request{'s' if self.max_running != 1 else ''}"
@@ -174,20 +177,29 @@ class Plan:
             fewer = "" if media == 1 else "send fewer of them, or "
             raise InputError(
                 f"{what} to {video_tokens:,} video tokens, more than the {self.max_video_tokens:,} this "
-                f"server's GPU memory allows per request: {fewer}choose fewer frames or fewer pixels per frame.")
+                f"server's GPU memory allows per request: {fewer}choose fewer frames or fewer pixels per frame."
+            )
         needed = prompt_tokens + max_new_tokens
         if needed > self.max_request_tokens:
             raise InputError(
                 f"This request needs {needed:,} tokens of prompt and answer, more than the "
                 f"{self.max_request_tokens:,} this server's GPU memory allows per request: ask for fewer new "
-                "tokens, start a new conversation, or choose fewer frames or fewer pixels per frame.")
+                "tokens, start a new conversation, or choose fewer frames or fewer pixels per frame."
+            )
 
 
 def unbounded_plan(dims: ModelDims, max_running: int, why: str, max_live_sessions: int = 0) -> Plan:
-    return Plan(free_bytes=None, kv_bytes_per_token=dims.kv_bytes_per_token,
-                state_bytes_per_sequence=dims.state_bytes_per_sequence, cache_summary=dims.cache_summary(),
-                max_video_tokens=None, max_request_tokens=None, max_running=max_running, reasons=(why,),
-                max_live_sessions=max_live_sessions)
+    return Plan(
+        free_bytes=None,
+        kv_bytes_per_token=dims.kv_bytes_per_token,
+        state_bytes_per_sequence=dims.state_bytes_per_sequence,
+        cache_summary=dims.cache_summary(),
+        max_video_tokens=None,
+        max_request_tokens=None,
+        max_running=max_running,
+        reasons=(why,),
+        max_live_sessions=max_live_sessions,
+    )
 
 
 def plan_memory(dims: ModelDims, free_bytes: int, settings: PlanSettings) -> Plan:
@@ -198,17 +210,25 @@ def plan_memory(dims: ModelDims, free_bytes: int, settings: PlanSettings) -> Pla
     other_tokens = audio + s.text_tokens + s.new_tokens + s.spare_tokens
 
     def row_bytes(video: int) -> int:
-        return (s.kv_copies * (dims.kv_bytes_per_token * (video + other_tokens) + dims.state_bytes_per_sequence)
-                + dims.feature_bytes_per_video_token * video + dims.feature_bytes_per_audio_token * audio)
+        return (
+            s.kv_copies * (dims.kv_bytes_per_token * (video + other_tokens) + dims.state_bytes_per_sequence)
+            + dims.feature_bytes_per_video_token * video
+            + dims.feature_bytes_per_audio_token * audio
+        )
 
     def one_forward_bytes(video: int) -> int:
-        return max(dims.vit_bytes(max(s.vit_patch_budget, video * dims.merge_patches)), dims.audio_bytes(audio),
-                   dims.prefill_bytes(video + audio + s.text_tokens + s.new_tokens))
+        return max(
+            dims.vit_bytes(max(s.vit_patch_budget, video * dims.merge_patches)),
+            dims.audio_bytes(audio),
+            dims.prefill_bytes(video + audio + s.text_tokens + s.new_tokens),
+        )
 
     # Live sessions first: each keeps its window's KV (and a hybrid's recurrent state) once, outside the batch; as
     # many as leave room for one planned request and its forward.
-    live_row = (dims.kv_bytes_per_token * (s.live_window_tokens + s.text_tokens + s.spare_tokens)
-                + dims.state_bytes_per_sequence)
+    live_row = (
+        dims.kv_bytes_per_token * (s.live_window_tokens + s.text_tokens + s.spare_tokens)
+        + dims.state_bytes_per_sequence
+    )
     room_for_live = usable - one_forward_bytes(s.planned_video_tokens) - row_bytes(s.planned_video_tokens)
     max_live = min(s.live_sessions, max(0, room_for_live) // live_row)
     live_bytes = max_live * live_row
@@ -239,23 +259,28 @@ def plan_memory(dims: ModelDims, free_bytes: int, settings: PlanSettings) -> Pla
         # The planned size fits max_running times; a larger one is allowed only when the configured
         # ceiling of such rows fits too, which keeps both limits safe together and monotonic in memory.
         max_video = max(planned, largest_video(s.max_running))
-        running_note = (f"{rows_fit} requests of {planned:,} video tokens fit"
-                        + (f", capped at the configured {s.max_running}" if rows_fit > s.max_running else ""))
+        running_note = f"{rows_fit} requests of {planned:,} video tokens fit" + (
+            f", capped at the configured {s.max_running}" if rows_fit > s.max_running else ""
+        )
     else:
         max_running = 1
         max_video = max(0, largest_video(1))
-        running_note = (f"not even one request of {planned:,} video tokens fits: one request at a time, "
-                        f"with at most {max_video:,} video tokens")
+        running_note = (
+            f"not even one request of {planned:,} video tokens fits: one request at a time, "
+            f"with at most {max_video:,} video tokens"
+        )
     heard = f"{audio:,} audio, " if audio else ""
     audio_forward = f"audio {dims.audio_bytes(audio) / GIB:.2f} GiB, " if audio else ""
+    vit_forward = dims.vit_bytes(max(s.vit_patch_budget, planned * dims.merge_patches))
+    prefill_forward = dims.prefill_bytes(planned + audio + s.text_tokens + s.new_tokens)
     reasons = (
         f"free {free_bytes / GIB:.1f} GiB, less a {s.margin_fraction:.0%} margin and {s.reserved_bytes / GIB:.1f} "
         f"GiB for the feature and prefix caches: {usable_for_sessions / GIB:.1f} GiB usable",
         *_cache_reasons(dims, s.kv_copies),
         f"one request of {planned:,} video tokens (+{heard}{s.text_tokens} text, {s.new_tokens} new, {s.spare_tokens} "
         f"spare): {row_bytes(planned) / GIB:.2f} GiB of {'state, ' if dims.linear else ''}KV and features",
-        f"one forward at a time: ViT {dims.vit_bytes(max(s.vit_patch_budget, planned * dims.merge_patches)) / GIB:.2f} "
-        f"GiB, {audio_forward}prefill {dims.prefill_bytes(planned + audio + s.text_tokens + s.new_tokens) / GIB:.2f} GiB",
+        f"one forward at a time: ViT {vit_forward / GIB:.2f} GiB, "
+        f"{audio_forward}prefill {prefill_forward / GIB:.2f} GiB",
         f"live sessions: {max_live} of the {s.live_sessions} configured, {live_row / GIB:.2f} GiB each (a window "
         f"of {s.live_window_tokens:,} video tokens, {s.text_tokens} text, {s.spare_tokens} spare"
         f"{', and the recurrent state' if dims.linear else ''}): {live_bytes / GIB:.2f} GiB",
@@ -278,15 +303,19 @@ def _cache_reasons(dims: ModelDims, kv_copies: int) -> tuple[str, ...]:
     """The reasons lines of what a request keeps: its KV, and on a hybrid model its linear-attention state."""
     copies = f"x{kv_copies} while the decode batch is rebuilt"
     layers = f"{dims.kv_layers} of {dims.text_layers} layers" if dims.linear else f"{dims.kv_layers} layers"
-    kv = (f"KV cache: {dims.kv_bytes_per_token} bytes per token (2 x {layers} x {dims.kv_heads} KV heads x "
-          f"{dims.head_dim} x {dims.dtype_bytes} bytes), {copies}")
+    kv = (
+        f"KV cache: {dims.kv_bytes_per_token} bytes per token (2 x {layers} x {dims.kv_heads} KV heads x "
+        f"{dims.head_dim} x {dims.dtype_bytes} bytes), {copies}"
+    )
     if not dims.linear:
         return (kv,)
     linear = dims.linear
-    state = (f"linear-attention state: {dims.state_bytes_per_sequence / MIB:.1f} MiB per sequence ({linear.layers} "
-             f"layers x (conv {linear.conv_dim} x {linear.conv_kernel} x {dims.dtype_bytes} bytes + recurrent "
-             f"{linear.value_heads} x {linear.key_head_dim} x {linear.value_head_dim} x {FLOAT32_BYTES} bytes)), "
-             f"{copies}; the prefix cache's snapshots of it count inside its bound")
+    state = (
+        f"linear-attention state: {dims.state_bytes_per_sequence / MIB:.1f} MiB per sequence ({linear.layers} "
+        f"layers x (conv {linear.conv_dim} x {linear.conv_kernel} x {dims.dtype_bytes} bytes + recurrent "
+        f"{linear.value_heads} x {linear.key_head_dim} x {linear.value_head_dim} x {FLOAT32_BYTES} bytes)), "
+        f"{copies}; the prefix cache's snapshots of it count inside its bound"
+    )
     return (state, kv)
 
 
@@ -299,8 +328,9 @@ def measured_free_bytes(device) -> int:
     return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
 
 
-def engine_settings(config, planned_video_tokens: int, vit_patch_budget: int,
-                    planned_audio_tokens: int = 0) -> PlanSettings:
+def engine_settings(
+    config, planned_video_tokens: int, vit_patch_budget: int, planned_audio_tokens: int = 0
+) -> PlanSettings:
     """The settings an engine under `config` (EngineConfig) plans with."""
     from engine.state.lm_state import GrowingLayer
 
@@ -316,19 +346,25 @@ def engine_settings(config, planned_video_tokens: int, vit_patch_budget: int,
     )
 
 
-def engine_plan(loaded, config, planned_video_tokens: int, vit_patch_budget: int,
-                planned_audio_tokens: int = 0) -> Plan:
+def engine_plan(
+    loaded, config, planned_video_tokens: int, vit_patch_budget: int, planned_audio_tokens: int = 0
+) -> Plan:
     """The plan for a freshly loaded model under `config` (EngineConfig); see the module docstring.
     planned_audio_tokens: the longest soundtrack's, on a model that hears."""
     dims = ModelDims.from_config(loaded.model.config, dtype_bytes=loaded.dtype.itemsize)
     free_bytes = config.memory_budget_bytes
     if free_bytes is None:
         if loaded.device.type != "cuda":
-            return unbounded_plan(dims, config.max_running, f"{loaded.device.type}: requests are not bounded by memory",
-                                  config.max_live_sessions)
+            return unbounded_plan(
+                dims,
+                config.max_running,
+                f"{loaded.device.type}: requests are not bounded by memory",
+                config.max_live_sessions,
+            )
         free_bytes = measured_free_bytes(loaded.device)
-    return plan_memory(dims, free_bytes,
-                       engine_settings(config, planned_video_tokens, vit_patch_budget, planned_audio_tokens))
+    return plan_memory(
+        dims, free_bytes, engine_settings(config, planned_video_tokens, vit_patch_budget, planned_audio_tokens)
+    )
 
 
 def checkpoint_config(model: str):

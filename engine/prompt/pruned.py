@@ -48,8 +48,9 @@ class PrunedPrompt:
         return pruning.tokens_kept_per_group(self.retention[medium], tuple(dissimilarity.shape)).tolist()
 
 
-def retention(medium: MediumPrompt, features: VideoFeatures, q: float,
-              method: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+def retention(
+    medium: MediumPrompt, features: VideoFeatures, q: float, method: str
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(retention mask, dissimilarity) of one medium alone: a video's mask of `method` at rate q, an image kept
     whole."""
     if medium.is_image:
@@ -62,13 +63,18 @@ def retention(medium: MediumPrompt, features: VideoFeatures, q: float,
 def prune_prompt(prompt: UnprunedPrompt, features: list[VideoFeatures], q: float, method: str) -> PrunedPrompt:
     """Keep the video tokens `method` (one of pruning.PRUNING_METHODS) selects in each video of prompt at rate q
     (features: one per medium, in order); every image, text and audio token stays."""
-    masks, dissimilarities = zip(*(retention(medium, feats, q, method)
-                                   for medium, feats in zip(prompt.media, features)))
+    masks, dissimilarities = zip(
+        *(retention(medium, feats, q, method) for medium, feats in zip(prompt.media, features))
+    )
     return pruned_with(prompt, features, list(masks), list(dissimilarities))
 
 
-def pruned_with(prompt: UnprunedPrompt, features: list[VideoFeatures], masks: list[torch.Tensor],
-                dissimilarities: list[torch.Tensor | None]) -> PrunedPrompt:
+def pruned_with(
+    prompt: UnprunedPrompt,
+    features: list[VideoFeatures],
+    masks: list[torch.Tensor],
+    dissimilarities: list[torch.Tensor | None],
+) -> PrunedPrompt:
     """The pruned prompt that keeps each medium's tokens where its mask (T*h*w,) bool is True, whichever rule chose
     them (a request's pruning method, or the causal EVS a live stream is pruned with: pruning/causal.py);
     dissimilarities: each medium's (T, h, w), as the EVS picture shows it (None for an image)."""

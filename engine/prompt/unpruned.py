@@ -32,7 +32,7 @@ class MediumPrompt(VideoInputs):
 
     @property
     def kind(self) -> str:
-        """"video" or "image"."""
+        """ "video" or "image"."""
         return "image" if self.is_image else "video"
 
 
@@ -80,8 +80,15 @@ class UnprunedPrompt:
         return any(medium.audio is not None for medium in self.media)
 
 
-def chat_text(family: Family, system: str, question: str, history: list[tuple[str, str]],
-              thinking: bool = False, heard: bool = False, media: str | None = None) -> str:
+def chat_text(
+    family: Family,
+    system: str,
+    question: str,
+    history: list[tuple[str, str]],
+    thinking: bool = False,
+    heard: bool = False,
+    media: str | None = None,
+) -> str:
     """ChatML conversation as the checkpoint's chat template writes it: the media open the first user turn
     (media: their text, each medium's placeholder or its expansion, in order; None: one video's placeholder,
     followed by its soundtrack's when heard, a family that hears), earlier turns follow, then the question and
@@ -126,8 +133,9 @@ def processor_frame_positions(video: SampledVideo) -> list[float]:
     return positions
 
 
-def processor_inputs(loaded, video: SampledVideo, text: str, max_pixels_per_frame: int,
-                     audio: dict | None = None) -> dict:
+def processor_inputs(
+    loaded, video: SampledVideo, text: str, max_pixels_per_frame: int, audio: dict | None = None
+) -> dict:
     """Run the real HF processor on our own sampled frames (do_sample_frames=False), with the frames' true
     times (`processor_frame_positions`) and the file's average fps, so Qwen3-VL's timestamps are the
     container's and Qwen2.5-VL's second_per_grid_ts is temporal_patch / video.sampled_fps. audio: the
@@ -140,8 +148,9 @@ def processor_inputs(loaded, video: SampledVideo, text: str, max_pixels_per_fram
         height=video.frames.shape[1],
         width=video.frames.shape[2],
     )
-    processor, size_kwargs = family_for(loaded.model).sized_processor(loaded.processor, len(video.frames),
-                                                                      max_pixels_per_frame)
+    processor, size_kwargs = family_for(loaded.model).sized_processor(
+        loaded.processor, len(video.frames), max_pixels_per_frame
+    )
     return processor(
         text=[text],
         videos=[video.frames],
@@ -153,8 +162,9 @@ def processor_inputs(loaded, video: SampledVideo, text: str, max_pixels_per_fram
     )
 
 
-def medium_prompt(loaded, family: Family, medium: Medium, max_pixels_per_frame: int,
-                  hear: bool = False) -> tuple[str, MediumPrompt]:
+def medium_prompt(
+    loaded, family: Family, medium: Medium, max_pixels_per_frame: int, hear: bool = False
+) -> tuple[str, MediumPrompt]:
     """(text, prompt) of one medium alone, run through the real HF processor: the text it writes in the
     medium's place (the expansion of its placeholder, a heard soundtrack's after a video's) and its pixels.
     Each medium is processed alone, so it is sized as when it is asked about alone (a Qwen3-VL video's pixel
@@ -163,8 +173,12 @@ def medium_prompt(loaded, family: Family, medium: Medium, max_pixels_per_frame: 
     processor, config = loaded.processor, loaded.model.config
     if isinstance(medium, StillImage):
         placeholder = family.image_placeholder()
-        inputs = processor(text=[placeholder], images=[medium.pixels], return_tensors="pt",
-                           **family.image_processor_kwargs(processor, max_pixels_per_frame))
+        inputs = processor(
+            text=[placeholder],
+            images=[medium.pixels],
+            return_tensors="pt",
+            **family.image_processor_kwargs(processor, max_pixels_per_frame),
+        )
         prompt = MediumPrompt(**vars(family.image_inputs(inputs, config)))
     else:
         soundtrack = medium.soundtrack if hear else None
@@ -178,14 +192,22 @@ def medium_prompt(loaded, family: Family, medium: Medium, max_pixels_per_frame: 
             prompt.audio_tokens = audio_token_count(processor, len(soundtrack.samples))
             if int((inputs["input_ids"][0] == family.audio_token_id(config)).sum()) != prompt.audio_tokens:
                 raise ValueError("the processor did not write the soundtrack's audio tokens as counted")
-    text = processor.tokenizer.decode(inputs["input_ids"][0], skip_special_tokens=False,
-                                      clean_up_tokenization_spaces=False)
+    text = processor.tokenizer.decode(
+        inputs["input_ids"][0], skip_special_tokens=False, clean_up_tokenization_spaces=False
+    )
     return text, prompt
 
 
 def unpruned_prompt(
-    loaded, family: Family, media: list[Medium] | Medium, question: str, history, system: str,
-    max_pixels_per_frame: int, thinking: bool = False, hear: bool = False,
+    loaded,
+    family: Family,
+    media: list[Medium] | Medium,
+    question: str,
+    history,
+    system: str,
+    max_pixels_per_frame: int,
+    thinking: bool = False,
+    hear: bool = False,
 ) -> UnprunedPrompt:
     """The unpruned prompt about media (one medium, or several in order), as the processor writes it when given
     them all: each medium's text (medium_prompt) in its placeholder's place, the whole text tokenized at once.
@@ -215,7 +237,7 @@ def unpruned_prompt(
         if int(input_ids[prefix_end + 1]) != family.audio_end_token_id(tokenizer):
             raise ValueError("the processor did not close the soundtrack with its end marker")
     opening = tokenizer(family.answer_opening(thinking), add_special_tokens=False)["input_ids"]
-    ends_with_opening = 0 < len(opening) < len(input_ids) and input_ids[-len(opening):].tolist() == opening
+    ends_with_opening = 0 < len(opening) < len(input_ids) and input_ids[-len(opening) :].tolist() == opening
     return UnprunedPrompt(
         input_ids=input_ids,
         is_visual=is_visual,

@@ -46,8 +46,10 @@ STREAM_TIMEOUT_S = 10.0  # the longest a feed under an engine's limits waits for
 STALL_FACTOR = 2.0  # a reader that sends nothing for this many timeouts is hung: FFmpeg's own timeout did not fire
 
 STREAM_ENDED = "The stream ended."  # a feed that does not reconnect (reconnects=0), as a file played as live
-NOT_A_STREAM_URL = ("A stream URL must start with rtsp://, rtsps://, rtmp://, rtmps://, srt://, http:// or https:// "
-                    "and name a host, e.g. rtsp://camera.example.com/live.")
+NOT_A_STREAM_URL = (
+    "A stream URL must start with rtsp://, rtsps://, rtmp://, rtmps://, srt://, http:// or https:// "
+    "and name a host, e.g. rtsp://camera.example.com/live."
+)
 
 
 def check_stream_url(url) -> str:
@@ -58,7 +60,7 @@ def check_stream_url(url) -> str:
     try:
         parts = urlsplit(url)
         host = parts.hostname
-        parts.port  # a port that is not a number raises here
+        _ = parts.port  # a port that is not a number raises here
     except ValueError:
         raise InputError(NOT_A_STREAM_URL) from None
     if parts.scheme.lower() not in STREAM_SCHEMES or not host or any(c.isspace() for c in url):
@@ -115,9 +117,20 @@ class LiveStream:
     max_seconds: the longest a feed runs, as the longest upload. local_file: `url` is a file's path (of_file).
     """
 
-    def __init__(self, url: str, sampling: FrameSampling, *, timeout_s: float, memory_bytes: int,
-                 max_source_pixels: int, max_seconds: float, reconnects: int = RECONNECTS, retry_s: float = RETRY_S,
-                 queue_frames: int = QUEUE_FRAMES, local_file: bool = False):
+    def __init__(
+        self,
+        url: str,
+        sampling: FrameSampling,
+        *,
+        timeout_s: float,
+        memory_bytes: int,
+        max_source_pixels: int,
+        max_seconds: float,
+        reconnects: int = RECONNECTS,
+        retry_s: float = RETRY_S,
+        queue_frames: int = QUEUE_FRAMES,
+        local_file: bool = False,
+    ):
         # A path is never taken from a URL's text: check_stream_url keeps file: out of what a person may name.
         self.url = f"file:{Path(url).resolve()}" if local_file else check_stream_url(url)
         self.host = Path(url).name if local_file else urlsplit(self.url).hostname
@@ -147,17 +160,29 @@ class LiveStream:
         """A feed under an engine's limits for uploads: the reader's memory cap, the frame size as sent, the
         longest video; each read waits as long as an upload's, STREAM_TIMEOUT_S at most, since a camera
         that goes quiet that long has dropped."""
-        return cls(url, sampling, timeout_s=min(config.read_timeout_s, STREAM_TIMEOUT_S),
-                   memory_bytes=config.read_memory_bytes, max_source_pixels=config.max_video_source_pixels,
-                   max_seconds=config.max_video_seconds)
+        return cls(
+            url,
+            sampling,
+            timeout_s=min(config.read_timeout_s, STREAM_TIMEOUT_S),
+            memory_bytes=config.read_memory_bytes,
+            max_source_pixels=config.max_video_source_pixels,
+            max_seconds=config.max_video_seconds,
+        )
 
     @classmethod
     def of_file(cls, path, sampling: FrameSampling, config: EngineConfig) -> "LiveStream":
         """A recording's frames as a feed under an engine's limits for uploads, read once to its end ("The
         stream ended."), as fast as its consumer takes them. InputError when there is no such file."""
-        return cls(str(recording_path(path)), sampling, timeout_s=min(config.read_timeout_s, STREAM_TIMEOUT_S),
-                   memory_bytes=config.read_memory_bytes, max_source_pixels=config.max_video_source_pixels,
-                   max_seconds=config.max_video_seconds, reconnects=0, local_file=True)
+        return cls(
+            str(recording_path(path)),
+            sampling,
+            timeout_s=min(config.read_timeout_s, STREAM_TIMEOUT_S),
+            memory_bytes=config.read_memory_bytes,
+            max_source_pixels=config.max_video_source_pixels,
+            max_seconds=config.max_video_seconds,
+            reconnects=0,
+            local_file=True,
+        )
 
     def __iter__(self) -> Iterator[LiveFrame | str]:
         while True:
@@ -214,8 +239,7 @@ class LiveStream:
         thread does (engine/reading/pool.py, start_reader)."""
         started_s, last_t_s, tries, connection = time.monotonic(), None, 0, 0
         while not self._closed.is_set():
-            base_s = 0.0 if last_t_s is None else max(last_t_s + 1 / self.sampling.fps,
-                                                       time.monotonic() - started_s)
+            base_s = 0.0 if last_t_s is None else max(last_t_s + 1 / self.sampling.fps, time.monotonic() - started_s)
             last, frames, last_t_s = self._connection(base_s, last_t_s)
             connection += 1
             if self._closed.is_set():
@@ -251,10 +275,18 @@ class LiveStream:
             header, _ = reader.receive(time.monotonic() + READY_TIMEOUT_S)
             if header.get("status") != "ready" or self._closed.is_set():
                 return {"status": "unreadable"}, 0, last_t_s
-            reader.send({"op": "stream", "url": self.url, "fps": self.sampling.fps,
-                         "max_pixels_per_frame": self.sampling.max_pixels_per_frame,
-                         "max_source_pixels": self.max_source_pixels, "memory_bytes": self.memory_bytes,
-                         "timeout_s": self.timeout_s, "threads": 1})
+            reader.send(
+                {
+                    "op": "stream",
+                    "url": self.url,
+                    "fps": self.sampling.fps,
+                    "max_pixels_per_frame": self.sampling.max_pixels_per_frame,
+                    "max_source_pixels": self.max_source_pixels,
+                    "memory_bytes": self.memory_bytes,
+                    "timeout_s": self.timeout_s,
+                    "threads": 1,
+                }
+            )
             while True:
                 header, payload = reader.receive(time.monotonic() + STALL_FACTOR * self.timeout_s)
                 if header.get("status") != "frame":

@@ -51,8 +51,11 @@ def read_medium(path, sampling: FrameSampling, *, content_hash: str | None = Non
         return sampled_video(read, digest)
     width, height = read.header["size"]
     if max(width, height) > MAX_ASPECT * min(width, height):
-        raise InputError(f"The picture is {width}x{height} pixels; its longer side may be at most {MAX_ASPECT} "
-                         "times its shorter one.")
+        raise InputError(
+            f"The picture is {width}x{height} pixels; its longer side may be at most {MAX_ASPECT} "
+            "times its shorter one."
+        )
     pixels = read.parts[0][1][0]
-    return StillImage(pixels if pixels.flags.writeable else pixels.copy(), (width, height), digest,
-                      read.wait_s, read.read_s)
+    return StillImage(
+        pixels if pixels.flags.writeable else pixels.copy(), (width, height), digest, read.wait_s, read.read_s
+    )

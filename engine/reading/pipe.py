@@ -37,7 +37,7 @@ class ReaderPipe:
         fd = self.process.stdin.fileno()
         for chunk in (memoryview(message), data):
             while chunk.nbytes:
-                chunk = chunk[os.write(fd, chunk):]
+                chunk = chunk[os.write(fd, chunk) :]
 
     def receive(self, deadline: float) -> tuple[dict, np.ndarray | None]:
         """(header, payload) of the next answer, the payload flat uint8 (unpack_answer splits an "ok" one).

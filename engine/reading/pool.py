@@ -22,6 +22,7 @@ first segment's reader reads the soundtrack too.
 Readers are plain subprocesses, not multiprocessing 'spawn' children: those re-import the parent's main
 module (app.py: gradio, torch) and the engine package (torch, transformers), 14-21 s and 860 MB each.
 """
+
 import logging
 import os
 import signal
@@ -76,8 +77,6 @@ def default_size() -> int:
 
 
 @dataclass
-
-
 class Read:
     """One upload's answer from the pool.
 
@@ -152,15 +151,27 @@ class ReaderPool:
         if header["status"] == KILLED:
             header, found = {"status": "unreadable"}, []
         soundtrack_status = (header.get("soundtrack") or {}).get("status") if header["status"] == "ok" else None
-        return Read(header, found, started - asked, time.perf_counter() - started, len(readers), soundtrack,
-                    soundtrack_status)
+        return Read(
+            header, found, started - asked, time.perf_counter() - started, len(readers), soundtrack, soundtrack_status
+        )
 
-    def _ask_to_read(self, reader: ReaderPipe, request: dict,
-                     deadline: float) -> tuple[dict, np.ndarray | None, Soundtrack | None]:
+    def _ask_to_read(
+        self, reader: ReaderPipe, request: dict, deadline: float
+    ) -> tuple[dict, np.ndarray | None, Soundtrack | None]:
         with self._lock:
             parts = 1 + len(self._idle)
-        return self._ask(reader, {**request, "op": "read", "parts": parts, "threads": self._decoder_threads(),
-                                  "split_min_pixels": self.split_min_pixels}, None, deadline)
+        return self._ask(
+            reader,
+            {
+                **request,
+                "op": "read",
+                "parts": parts,
+                "threads": self._decoder_threads(),
+                "split_min_pixels": self.split_min_pixels,
+            },
+            None,
+            deadline,
+        )
 
     def _decoder_threads(self) -> int:
         """Decoder threads for a reader about to decode: the cores shared among the readers reading now (the
@@ -171,8 +182,9 @@ class ReaderPool:
             reading = len(self._readers) - len(self._idle)
         return max(1, default_size() // reading) if reading > 1 else 0
 
-    def _read_segments(self, readers: list[ReaderPipe], request: dict, header: dict, timeline_bytes: np.ndarray,
-                       deadline: float) -> tuple[dict, list, Soundtrack | None]:
+    def _read_segments(
+        self, readers: list[ReaderPipe], request: dict, header: dict, timeline_bytes: np.ndarray, deadline: float
+    ) -> tuple[dict, list, Soundtrack | None]:
         """One segment per reader, all at once (more segments, taken in turns, measured slower: each costs
         its reader opening the file and decoder again); the first failure is the answer. The first segment's
         reader reads the soundtrack as well, while the others decode."""
@@ -180,29 +192,45 @@ class ReaderPool:
         threads = self._decoder_threads()
 
         def one(reader: ReaderPipe, targets: list[int], soundtrack: dict | None = None):
-            return self._ask(reader, {"op": "segment", "path": request["path"], "memory_bytes": request["memory_bytes"],
-                                      "plan": header["plan"], "targets": targets, "threads": threads,
-                                      "soundtrack": soundtrack},
-                             timeline_bytes, deadline)
+            return self._ask(
+                reader,
+                {
+                    "op": "segment",
+                    "path": request["path"],
+                    "memory_bytes": request["memory_bytes"],
+                    "plan": header["plan"],
+                    "targets": targets,
+                    "threads": threads,
+                    "soundtrack": soundtrack,
+                },
+                timeline_bytes,
+                deadline,
+            )
 
         helpers = [self._segments.submit(one, reader, targets) for reader, targets in zip(readers[1:], pieces[1:])]
         answers = [one(readers[0], pieces[0], request.get("soundtrack"))] + [future.result() for future in helpers]
         for answer, _, _ in answers:
             if answer["status"] != "ok":
                 return answer, [], None
-        work = {"frames_decoded": sum(a["work"]["frames_decoded"] for a, _, _ in answers),
-                "seeks": sum(a["work"]["seeks"] for a, _, _ in answers),
-                "in_order": any(a["work"]["in_order"] for a, _, _ in answers)}
+        work = {
+            "frames_decoded": sum(a["work"]["frames_decoded"] for a, _, _ in answers),
+            "seeks": sum(a["work"]["seeks"] for a, _, _ in answers),
+            "in_order": any(a["work"]["in_order"] for a, _, _ in answers),
+        }
         decoded = [a["work"]["decoded_size"] for a, _, _ in answers if "decoded_size" in a["work"]]
         if decoded:
             work["decoded_size"] = decoded[-1]
         first, _, soundtrack = answers[0]
         carried = {"soundtrack": first["soundtrack"]} if "soundtrack" in first else {}
-        return ({**header, "status": "ok", "work": work, "segments": len(answers), **carried},
-                [(answer["entries"], frames) for answer, frames, _ in answers], soundtrack)
+        return (
+            {**header, "status": "ok", "work": work, "segments": len(answers), **carried},
+            [(answer["entries"], frames) for answer, frames, _ in answers],
+            soundtrack,
+        )
 
-    def _ask(self, reader: ReaderPipe, request: dict, payload,
-             deadline: float) -> tuple[dict, np.ndarray | None, Soundtrack | None]:
+    def _ask(
+        self, reader: ReaderPipe, request: dict, payload, deadline: float
+    ) -> tuple[dict, np.ndarray | None, Soundtrack | None]:
         """One exchange with a reader: (header, frames or the split's timeline bytes, soundtrack). A reader that
         times out, dies or answers garbage is killed here and replaced; the answer then says "too_slow" or
         "unreadable"."""
@@ -343,7 +371,7 @@ class ReaderPool:
     def _retry_delay_s(self) -> float:
         with self._lock:
             self._failures += 1
-            return min(5.0, 0.1 * 2 ** self._failures)
+            return min(5.0, 0.1 * 2**self._failures)
 
     @property
     def idle(self) -> int:

@@ -1,18 +1,18 @@
 """The reader process: a long-lived child of the engine that reads one upload at a time with PyAV
-(engine/reading/decoders/pyav_video.py, and engine/reading/decoders/pyav_soundtrack.py for its soundtrack). engine/reading/pool.py starts it as
-`python -c READER_PROGRAM`, under a bare `engine` package, so engine/__init__.py (torch, transformers) never
-loads here: PyAV and numpy are its whole start-up cost, paid once, before its first file.
+(engine/reading/decoders/pyav_video.py, and engine/reading/decoders/pyav_soundtrack.py for its soundtrack).
+engine/reading/pool.py starts it as `python -c READER_PROGRAM`, under a bare `engine` package, so engine/__init__.py
+(torch, transformers) never loads here: PyAV and numpy are its whole start-up cost, paid once, before its first file.
 
 Every message, both ways, is one JSON line, then `payload_bytes` raw bytes (none when absent). The reader
 answers each request on its stdout pipe; anything the native decoder prints goes to stderr.
 - At start, once PyAV and numpy are imported: {"status": "ready", "pid"}.
 - {"op": "read", path, frame_sampling, max_seconds, patch, max_source_pixels, max_picture_pixels, memory_bytes,
-  parts, split_min_pixels, threads, soundtrack}: a file Pillow reads is a picture (engine/reading/decoders/pillow_picture.py):
-  a still one answers {"status": "ok", "kind": "image", size, entries, shape, work} and its (1, H, W, 3) pixels,
-  an animated one is read as a video with "kind": "video" in its answer. Any other file: its checks and timeline,
-  then its frames, decoded by `threads` decoder threads (0: one per core): {"status": "ok", total_frames,
-  duration_s, wanted, entries, shape, work} and the (K, H, W, 3) uint8 frames (engine/reading/segments.assemble
-  puts them in sampled order).
+  parts, split_min_pixels, threads, soundtrack}: a file Pillow reads is a picture
+  (engine/reading/decoders/pillow_picture.py): a still one answers {"status": "ok", "kind": "image", size, entries,
+  shape, work} and its (1, H, W, 3) pixels, an animated one is read as a video with "kind": "video" in its answer. Any
+  other file: its checks and timeline, then its frames, decoded by `threads` decoder threads (0: one per core):
+  {"status": "ok", total_frames, duration_s, wanted, entries, shape, work} and the (K, H, W, 3) uint8 frames
+  (engine/reading/segments.assemble puts them in sampled order).
   When parts > 1 and the read is worth splitting, {"status": "split", ..., units, plan} instead, with
   the timeline's bytes: the pool hands the units out as segments to `parts` readers at most.
 - {"op": "segment", path, memory_bytes, plan, targets, threads, soundtrack} with the timeline's bytes:
@@ -118,14 +118,22 @@ def _stream(request: dict, answers) -> None:
     """The "stream" op: every frame taken answered as it comes, under the memory cap; then, the cap lifted
     (answering must not fail for want of the memory that ended the stream), the stream's last header. A pipe
     closed by the engine (it stopped the stream) ends the reader quietly."""
+
     def send(header: dict, frame: np.ndarray) -> None:
         _write(answers, header, frame)
 
     try:
         with _memory_cap(request["memory_bytes"]):
             try:
-                last = stream_frames(request["url"], request["fps"], request["max_pixels_per_frame"],
-                                     request["max_source_pixels"], request["timeout_s"], send, request["threads"])
+                last = stream_frames(
+                    request["url"],
+                    request["fps"],
+                    request["max_pixels_per_frame"],
+                    request["max_source_pixels"],
+                    request["timeout_s"],
+                    send,
+                    request["threads"],
+                )
             except _OUT_OF_MEMORY:
                 last = {"status": "out_of_memory"}
             except BrokenPipeError:
@@ -142,8 +150,13 @@ def _read(request: dict) -> tuple[dict, np.ndarray | bytes | None]:
     if picture is not None:  # a picture Pillow reads: a still image, or an animated one read as a video
         with picture:
             return read_picture(picture, request)
-    header, plan = plan_file(request["path"], FrameSampling(**request["frame_sampling"]), request["max_seconds"],
-                             request["patch"], request["max_source_pixels"])
+    header, plan = plan_file(
+        request["path"],
+        FrameSampling(**request["frame_sampling"]),
+        request["max_seconds"],
+        request["patch"],
+        request["max_source_pixels"],
+    )
     if plan is None:
         return header, None
     header["wanted"] = plan.wanted
@@ -152,15 +165,23 @@ def _read(request: dict) -> tuple[dict, np.ndarray | bytes | None]:
         found = units(plan.timeline.pts, plan.timeline.keyframes, targets)
         if worth_splitting(found, plan.stored_hw[0] * plan.stored_hw[1], request["split_min_pixels"]):
             meta, timeline_bytes = timeline_message(plan.timeline)
-            return {**header, "status": "split", "units": found,
-                    "plan": {"timeline": meta, "stored_hw": plan.stored_hw, "fit_hw": plan.fit_hw}}, timeline_bytes
+            return {
+                **header,
+                "status": "split",
+                "units": found,
+                "plan": {"timeline": meta, "stored_hw": plan.stored_hw, "fit_hw": plan.fit_hw},
+            }, timeline_bytes
     return _frames(header, *read_targets(request["path"], plan, targets, request["threads"]))
 
 
 def _segment(request: dict, payload: bytes) -> tuple[dict, np.ndarray | None]:
     described = request["plan"]
-    plan = Plan(timeline_from_message(described["timeline"], payload), [], tuple(described["stored_hw"]),
-                tuple(described["fit_hw"]))
+    plan = Plan(
+        timeline_from_message(described["timeline"], payload),
+        [],
+        tuple(described["stored_hw"]),
+        tuple(described["fit_hw"]),
+    )
     return _frames({"status": "ok"}, *read_targets(request["path"], plan, request["targets"], request["threads"]))
 
 
@@ -189,8 +210,11 @@ def _with_soundtrack(request: dict, header: dict, frames: np.ndarray | None) -> 
 def _write(answers, header: dict, body: np.ndarray | bytes | list | None = None) -> None:
     """One answer: the header line, then the body's buffers (one, or a list of them) back to back."""
     # The arrays' own buffers: the frames and samples are written without a second copy.
-    parts = [memoryview(np.ascontiguousarray(part) if isinstance(part, np.ndarray) else part)
-             for part in (body if isinstance(body, list) else [body]) if part is not None]
+    parts = [
+        memoryview(np.ascontiguousarray(part) if isinstance(part, np.ndarray) else part)
+        for part in (body if isinstance(body, list) else [body])
+        if part is not None
+    ]
     if parts:
         header = {**header, "payload_bytes": sum(part.nbytes for part in parts)}
     answers.write(json.dumps(header).encode() + b"\n")

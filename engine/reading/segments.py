@@ -61,7 +61,9 @@ def worth_splitting(found: list[tuple[list[int], int]], frame_pixels: int, min_p
     return len(found) > 1 and sum(work for _, work in found) * frame_pixels >= min_pixels
 
 
-def assemble(wanted: list[int], parts: list[tuple[list[dict], np.ndarray]]) -> tuple[np.ndarray, list[int], list[float]] | None:
+def assemble(
+    wanted: list[int], parts: list[tuple[list[dict], np.ndarray]]
+) -> tuple[np.ndarray, list[int], list[float]] | None:
     """((N, H, W, 3) uint8 frames, frame ordinals, seconds) for the N sampled pts `wanted` (ascending, a pts
     repeated where two sampled times show the same frame), from the readers' parts: each a list of
     {"pts": target, "ordinal": frame shown, "seconds": its time} and their (K, H, W, 3) frames in that

@@ -1,8 +1,8 @@
 """An upload's soundtrack as the model hears it, and how it crosses the reader's pipe.
 
-A reader process (engine/reading/reader_process.py) reads it with engine/reading/decoders/pyav_soundtrack.py; the engine's process gets it
-back through engine/reading/pool.py and hands it to the processor (engine/prompt/audio.py). This module is
-numpy only, so the engine's process, which never imports PyAV, can hold it.
+A reader process (engine/reading/reader_process.py) reads it with engine/reading/decoders/pyav_soundtrack.py; the
+engine's process gets it back through engine/reading/pool.py and hands it to the processor (engine/prompt/audio.py).
+This module is numpy only, so the engine's process, which never imports PyAV, can hold it.
 """
 
 from dataclasses import dataclass

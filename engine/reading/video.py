@@ -6,8 +6,8 @@ timeout and starts another, and the child's memory is capped so that a file that
 allocate without bound fails alone. The engine keeps a warm pool of readers that have imported PyAV and
 numpy already; `read_video` without one starts a reader for the file alone, as every upload once had.
 
-The reader decodes with PyAV (engine/reading/decoders/pyav_video.py) rather than decord 0.6, the engine's decoder before:
-the frames' presentation times come from the container, so variable-frame-rate files are sampled at the
+The reader decodes with PyAV (engine/reading/decoders/pyav_video.py) rather than decord 0.6, the engine's decoder
+before: the frames' presentation times come from the container, so variable-frame-rate files are sampled at the
 right seconds; it reads every codec its FFmpeg has (AV1 included, which decord 0.6 cannot); and it
 decodes the 32 sampled frames of a 2-minute 1080p long-GOP H.264 file with 40% less CPU (seeking only
 where it pays and skipping frames nothing refers to; bench/decoding.py).
@@ -37,6 +37,7 @@ UNREADABLE = "The file could not be read as a video or a picture."
 EMPTY = "The file is empty."
 TOO_SLOW = "Reading the video took too long; try a shorter or smaller file."
 OUT_OF_MEMORY = "Reading the video needed more memory than the server allows; try a smaller file."
+
 
 @dataclass(frozen=True)
 class SampledVideo:
@@ -135,11 +136,18 @@ def read_upload(
     if size_bytes > max_bytes:
         size_text, limit_text = size_pair(size_bytes, max_bytes)
         raise InputError(f"The file is {size_text}; the limit is {limit_text}.")
-    request = {"path": str(path), "frame_sampling": asdict(sampling), "max_seconds": max_seconds,
-               "patch": temporal_patch, "max_source_pixels": max_source_pixels,
-               "max_picture_pixels": max_picture_pixels, "memory_bytes": memory_bytes,
-               "soundtrack": None if soundtrack_rate_hz is None else {"rate_hz": soundtrack_rate_hz,
-                                                                      "max_seconds": max_soundtrack_seconds}}
+    request = {
+        "path": str(path),
+        "frame_sampling": asdict(sampling),
+        "max_seconds": max_seconds,
+        "patch": temporal_patch,
+        "max_source_pixels": max_source_pixels,
+        "max_picture_pixels": max_picture_pixels,
+        "memory_bytes": memory_bytes,
+        "soundtrack": None
+        if soundtrack_rate_hz is None
+        else {"rate_hz": soundtrack_rate_hz, "max_seconds": max_soundtrack_seconds},
+    }
     if readers is None:  # the reader's start counts against the timeout, as a fresh process per file did
         with ReaderPool(1) as own:
             read = own.read(request, timeout_s, count_wait=True)
@@ -218,10 +226,12 @@ def size_pair(size_bytes: int, limit_bytes: int) -> tuple[str, str]:
 
 
 def too_many_pixels(subject: str, width: int, height: int, limit_pixels: int) -> str:
-    """"<subject> 5000x4000 (20 megapixels); the limit is 8.8 megapixels.": the sentence for frames larger
+    """ "<subject> 5000x4000 (20 megapixels); the limit is 8.8 megapixels.": the sentence for frames larger
     than the cap, an upload's or a live frame's; the size rounds up so it never reads as equal."""
     megapixels = _number(width * height / 1e6, round_up=True)
-    return f"{subject} {width}x{height} ({megapixels} megapixels); the limit is {_number(limit_pixels / 1e6)} megapixels."
+    return (
+        f"{subject} {width}x{height} ({megapixels} megapixels); the limit is {_number(limit_pixels / 1e6)} megapixels."
+    )
 
 
 def duration_pair(length_s: float, limit_s: float) -> tuple[str, str]:

@@ -16,9 +16,9 @@ later never overtake earlier ones, so a large video waits behind at most one bur
 """
 
 from collections import deque
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from itertools import takewhile
-from typing import Callable, Iterator
 
 from .request import Request
 from .stage import Stage
@@ -58,9 +58,15 @@ class Scheduler:
     session's state (it is admitted later, without holding up the requests behind it); True for an upload.
     """
 
-    def __init__(self, max_running: int, vit_patch_budget: int, prefill_token_budget: int,
-                 weights: WorkWeights, missing: Callable[["Request"], dict[tuple, int]],
-                 ready: Callable[["Request"], bool] = lambda request: True):
+    def __init__(
+        self,
+        max_running: int,
+        vit_patch_budget: int,
+        prefill_token_budget: int,
+        weights: WorkWeights,
+        missing: Callable[["Request"], dict[tuple, int]],
+        ready: Callable[["Request"], bool] = lambda request: True,
+    ):
         self.max_running = max_running
         self.vit_patch_budget = vit_patch_budget
         self.prefill_token_budget = prefill_token_budget
@@ -115,7 +121,7 @@ class Scheduler:
         taken = {key for index in (chunks[0] if chunks else []) for key in brought[bringing[index]]}
         covered = [need.keys() <= taken for need in needs]
         chunk = list(takewhile(lambda pair: pair[1], zip(self.encoding, covered)))
-        riders = [request for request, ok in zip(self.encoding[len(chunk):], covered[len(chunk):]) if ok]
+        riders = [request for request, ok in zip(self.encoding[len(chunk) :], covered[len(chunk) :]) if ok]
         return [request for request, _ in chunk] + riders
 
     def live_share(self, patches: list[int]) -> int:

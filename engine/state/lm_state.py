@@ -142,13 +142,16 @@ class LMState:
 
     def clone(self) -> "LMState":
         """Owned copies, so the state pins no larger batch tensor and later in-place updates leave it alone."""
-        return self._map(lambda kv: KV(kv.keys.clone(), kv.values.clone()),
-                         lambda r: Recurrent(r.conv.clone(), r.ssm.clone()))
+        return self._map(
+            lambda kv: KV(kv.keys.clone(), kv.values.clone()), lambda r: Recurrent(r.conv.clone(), r.ssm.clone())
+        )
 
     def snapshot(self) -> Snapshot:
         """Owned copies of the recurrent layers (None at attention layers): what resuming here needs beside KV."""
-        return tuple(Recurrent(layer.conv.clone(), layer.ssm.clone()) if isinstance(layer, Recurrent) else None
-                     for layer in self.layers)
+        return tuple(
+            Recurrent(layer.conv.clone(), layer.ssm.clone()) if isinstance(layer, Recurrent) else None
+            for layer in self.layers
+        )
 
     def with_recurrent(self, snapshot: Snapshot) -> "LMState":
         """This state's KV with the recurrent layers of `snapshot` (taken at this state's token count)."""
@@ -156,13 +159,19 @@ class LMState:
 
     def _map(self, on_kv, on_recurrent) -> "LMState":
         """Each KV layer through on_kv, each Recurrent through on_recurrent; stateless layers stay None."""
-        return LMState(tuple(on_kv(layer) if isinstance(layer, KV) else on_recurrent(layer) if layer else None
-                             for layer in self.layers))
+        return LMState(
+            tuple(
+                on_kv(layer) if isinstance(layer, KV) else on_recurrent(layer) if layer else None
+                for layer in self.layers
+            )
+        )
 
     def row(self, i: int, tokens: int) -> "LMState":
         """Sequence i alone, without its left padding: its last `tokens` KV slots (views)."""
-        return self._map(lambda kv: KV(kv.keys[i : i + 1, :, -tokens:], kv.values[i : i + 1, :, -tokens:]),
-                         lambda r: Recurrent(r.conv[i : i + 1], r.ssm[i : i + 1]))
+        return self._map(
+            lambda kv: KV(kv.keys[i : i + 1, :, -tokens:], kv.values[i : i + 1, :, -tokens:]),
+            lambda r: Recurrent(r.conv[i : i + 1], r.ssm[i : i + 1]),
+        )
 
 
 def _tensors(layer: Layer) -> tuple[torch.Tensor, torch.Tensor]:
@@ -227,15 +236,17 @@ def batch_cache(states: list[LMState], length: int) -> Cache:
 
     Stacking first and copying into the buffers after moved every byte of the batch three times, which made
     a join at 7 rows of random-qwen3-vl-50m on 2 CPU cores as slow as a decode step (44 ms)."""
-    kinds = tuple(ATTENTION if isinstance(layer, KV) else LINEAR if layer else STATELESS
-                  for layer in states[0].layers)
+    kinds = tuple(ATTENTION if isinstance(layer, KV) else LINEAR if layer else STATELESS for layer in states[0].layers)
     cache = new_cache(kinds)
     for index, parts in enumerate(zip(*(state.layers for state in states))):
         if parts[0] is None:
             continue
         if isinstance(parts[0], KV):
-            cache.layers[index] = GrowingLayer.holding(_right_aligned([p.keys for p in parts], length),
-                                                       _right_aligned([p.values for p in parts], length), length)
+            cache.layers[index] = GrowingLayer.holding(
+                _right_aligned([p.keys for p in parts], length),
+                _right_aligned([p.values for p in parts], length),
+                length,
+            )
         else:
             _fill_recurrent(cache.layers[index], torch.cat([p.conv for p in parts]), torch.cat([p.ssm for p in parts]))
     return cache
@@ -246,8 +257,9 @@ def _right_aligned(tensors: list[torch.Tensor], length: int) -> torch.Tensor:
     its rows, ending at slot `length`, zeros before it (a masked slot must still hold a finite number: a
     softmax weight of 0 times NaN is NaN)."""
     first = tensors[0]
-    buffer = first.new_empty(sum(t.shape[0] for t in tensors), first.shape[1], length + GrowingLayer.SPARE_TOKENS,
-                             first.shape[3])
+    buffer = first.new_empty(
+        sum(t.shape[0] for t in tensors), first.shape[1], length + GrowingLayer.SPARE_TOKENS, first.shape[3]
+    )
     row = 0
     for tensor in tensors:
         rows, start = tensor.shape[0], length - tensor.shape[2]

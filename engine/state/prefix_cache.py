@@ -21,8 +21,8 @@ from .lm_state import LMState, Snapshot, cache_of, snapshot_nbytes
 
 
 def prefix_key(feature_keys: tuple, pruning_method: str, pruning_rate: float, prefix_ids: torch.Tensor) -> tuple:
-    """The key of a conversation's state: every medium's features in order, which of its tokens were kept (method and rate:
-    two methods at one rate keep as many tokens, so the same ids, but not the same ones) and the prefix ids."""
+    """The key of a conversation's state: every medium's features in order, which of its tokens were kept (method and
+    rate: two methods at one rate keep as many tokens, so the same ids, but not the same ones) and the prefix ids."""
     digest = hashlib.sha256(prefix_ids.to(torch.int64).cpu().numpy().tobytes()).hexdigest()
     return (feature_keys, pruning_method, pruning_rate, digest)
 
@@ -61,7 +61,9 @@ class PrefixCache:
     def __init__(self, max_bytes: int):
         self.lru = ByteLRU(max_bytes)
 
-    def lookup(self, key: tuple, token_ids: torch.Tensor, min_len: int) -> tuple[Cache | None, int, dict[int, Snapshot]]:
+    def lookup(
+        self, key: tuple, token_ids: torch.Tensor, min_len: int
+    ) -> tuple[Cache | None, int, dict[int, Snapshot]]:
         """(cache holding the reusable leading tokens, their count, the stored snapshots within them), or
         (None, 0, {}) when fewer than min_len tokens can be resumed. At least one token is always left to
         prefill, for its logits."""
@@ -81,6 +83,8 @@ class PrefixCache:
         """Keep the state after token_ids under key, replacing the conversation stored there, with the
         snapshots taken inside it. Cloned, so the entry pins no batch tensor and later forwards leave it be."""
         kept = state.clone()
-        kept_snapshots = {n: snap for n, snap in snapshots.items() if n < token_ids.numel()} if kept.has_recurrent else {}
+        kept_snapshots = (
+            {n: snap for n, snap in snapshots.items() if n < token_ids.numel()} if kept.has_recurrent else {}
+        )
         nbytes = kept.nbytes + sum(snapshot_nbytes(snap) for snap in kept_snapshots.values())
         self.lru.put(key, StoredConversation(token_ids.cpu(), kept, kept_snapshots), nbytes)

@@ -104,8 +104,9 @@ class LiveRunner:
     def vision_work(self) -> list[LiveGroup]:
         """Groups to encode, oldest first and taking turns among the sessions (each session's in order); a session
         whose decided groups wait for prefill gets no more until they are in, so that features stay bounded."""
-        queues = [list(stream.waiting)[: max(0, MAX_GROUPS_BEHIND - len(stream.decided))]
-                  for stream in self.streams.values()]
+        queues = [
+            list(stream.waiting)[: max(0, MAX_GROUPS_BEHIND - len(stream.decided))] for stream in self.streams.values()
+        ]
         taking_turns = []
         for depth in range(max(map(len, queues), default=0)):
             taking_turns += [waiting[depth] for waiting in queues if depth < len(waiting)]
@@ -150,7 +151,7 @@ class LiveRunner:
             return 0
         self._turn %= len(streams)
         spent = 0
-        for stream in streams[self._turn:] + streams[: self._turn]:
+        for stream in streams[self._turn :] + streams[: self._turn]:
             groups = self._within(stream, budget - spent, first=spent == 0)
             if not groups:
                 break
@@ -186,14 +187,15 @@ class LiveRunner:
         rows = torch.cat([part.positions for part in parts], dim=1)
         positions = torch.cat([torch.arange(begin, begin + ids.numel())[None], rows])[:, None].to(self.model.device)
         kept = [g.kept for g in groups]
-        features = VideoFeatures(torch.cat([k.embeds for k in kept]),
-                                 [torch.cat(levels) for levels in zip(*(k.deepstack for k in kept))])
+        features = VideoFeatures(
+            torch.cat([k.embeds for k in kept]), [torch.cat(levels) for levels in zip(*(k.deepstack for k in kept))]
+        )
         if ids.numel():  # Qwen2.5-VL's groups have no text of their own: one that keeps no token has nothing
             embeds = embed_prompt(self.model, ids, video_mask, features)
             batch = LMInput(embeds[None], positions, None, video_mask[None].to(self.model.device), features.deepstack)
             lm_logits(self.model, self.family, batch, stream.cache)
         now = time.perf_counter()
-        for group, part in zip(groups, parts[-len(groups):]):
+        for group, part in zip(groups, parts[-len(groups) :]):
             stream.decided.popleft()
             held = HeldGroup(part, group.retention, group.dissimilarity, (group.times_s[0] + group.times_s[-1]) / 2)
             stream.held.append(held)
@@ -240,7 +242,9 @@ class LiveRunner:
         begin = stream.tokens
         parts = [self._prefix(layout), *(held.tokens for held in stream.held)]
         tail = question.tail_ids
-        parts.append(GroupTokens(tail, torch.zeros(tail.numel(), dtype=torch.bool), layout.tail_positions(tail.numel())))
+        parts.append(
+            GroupTokens(tail, torch.zeros(tail.numel(), dtype=torch.bool), layout.tail_positions(tail.numel()))
+        )
         ids = torch.cat([part.ids for part in parts])
         rows = torch.cat([part.positions for part in parts], dim=1)
         held = list(stream.held)
@@ -261,9 +265,19 @@ class LiveRunner:
         stats.frames_sampled = stream.session.groups_in_state * self.family.temporal_patch
         stats.grid_thw, stats.video_tokens_total = [len(held), h, w], len(held) * h * w
         # The video held in the state, as one medium: its kept tokens are counted when the answer is done.
-        stats.media = [{"kind": "video", "tokens_total": stats.video_tokens_total, "tokens_kept": None,
-                        "grid_thw": stats.grid_thw, "frames_sampled": stats.frames_sampled,
-                        "sampled_fps": stats.sampled_fps, "timestamps_s": [held_group.time_s for held_group in held],
-                        "tokens_kept_per_frame": None, "soundtrack": stats.soundtrack, "audio_tokens": 0,
-                        "audio_seconds": 0.0}]
+        stats.media = [
+            {
+                "kind": "video",
+                "tokens_total": stats.video_tokens_total,
+                "tokens_kept": None,
+                "grid_thw": stats.grid_thw,
+                "frames_sampled": stats.frames_sampled,
+                "sampled_fps": stats.sampled_fps,
+                "timestamps_s": [held_group.time_s for held_group in held],
+                "tokens_kept_per_frame": None,
+                "soundtrack": stats.soundtrack,
+                "audio_tokens": 0,
+                "audio_seconds": 0.0,
+            }
+        ]
         return cache_of(state_of(stream.cache)), begin

@@ -25,8 +25,13 @@ class LMInput:
     deepstack: list[torch.Tensor] | None = None
 
 
-def embed_prompt(model, input_ids: torch.Tensor, visual_mask: torch.Tensor, features: VideoFeatures,
-                 audio_mask: torch.Tensor | None = None) -> torch.Tensor:
+def embed_prompt(
+    model,
+    input_ids: torch.Tensor,
+    visual_mask: torch.Tensor,
+    features: VideoFeatures,
+    audio_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
     """(L,) ids -> (L, D) embeddings with the kept media features in place of the media tokens (visual_mask:
     (L,) bool, one token per row, the media in order), and the audio features (when heard) in place of the audio
     tokens (audio_mask: (L,) bool, one token per row)."""

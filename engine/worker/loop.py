@@ -132,8 +132,9 @@ class Worker(threading.Thread):
         if not chunk and not live_groups:
             return
         try:
-            self.runner.encode(chunk, on_forward=lambda served: events.vision_started(served, self.temporal_patch),
-                               live=live_groups)
+            self.runner.encode(
+                chunk, on_forward=lambda served: events.vision_started(served, self.temporal_patch), live=live_groups
+            )
         except Exception:
             log.exception("vision forward failed")
             self._end(chunk, vision_failed)

@@ -75,9 +75,15 @@ class ModelRunner:
         pruned = request.pruned
         length = pruned.input_ids.numel()
         if request.live is None:
-            request.prefix_key = prefix_key(tuple(request.feature_keys), request.params.pruning_method,
-                                            request.params.pruning_rate, pruned.input_ids[: pruned.prefix_len])
-            cache, begin, request.snapshots = self.prefix.lookup(request.prefix_key, pruned.input_ids, pruned.prefix_len)
+            request.prefix_key = prefix_key(
+                tuple(request.feature_keys),
+                request.params.pruning_method,
+                request.params.pruning_rate,
+                pruned.input_ids[: pruned.prefix_len],
+            )
+            cache, begin, request.snapshots = self.prefix.lookup(
+                request.prefix_key, pruned.input_ids, pruned.prefix_len
+            )
         hit = cache is not None and request.live is None
         if cache is None:
             cache = new_cache(self.layer_kinds)
@@ -107,8 +113,9 @@ class ModelRunner:
         if begin > 0:
             text = embed_tokens(self.model, pruned.input_ids[begin:end])
             return lm_logits(self.model, self.family, LMInput(text[None], positions), cache)
-        embeds = embed_prompt(self.model, pruned.input_ids[:end], pruned.visual_mask[:end], pruned.features,
-                              pruned.audio_mask[:end])
+        embeds = embed_prompt(
+            self.model, pruned.input_ids[:end], pruned.visual_mask[:end], pruned.features, pruned.audio_mask[:end]
+        )
         visual_mask = pruned.visual_mask[None, :end].to(self.model.device)
         batch = LMInput(embeds[None], positions, None, visual_mask, pruned.features.deepstack)
         return lm_logits(self.model, self.family, batch, cache)

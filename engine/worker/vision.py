@@ -36,8 +36,10 @@ class VisionEncoder:
 
     def feature_keys(self, request: Request) -> list[tuple]:
         """One key per medium of the request, in order."""
-        return [(medium.content_hash, request.frame_sampling, self.model_name, prompt.audio is not None)
-                for medium, prompt in zip(request.media, request.prompt.media)]
+        return [
+            (medium.content_hash, request.frame_sampling, self.model_name, prompt.audio is not None)
+            for medium, prompt in zip(request.media, request.prompt.media)
+        ]
 
     def lookup(self, key: tuple, grid_thw: tuple[int, int, int]) -> VideoFeatures | None:
         cached = self.cache.get(key)
@@ -48,8 +50,11 @@ class VisionEncoder:
 
     def missing(self, request: Request) -> dict[tuple, int]:
         """The media of the request whose features are not cached: key -> vision patches (its pixel rows)."""
-        return {key: len(medium.pixel_values) for key, medium in zip(request.feature_keys, request.prompt.media)
-                if self.lookup(key, medium.grid_thw) is None}
+        return {
+            key: len(medium.pixel_values)
+            for key, medium in zip(request.feature_keys, request.prompt.media)
+            if self.lookup(key, medium.grid_thw) is None
+        }
 
     def encode(self, requests: list[Request], on_batch=None, live=()) -> None:
         """Set features and vision stats on every request, each medium not cached encoded once, all of them
@@ -58,8 +63,9 @@ class VisionEncoder:
         report progress."""
         misses: dict[tuple, list[tuple[Request, int]]] = {}
         for request in requests:
-            request.features = [self.lookup(key, medium.grid_thw)
-                                for key, medium in zip(request.feature_keys, request.prompt.media)]
+            request.features = [
+                self.lookup(key, medium.grid_thw) for key, medium in zip(request.feature_keys, request.prompt.media)
+            ]
             for index, features in enumerate(request.features):
                 if features is None:
                     misses.setdefault(request.feature_keys[index], []).append((request, index))
@@ -82,7 +88,7 @@ class VisionEncoder:
         start = time.perf_counter()
         groups = [VideoInputs(group.pixel_values, group.grid_thw_patches, (1, *group.grid_hw), 0.0) for group in live]
         outputs = self.family.encode_media(self.model, owners + groups)
-        for group, output in zip(live, outputs[len(owners):]):
+        for group, output in zip(live, outputs[len(owners) :]):
             group.features = output
         outputs = outputs[: len(owners)]
         # One soundtrack per audio forward, never a batch of them: the memory plan counts the audio tower's
@@ -98,8 +104,11 @@ class VisionEncoder:
         self.forwards += 1
         for key, owner, split in zip(keys, owners, outputs):
             # own copies: a split view would keep the whole batch's output alive in the cache
-            features = VideoFeatures(split.embeds.clone(), [level.clone() for level in split.deepstack],
-                                     None if split.audio is None else split.audio.clone())
+            features = VideoFeatures(
+                split.embeds.clone(),
+                [level.clone() for level in split.deepstack],
+                None if split.audio is None else split.audio.clone(),
+            )
             self.cache.put(key, CachedFeatures(features, owner.grid_thw), features.nbytes)
             for request, index in misses[key]:
                 request.features[index] = features

@@ -51,13 +51,20 @@ def read_picture(picture: Image.Image, request: dict) -> tuple[dict, np.ndarray 
     rgb = _upright_rgb(picture)
     fit_h, fit_w = fit_pixels(rgb.height, rgb.width, sampling.max_pixels_per_frame)
     pixels = np.asarray(_resized(rgb, fit_h, fit_w))[None]
-    header = {"status": "ok", "kind": "image", "size": [width, height],
-              "entries": [{"pts": 0, "ordinal": 0, "seconds": 0.0}], "shape": list(pixels.shape), "work": {}}
+    header = {
+        "status": "ok",
+        "kind": "image",
+        "size": [width, height],
+        "entries": [{"pts": 0, "ordinal": 0, "seconds": 0.0}],
+        "shape": list(pixels.shape),
+        "work": {},
+    }
     return header, pixels
 
 
-def _animated(picture: Image.Image, sampling: FrameSampling, max_seconds: float,
-              patch: int) -> tuple[dict, np.ndarray | None]:
+def _animated(
+    picture: Image.Image, sampling: FrameSampling, max_seconds: float, patch: int
+) -> tuple[dict, np.ndarray | None]:
     """An animated picture's frames sampled by time from their delays, as a video read answers them: each
     frame's "pts" is its ordinal."""
     count = picture.n_frames
@@ -77,8 +84,16 @@ def _animated(picture: Image.Image, sampling: FrameSampling, max_seconds: float,
         picture.seek(ordinal)
         frames[row] = np.asarray(_resized(_rgb(picture), fit_h, fit_w))
     entries = [{"pts": ordinal, "ordinal": ordinal, "seconds": starts_s[ordinal]} for ordinal in targets]
-    header = {"status": "ok", "kind": "video", "total_frames": count, "duration_s": elapsed, "wanted": wanted,
-              "entries": entries, "shape": list(frames.shape), "work": {"frames_decoded": count}}
+    header = {
+        "status": "ok",
+        "kind": "video",
+        "total_frames": count,
+        "duration_s": elapsed,
+        "wanted": wanted,
+        "entries": entries,
+        "shape": list(frames.shape),
+        "work": {"frames_decoded": count},
+    }
     return header, frames
 
 

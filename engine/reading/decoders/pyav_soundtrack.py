@@ -71,8 +71,9 @@ class MonoResampler:
             pieces = self.flush()
             # One-second output frames: the same samples, but not one array per decoded frame (25,840 of them
             # for 600 s of 44.1 kHz AAC, whose conversion took a sixth of the read).
-            self._resampler = av.AudioResampler(format=_PACKED_FLOAT32, layout="mono", rate=self.rate_hz,
-                                                frame_size=self.rate_hz)
+            self._resampler = av.AudioResampler(
+                format=_PACKED_FLOAT32, layout="mono", rate=self.rate_hz, frame_size=self.rate_hz
+            )
             self._source = source
         return pieces + [_samples(out) for out in self._resampler.resample(frame)]
 

@@ -57,8 +57,15 @@ def open_failure(error: Exception) -> str:
     return "unreadable"
 
 
-def stream_frames(url: str, fps: float, max_pixels_per_frame: int, max_source_pixels: int, timeout_s: float,
-                  send: Callable[[dict, np.ndarray], None], threads: int = 0) -> dict:
+def stream_frames(
+    url: str,
+    fps: float,
+    max_pixels_per_frame: int,
+    max_source_pixels: int,
+    timeout_s: float,
+    send: Callable[[dict, np.ndarray], None],
+    threads: int = 0,
+) -> dict:
     """Read `url` until it ends, calling send({"status": "frame", "t_s", "shape"}, (H, W, 3) uint8 RGB) for
     each frame taken at `fps`; returns the last header: {"status": "ended", "frames"} when the stream ends
     or breaks off after it opened, {"status": "open_failed", "reason"}, {"status": "unreadable"} (no video

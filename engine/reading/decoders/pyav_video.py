@@ -1,5 +1,5 @@
-"""PyAV decoding, run in a reader process (engine/reading/reader_process.py): the video's timeline from its packets, then the
-sampled frames only, each decoded the cheapest way the file allows.
+"""PyAV decoding, run in a reader process (engine/reading/reader_process.py): the video's timeline from its packets,
+then the sampled frames only, each decoded the cheapest way the file allows.
 
 1. One pass over the packets, without decoding, gives every frame's presentation time (PTS) and which
    frames are keyframes. Frames are sampled by time from it (`sample_by_time`), so a variable-frame-rate
@@ -87,8 +87,9 @@ class Plan:
     fit_hw: tuple[int, int]
 
 
-def plan_file(path: str, sampling: FrameSampling, max_seconds: float, temporal_patch: int,
-              max_source_pixels: int) -> tuple[dict, Plan | None]:
+def plan_file(
+    path: str, sampling: FrameSampling, max_seconds: float, temporal_patch: int, max_source_pixels: int
+) -> tuple[dict, Plan | None]:
     """(header, plan): the file's checks and its sampled frames' pts, from one pass over its packets.
 
     header["status"]: "ok" (with total_frames and duration_s; the plan goes with it), "too_long"
@@ -117,7 +118,9 @@ def plan_file(path: str, sampling: FrameSampling, max_seconds: float, temporal_p
     return {"status": "ok", "total_frames": len(timeline.pts), "duration_s": timeline.duration_s}, plan
 
 
-def read_targets(path: str, plan: Plan, targets: list[int], threads: int = 0) -> tuple[list[dict], np.ndarray | None, dict]:
+def read_targets(
+    path: str, plan: Plan, targets: list[int], threads: int = 0
+) -> tuple[list[dict], np.ndarray | None, dict]:
     """(entries, (K, H, W, 3) uint8 frames or None, work): the frames at the ascending, distinct pts
     `targets` (all of plan.wanted's or one segment's), decoded the planned way, or in order from the first
     frame where a seek missed, by `threads` decoder threads (0: one per core).
@@ -147,13 +150,16 @@ def read_targets(path: str, plan: Plan, targets: list[int], threads: int = 0) ->
     frames = np.empty((len(order), *taken[order[-1]][1].shape), np.uint8)
     for row, pts in enumerate(order):
         frames[row] = taken.pop(pts)[1]  # popped: the frames are held once, not twice, at the peak
-    entries = [{"pts": pts, "ordinal": int(ordinal), "seconds": float(seconds)}
-               for pts, ordinal, seconds in zip(order, ordinals, timeline.seconds(shown))]
+    entries = [
+        {"pts": pts, "ordinal": int(ordinal), "seconds": float(seconds)}
+        for pts, ordinal, seconds in zip(order, ordinals, timeline.seconds(shown))
+    ]
     return entries, frames, work
 
 
-def read_file(path: str, sampling: FrameSampling, max_seconds: float, temporal_patch: int,
-              max_source_pixels: int) -> tuple[dict, np.ndarray | None]:
+def read_file(
+    path: str, sampling: FrameSampling, max_seconds: float, temporal_patch: int, max_source_pixels: int
+) -> tuple[dict, np.ndarray | None]:
     """(header, (N, H, W, 3) uint8 frames or None): one upload read whole in this process, as one reader
     reads it.
 
@@ -175,14 +181,19 @@ def timeline_message(timeline: Timeline) -> tuple[dict, bytes]:
     """The timeline as a JSON-ready dict and the bytes of its pts and keyframes (int64), for a reader that
     reads one segment of the same file (timeline_from_message is the inverse)."""
     keyframes = np.asarray(timeline.keyframes, dtype=np.int64)
-    meta = {"frames": len(timeline.pts), "keyframes": len(keyframes), "time_base": [timeline.time_base.numerator,
-            timeline.time_base.denominator], "end": int(timeline.end), "by_order": timeline.by_order}
+    meta = {
+        "frames": len(timeline.pts),
+        "keyframes": len(keyframes),
+        "time_base": [timeline.time_base.numerator, timeline.time_base.denominator],
+        "end": int(timeline.end),
+        "by_order": timeline.by_order,
+    }
     return meta, np.ascontiguousarray(timeline.pts, dtype=np.int64).tobytes() + keyframes.tobytes()
 
 
 def timeline_from_message(meta: dict, payload: bytes) -> Timeline:
     numbers = np.frombuffer(payload, np.int64)
-    pts, keyframes = numbers[:meta["frames"]], numbers[meta["frames"]:meta["frames"] + meta["keyframes"]]
+    pts, keyframes = numbers[: meta["frames"]], numbers[meta["frames"] : meta["frames"] + meta["keyframes"]]
     return Timeline(pts, [int(key) for key in keyframes], Fraction(*meta["time_base"]), meta["end"], meta["by_order"])
 
 
@@ -211,8 +222,9 @@ def open_unprobed(path: str, *, decoding: bool):
     container = open_without_video_probe(path)
     name = container.format.name
     streams = container.streams.video
-    if name in _INDEXED_FORMATS and (not decoding or name == _MP4
-                                     or (streams and streams[0].codec_context.name in _UNREORDERED_CODECS)):
+    if name in _INDEXED_FORMATS and (
+        not decoding or name == _MP4 or (streams and streams[0].codec_context.name in _UNREORDERED_CODECS)
+    ):
         return container
     container.close()
     return av.open(path)
@@ -273,8 +285,11 @@ def open_decoder(stream, stored_hw: tuple[int, int], fit_hw: tuple[int, int], th
     context.thread_count = threads
     if context.codec.name in _LOWRES_DECODERS:
         halvings = 0
-        while (halvings < _MAX_LOWRES and stored_hw[0] >> (halvings + 1) >= fit_hw[0]
-               and stored_hw[1] >> (halvings + 1) >= fit_hw[1]):
+        while (
+            halvings < _MAX_LOWRES
+            and stored_hw[0] >> (halvings + 1) >= fit_hw[0]
+            and stored_hw[1] >> (halvings + 1) >= fit_hw[1]
+        ):
             halvings += 1
         if halvings:
             context.options = {**(context.options or {}), "lowres": str(halvings)}
