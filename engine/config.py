@@ -164,6 +164,10 @@ class EngineConfig:
     # costs what an upload does.
     max_live_sessions: int = 4
     live_window_tokens: int | None = None
+    # A temporal group whose pixels equal the previous group's is not encoded: its tokens take the previous group's
+    # features, which the tower would give it again (each temporal group is encoded alone). Off only for the
+    # equivalence tests, which compare the two.
+    vision_reuse: bool = True
     cache_dir: Path = field(default_factory=default_cache_dir)
     # None: the model's own when its folder says (tiny-trained: none at all), else DEFAULT_SYSTEM_PROMPT.
     system_prompt: str | None = None
@@ -197,6 +201,11 @@ class GenerationParams:
     # Hear the upload's soundtrack beside its frames. None: whenever the model has an audio tower
     # (Engine.model_info["hears"]); a model without one ignores True, as enable_thinking is ignored.
     hear_soundtrack: bool | None = None
+    # Still patches skipped before the vision tower (pruning/still.py): a merge unit whose pixels changed less
+    # than a threshold since it was last encoded is not encoded and not in the prompt; the pruning method then
+    # chooses among the rest. A model whose tower encodes only whole groups (Engine.model_info
+    # ["skips_still_patches"]) ignores it.
+    skip_still_patches: bool = False
 
 
 # Every limit a user can hit, and the environment variable that overrides it (README, "Limits").

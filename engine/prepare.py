@@ -15,11 +15,14 @@ from pathlib import Path
 
 import torch
 
+import pruning
+
 from .config import EngineConfig, FrameSampling
 from .detokenize import SplitDetokenizer
 from .errors import InputError
 from .lru import ByteLRU
 from .memory.plan import Plan
+from .prompt.units import encode_plan
 from .prompt.unpruned import MediumPrompt, UnprunedPrompt, unpruned_prompt
 from .reading.media import Medium, is_video, read_medium
 from .reading.pool import ReaderPool
@@ -123,6 +126,7 @@ class Preparer:
         self._system_prompt, self._hears = system_prompt, hears
         self._soundtrack_rate_hz, self._think_end = soundtrack_rate_hz, think_end
         self._enqueue = enqueue
+        self._levels = family.pixel_levels(loaded.processor)  # pixel value units -> 0-255 levels, per channel
         # The frame cache: sampled frames of recent uploads, so a follow-up question skips reading the file again.
         self._frames = ByteLRU(config.frame_cache_bytes)
         self._reading: dict[tuple, Future] = {}  # reads under way, by (digest, frame sampling, soundtrack read)
@@ -184,7 +188,21 @@ class Preparer:
                 thinking=think_end is not None,
                 hear=hear,
             )
+            skip = request.params.skip_still_patches and self.family.skips_still_patches
+            request.plans = [
+                encode_plan(
+                    self.family,
+                    medium,
+                    self._levels,
+                    self.config.vision_reuse,
+                    skip and not medium.is_image,
+                    pruning.STILL_THRESHOLD_LEVELS,
+                )
+                for medium in request.prompt.media
+            ]
             stats = request.stats
+            stats.vision_patches_total = sum(medium.pixel_values.shape[0] for medium in request.prompt.media)
+            stats.vision_patches_encoded = 0
             stats.read_video_s = time.perf_counter() - start
             stats.read_wait_s = sum(m.read_wait_s for m, now in zip(request.media, read_now) if now)
             stats.read_s = sum(m.read_s for m, now in zip(request.media, read_now) if now)

@@ -40,6 +40,11 @@ class Stats:
     read_video_s: float | None = None  # reading the file + frame sampling + HF processor
     read_wait_s: float | None = None  # of read_video_s, waiting for a free reader process (0 on a frame cache hit)
     read_s: float | None = None  # of read_video_s, the reader(s) reading the file (0 on a frame cache hit)
+    # Vision patches (the processor's pixel rows) of every medium, and of them the ones the vision tower ran for
+    # this request: exact repeats of a previous group and skipped still units are not run; 0 when the features
+    # came from the cache (vit_cache_hit).
+    vision_patches_total: int | None = None
+    vision_patches_encoded: int | None = None
     vit_s: float | None = None  # the vision forward this request took part in (with the audio tower's, when heard)
     evs_s: float | None = None
     prefill_s: float | None = None

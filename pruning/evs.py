@@ -79,14 +79,25 @@ def compute_retention_mask(features: torch.Tensor, grid_thw, q) -> torch.Tensor:
     return retention_mask_from_dissimilarity(frame_dissimilarity(features, (t, h, w)), q)
 
 
-def retention_mask_from_dissimilarity(dissimilarity: torch.Tensor, q) -> torch.Tensor:
+def retention_mask_from_dissimilarity(
+    dissimilarity: torch.Tensor, q, candidates: torch.Tensor | None = None
+) -> torch.Tensor:
     """The same selection as `compute_retention_mask`, from an already computed (T, h, w) dissimilarity
-    (for callers that also show it). Returns (T*h*w,) bool in raster order."""
+    (for callers that also show it). Returns (T*h*w,) bool in raster order.
+
+    candidates: (T*h*w,) bool, the tokens that may be kept (None: all). Skipping still patches
+    (pruning/still.py) leaves the units the vision tower did not encode out of the prompt: EVS then keeps the
+    K most changed among the candidates, K the video's count, or every candidate when there are fewer."""
     q = validate_pruning_rate(q)
     t, h, w = dissimilarity.shape
     kept_tokens = retained_token_count(h * w, t, q)
+    flat = dissimilarity.reshape(-1)
+    if candidates is not None:
+        candidates = candidates.to(device=flat.device, dtype=torch.bool)
+        kept_tokens = min(kept_tokens, int(candidates.sum()))
+        flat = torch.where(candidates, flat, torch.full_like(flat, -math.inf))
     # A stable descending sort keeps equal values in raster order, so ties go to the earlier token.
-    order = torch.sort(dissimilarity.reshape(-1), descending=True, stable=True).indices
+    order = torch.sort(flat, descending=True, stable=True).indices
     mask = torch.zeros(t * h * w, dtype=torch.bool, device=dissimilarity.device)
     mask[order[:kept_tokens]] = True
     return mask

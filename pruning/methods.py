@@ -9,7 +9,12 @@ from collections.abc import Callable
 
 import torch
 
-from pruning.evs import compute_retention_mask, retained_token_count, retention_mask_from_dissimilarity
+from pruning.evs import (
+    compute_retention_mask,
+    frame_dissimilarity,
+    retained_token_count,
+    retention_mask_from_dissimilarity,
+)
 from pruning.uniform import uniform_retention_mask, uniform_token_count
 from pruning.vidcom2 import vidcom2_retention_mask, vidcom2_token_count
 
@@ -36,15 +41,26 @@ def kept_token_count(method: str, tokens_per_frame: int, num_frames: int, q: flo
 
 
 def retention_mask(
-    features: torch.Tensor, grid_thw, q, method: str, dissimilarity: torch.Tensor | None = None
+    features: torch.Tensor,
+    grid_thw,
+    q,
+    method: str,
+    dissimilarity: torch.Tensor | None = None,
+    candidates: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Which of one video's tokens `method` keeps at rate q: (T*h*w,) bool on the features' device.
 
     features: (T*h*w, D), any float dtype. grid_thw: (T, h, w) in LLM tokens. dissimilarity: EVS's (T, h, w)
     `frame_dissimilarity` of these features when the caller already has it (EVS then reuses it; the other
-    methods do not read it). Raises ValueError for a bad method, rate, grid or feature shape.
+    methods do not read it). candidates: (T*h*w,) bool, the tokens that may be kept at all (None: every one;
+    skipping still patches leaves the rest out of the prompt): EVS keeps its count among them
+    (`retention_mask_from_dissimilarity`); the other methods choose as without and lose what is not a candidate,
+    so they may keep fewer than their count. Raises ValueError for a bad method, rate, grid or feature shape.
     """
     mask_of, _ = _METHODS[validate_pruning_method(method)]
-    if method == "evs" and dissimilarity is not None:
-        return retention_mask_from_dissimilarity(dissimilarity, q)
-    return mask_of(features, grid_thw, q)
+    if method == "evs" and (dissimilarity is not None or candidates is not None):
+        if dissimilarity is None:
+            dissimilarity = frame_dissimilarity(features, grid_thw)
+        return retention_mask_from_dissimilarity(dissimilarity, q, candidates)
+    mask = mask_of(features, grid_thw, q)
+    return mask if candidates is None else mask & candidates.to(device=mask.device, dtype=torch.bool)

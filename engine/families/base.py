@@ -7,10 +7,12 @@ registry picks one for a loaded model.
 Everything here works on one unpruned prompt; EVS (pruning/) then selects columns from it.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
+
+import pruning
 
 
 @dataclass
@@ -36,6 +38,15 @@ class VideoFeatures:
         """Rows where keep (T*h*w,) bool is True; the same mask for every DeepStack level. EVS prunes video
         tokens only: every audio row is kept (the same tensor, not a copy)."""
         return VideoFeatures(self.embeds[keep], [level[keep] for level in self.deepstack], self.audio)
+
+    def carried(self, encoded: torch.Tensor) -> "VideoFeatures":
+        """Every unit's features from the encoded units' rows (these features, in raster order): a unit the vision
+        tower did not encode takes the last encoded unit's at its place (pruning.carried_rows). encoded: (T, h*w)
+        bool, group 0 all True."""
+        if bool(encoded.all()):
+            return self
+        rows = pruning.carried_rows(encoded.cpu()).to(self.embeds.device)
+        return VideoFeatures(self.embeds[rows], [level[rows] for level in self.deepstack], self.audio)
 
     @staticmethod
     def joined(parts: list["VideoFeatures"]) -> "VideoFeatures":
@@ -91,6 +102,8 @@ class Family:
     """
 
     name = ""
+    # Whether the vision tower can encode part of a temporal group, the rest left out (skip_still_patches).
+    skips_still_patches = True
     think_end: str | None = None  # the marker that ends the thinking; None: no enable_thinking switch
     writes_empty_system = False  # whether the chat template writes a system turn when there is no system prompt
 
@@ -209,6 +222,59 @@ class Family:
         Returns one VideoFeatures per video, in order.
         """
         raise NotImplementedError
+
+    def encode_planned(
+        self, model, media: list[VideoInputs], encoded: list[torch.Tensor | None]
+    ) -> list[VideoFeatures]:
+        """One vision forward over the units `encoded` marks, (T, h*w) bool per medium (None: all of them); each
+        medium's features of those units, (n, D) rows in raster order (VideoFeatures.carried gives every token its
+        features from them). Whole groups left out leave the forward by the group, which every family allows (each
+        encodes a temporal group alone, so the rest is what it would be with them); a group encoded in part needs
+        `encode_units`."""
+        whole = [mask is None or bool((mask.all(dim=1) | ~mask.any(dim=1)).all()) for mask in encoded]
+        if all(whole):
+            return self.encode_media(model, [self._groups(m, e) for m, e in zip(media, encoded)])
+        return self.encode_units(model, media, encoded)
+
+    @staticmethod
+    def _groups(medium: VideoInputs, encoded: torch.Tensor | None) -> VideoInputs:
+        """The medium cut to the temporal groups `encoded` (T, h*w) bool holds any unit of (None: all of them)."""
+        if encoded is None or bool(encoded.all()):
+            return medium
+        groups = encoded.any(dim=1)
+        rows = medium.pixel_values.reshape(len(groups), -1, medium.pixel_values.shape[-1])[groups]
+        kept = int(groups.sum())
+        return replace(
+            medium,
+            pixel_values=rows.reshape(-1, medium.pixel_values.shape[-1]),
+            grid_thw_patches=torch.tensor([kept, *medium.grid_thw_patches[1:].tolist()]),
+            grid_thw=(kept, *medium.grid_thw[1:]),
+        )
+
+    def encode_units(self, model, media: list[VideoInputs], encoded: list[torch.Tensor | None]) -> list[VideoFeatures]:
+        """One vision forward over only the units `encoded` marks ((T, h*w) bool per medium, None: all), each with
+        its own position in its group, as a shorter sequence; each medium's features of its encoded units, in
+        raster order. A family whose tower cannot (skips_still_patches False) raises NotImplementedError."""
+        raise NotImplementedError(f"{self.name} encodes whole temporal groups only")
+
+    def unit_pixels(self, medium: VideoInputs) -> torch.Tensor:
+        """The medium's pixel values as merge units, (T, U, S, C, F, P): U = h*w units per group in raster order, S
+        their merge^2 patches, C channels, F frames, P pixels of a patch (pruning/still.py). The Qwen processors
+        write each unit's patches as consecutive rows, each row (C, F, p, p)."""
+        T, h, w = medium.grid_thw
+        rows, values = medium.pixel_values.shape
+        patches = rows // (T * h * w)
+        return medium.pixel_values.reshape(
+            T, h * w, patches, 3, self.temporal_patch, values // (3 * self.temporal_patch)
+        )
+
+    def pixel_levels(self, processor) -> torch.Tensor:
+        """(C,): the 0-255 intensity levels one unit of the video processor's pixel values is, per channel (its
+        rescale then its normalization: level = value * std / rescale factor)."""
+        video = processor.video_processor
+        std = video.image_std if getattr(video, "do_normalize", False) else (1.0, 1.0, 1.0)
+        std = [std] * 3 if isinstance(std, (int, float)) else list(std)
+        return torch.tensor(std, dtype=torch.float32) / float(video.rescale_factor)
 
     def encode_media(self, model, media: list[VideoInputs]) -> list[VideoFeatures]:
         """One vision forward over several media, videos and still images alike (the Qwen towers take an image

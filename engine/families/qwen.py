@@ -2,8 +2,35 @@
 Qwen2.5-VL, all with MRoPE positions carried from the unpruned prompt."""
 
 import torch
+import torch.nn.functional as F
+from transformers.vision_utils import (
+    get_vision_interpolation_indices_and_weights,
+    get_vision_position_ids,
+    get_vision_window_index,
+)
 
-from .base import Family, VideoFeatures
+from .base import Family, VideoFeatures, VideoInputs
+
+
+def _unit_subset(visual, media: list[VideoInputs], encoded: list[torch.Tensor | None]):
+    """What a Qwen tower needs to run only the encoded units: (their patch rows, (n, 3) patch grids, (P,) bool over
+    every medium's patch rows, the kept patches' vision position ids, cu_seqlens of the kept patches of each temporal
+    group (the tower attends within a group; a group with none kept has no segment), and the encoded units per
+    medium)."""
+    device = visual.device
+    unit = visual.spatial_merge_size**2
+    masks = [
+        torch.ones(m.grid_thw[0], m.tokens // m.grid_thw[0], dtype=torch.bool) if e is None else e
+        for m, e in zip(media, encoded)
+    ]
+    keep = torch.cat([mask.reshape(-1) for mask in masks]).repeat_interleave(unit).to(device)
+    grids = torch.stack([m.grid_thw_patches for m in media]).to(device)
+    pixels = torch.cat([m.pixel_values for m in media]).to(device)[keep].type(visual.dtype)
+    per_group = torch.cat([mask.sum(dim=1) for mask in masks]) * unit
+    per_group = per_group[per_group > 0]
+    cu_seqlens = F.pad(per_group.cumsum(0, dtype=torch.int32), (1, 0)).to(device)
+    positions = get_vision_position_ids(grids, visual.spatial_merge_size)[keep]
+    return pixels, grids, keep, positions, cu_seqlens, [int(mask.sum()) for mask in masks]
 
 
 class Qwen3VL(Family):
@@ -33,6 +60,33 @@ class Qwen3VL(Family):
         out = model.model.get_video_features(pixel_values, grid_thw_patches, return_dict=True)
         levels = getattr(out, "deepstack_features", None) or []  # Qwen3.5 has no DeepStack
         return [VideoFeatures(embeds, [level[i] for level in levels]) for i, embeds in enumerate(out.pooler_output)]
+
+    def encode_units(self, model, media, encoded):
+        # transformers' tower takes its grid-derived tensors precomputed (transformers.vision_utils): the learned
+        # position embedding's interpolation taps and the rotary positions of the full grid, cut to the kept
+        # patches, and one attention segment per temporal group of what is kept.
+        visual = model.model.visual
+        pixels, grids, keep, positions, cu_seqlens, counts = _unit_subset(visual, media, encoded)
+        taps, weights = get_vision_interpolation_indices_and_weights(
+            grids,
+            num_grid_per_side=visual.num_grid_per_side,
+            mode=visual.interpolation_mode,
+            align_corners=visual.interpolation_align_corners,
+            spatial_merge_size=visual.spatial_merge_size,
+        )
+        out = visual(
+            pixels,
+            grid_thw=grids,
+            interp_indices=taps[keep],
+            interp_weights=weights[keep],
+            position_ids=positions,
+            cu_seqlens=cu_seqlens,
+            return_dict=True,
+        )
+        levels = getattr(out, "deepstack_features", None) or []
+        embeds = out.pooler_output.split(counts)
+        deepstack = [level.split(counts) for level in levels]
+        return [VideoFeatures(e, [level[i] for level in deepstack]) for i, e in enumerate(embeds)]
 
     def processor_size(self, num_frames, max_pixels_per_frame, factor):
         # Qwen3-VL's `size` counts pixels over all frames, so the cap is scaled by the frame count: the
@@ -104,3 +158,29 @@ class Qwen25VL(Family):
     def encode(self, model, pixel_values, grid_thw_patches):
         out = model.model.get_video_features(pixel_values, grid_thw_patches, return_dict=True)
         return [VideoFeatures(embeds, []) for embeds in out.pooler_output]
+
+    def encode_units(self, model, media, encoded):
+        # Qwen2.5-VL's windowed blocks attend within spatial windows of one group: the full grid's windows, each
+        # cut to its kept units (a window left empty is no segment), in the tower's window order.
+        visual = model.model.visual
+        pixels, grids, keep, positions, cu_seqlens, counts = _unit_subset(visual, media, encoded)
+        unit = visual.spatial_merge_unit
+        order, bounds = get_vision_window_index(
+            grids.cpu(), visual.spatial_merge_size, visual.window_size, visual.patch_size
+        )
+        kept_units = keep[::unit].cpu()
+        place = kept_units.cumsum(0) - 1  # each kept unit's row in the shorter sequence
+        kept_in_order = kept_units[order]
+        window_of = torch.searchsorted(bounds[1:] // unit, torch.arange(order.numel(), device=order.device), right=True)
+        sizes = torch.bincount(window_of[kept_in_order], minlength=bounds.numel() - 1) * unit
+        window_bounds = torch.unique_consecutive(F.pad(sizes.cumsum(0, dtype=torch.int32), (1, 0)))
+        out = visual(
+            pixels,
+            grid_thw=grids,
+            position_ids=positions,
+            cu_seqlens=cu_seqlens,
+            window_index=place[order[kept_in_order]].to(pixels.device),
+            cu_window_seqlens=window_bounds.to(pixels.device),
+            return_dict=True,
+        )
+        return [VideoFeatures(embeds, []) for embeds in out.pooler_output.split(counts)]

@@ -47,8 +47,8 @@ class LiveGroup:
     stream's first frame. pushed_at: time.perf_counter() when its last frame was pushed. pixel_values (P, C) and
     grid_thw_patches (3,): the vision tower's input; grid_hw: (h, w) in LLM tokens. picture: (H, W, 3) uint8, its
     first frame as the model sees it (scaled to the session's max_pixels_per_frame), for the pruning picture.
-    The worker sets features, then kept (the features' rows EVS kept), retention (h*w,) bool and
-    dissimilarity (h, w).
+    The worker sets encoded (h*w,) bool, the units the vision tower encodes (engine/prompt/units.py's rules, decided
+    causally), features, then kept (the features' rows EVS kept), retention (h*w,) bool and dissimilarity (h, w).
     """
 
     index: int
@@ -58,6 +58,7 @@ class LiveGroup:
     grid_thw_patches: torch.Tensor
     grid_hw: tuple[int, int]
     picture: np.ndarray | None = None
+    encoded: torch.Tensor | None = None
     features: VideoFeatures | None = None
     kept: VideoFeatures | None = None
     retention: torch.Tensor | None = None
@@ -89,6 +90,8 @@ class _Counts:
     video_tokens_total: int = 0
     video_tokens_kept: int = 0
     video_tokens_held: int = 0
+    vision_patches_total: int = 0
+    vision_patches_encoded: int = 0
     lags: collections.deque = field(default_factory=collections.deque)  # (entered state at, lag in s)
 
 
@@ -236,7 +239,9 @@ class LiveSession:
     def stats(self) -> dict:
         """frames_received, frames_sampled, frames_dropped; video_tokens_total and video_tokens_kept (every group
         decided so far, before and after causal EVS); video_tokens_held (kept video tokens in the state now) and
-        window_tokens (the most it holds); lag_s: {"p50", "p95"} seconds from a group's last frame pushed to the
+        window_tokens (the most it holds); vision_patches_total and vision_patches_encoded (every group decided so
+        far: its vision patches, and those the vision tower ran, not counting exact repeats of the group before and
+        skipped still units); lag_s: {"p50", "p95"} seconds from a group's last frame pushed to the
         group in the state, over the last minute (None before any); pruning_rate; closed."""
         with self._lock:
             counts = self._counts
@@ -249,6 +254,8 @@ class LiveSession:
                 "video_tokens_total": counts.video_tokens_total,
                 "video_tokens_kept": counts.video_tokens_kept,
                 "video_tokens_held": counts.video_tokens_held,
+                "vision_patches_total": counts.vision_patches_total,
+                "vision_patches_encoded": counts.vision_patches_encoded,
                 "window_tokens": self.window_tokens,
                 "lag_s": {"p50": _percentile(lags, 0.5), "p95": _percentile(lags, 0.95)},
                 "pruning_rate": float(self.params.pruning_rate),
@@ -315,6 +322,9 @@ class LiveSession:
         with self._lock:
             self._counts.video_tokens_total += group.retention.numel()
             self._counts.video_tokens_kept += int(group.retention.sum())
+            patches_per_unit = group.pixel_values.shape[0] // group.retention.numel()
+            self._counts.vision_patches_total += group.pixel_values.shape[0]
+            self._counts.vision_patches_encoded += int(group.encoded.sum()) * patches_per_unit
             self._recent.append(
                 (
                     group.picture,

@@ -49,22 +49,35 @@ class PrunedPrompt:
 
 
 def retention(
-    medium: MediumPrompt, features: VideoFeatures, q: float, method: str
+    medium: MediumPrompt, features: VideoFeatures, q: float, method: str, candidates: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(retention mask, dissimilarity) of one medium alone: a video's mask of `method` at rate q, an image kept
-    whole."""
+    """(retention mask, dissimilarity) of one medium alone: a video's mask of `method` at rate q among candidates
+    ((T*h*w,) bool, the tokens still in the prompt; None: all), an image kept whole. A token the vision tower did
+    not encode has the features of the last encoded one at its place, so its dissimilarity is 0, and an encoded
+    token's compares it with the last encoded feature at its place."""
     if medium.is_image:
         return torch.ones(medium.tokens, dtype=torch.bool), None
     dissimilarity = pruning.frame_dissimilarity(features.embeds, medium.grid_thw)
-    mask = pruning.retention_mask(features.embeds, medium.grid_thw, q, method, dissimilarity)
+    mask = pruning.retention_mask(features.embeds, medium.grid_thw, q, method, dissimilarity, candidates)
     return mask.cpu(), dissimilarity.cpu()
 
 
-def prune_prompt(prompt: UnprunedPrompt, features: list[VideoFeatures], q: float, method: str) -> PrunedPrompt:
+def prune_prompt(
+    prompt: UnprunedPrompt,
+    features: list[VideoFeatures],
+    q: float,
+    method: str,
+    candidates: list[torch.Tensor | None] | None = None,
+) -> PrunedPrompt:
     """Keep the video tokens `method` (one of pruning.PRUNING_METHODS) selects in each video of prompt at rate q
-    (features: one per medium, in order); every image, text and audio token stays."""
+    (features: one per medium, in order), among each one's candidates (EncodePlan.candidates: the tokens whose
+    unit was encoded, when still units were skipped; None: all); every image, text and audio token stays."""
+    candidates = candidates or [None] * len(prompt.media)
     masks, dissimilarities = zip(
-        *(retention(medium, feats, q, method) for medium, feats in zip(prompt.media, features))
+        *(
+            retention(medium, feats, q, method, allowed)
+            for medium, feats, allowed in zip(prompt.media, features, candidates)
+        )
     )
     return pruned_with(prompt, features, list(masks), list(dissimilarities))
 

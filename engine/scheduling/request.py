@@ -22,6 +22,7 @@ if TYPE_CHECKING:  # what the worker puts here is tensors; bookkeeping only hold
     from engine.families.base import VideoFeatures
     from engine.live.session import LiveQuestion
     from engine.prompt.pruned import PrunedPrompt
+    from engine.prompt.units import EncodePlan
     from engine.prompt.unpruned import UnprunedPrompt
     from engine.reading.media import Medium
     from engine.state.lm_state import Snapshot
@@ -43,6 +44,7 @@ class Request:
     stats: Stats = field(default_factory=Stats)
     media: list[Medium] | None = None
     prompt: UnprunedPrompt | None = None
+    plans: list[EncodePlan] | None = None  # which units of each medium the vision tower encodes
     feature_keys: list[tuple] | None = None
     prefix_key: tuple | None = None
     features: list[VideoFeatures] | None = None
@@ -84,6 +86,6 @@ class Request:
     def release(self) -> None:
         """The request has ended: give back its queue slot and drop its tensors to free their memory."""
         self.leave_queue()
-        self.media = self.prompt = self.features = self.pruned = self.kv = None
+        self.media = self.prompt = self.plans = self.features = self.pruned = self.kv = None
         self.snapshots = {}
         self.stage = Stage.FINISHED

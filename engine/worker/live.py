@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 import pruning
-from engine.families.base import Family, VideoFeatures
+from engine.families.base import Family, VideoFeatures, VideoInputs
 from engine.live.layout import GroupTokens, LiveLayout
 from engine.live.session import FAILED, MAX_GROUPS_BEHIND, LiveGroup, LiveSession
 from engine.prompt.pruned import PrunedPrompt
@@ -50,9 +50,12 @@ class LiveStream:
     (`decided`), its causal EVS, its layout, and its state: the prefix, then the groups `held` in the KV, in order.
     """
 
-    def __init__(self, session: LiveSession, layout: LiveLayout):
+    def __init__(self, session: LiveSession, layout: LiveLayout, still: pruning.CausalStill | None):
         self.session, self.layout = session, layout
         self.rule = pruning.CausalEVS(session.params.pruning_rate)
+        self.still = still  # the still-unit rule when the session skips still patches
+        self.previous_pixels = None  # the last group's pixel values, against which an exact repeat is found
+        self.previous: VideoFeatures | None = None  # the last group's features, every unit's
         self.waiting: collections.deque[LiveGroup] = collections.deque()
         self.decided: collections.deque[LiveGroup] = collections.deque()
         self.held: collections.deque[HeldGroup] = collections.deque()
@@ -68,18 +71,22 @@ class LiveStream:
 class LiveRunner:
     """Every live session of one engine, on the worker's side.
 
-    model, family: the loaded model's; layer_kinds: its language model's (engine/state/lm_state.py).
+    model, family: the loaded model's; layer_kinds: its language model's (engine/state/lm_state.py); reuse:
+    EngineConfig.vision_reuse; levels: the processor's pixel levels (Family.pixel_levels), for the still rule.
     """
 
-    def __init__(self, model, family: Family, layer_kinds: tuple[str, ...]):
+    def __init__(self, model, family: Family, layer_kinds: tuple[str, ...], reuse: bool, levels):
         self.model, self.family, self.layer_kinds = model, family, layer_kinds
+        self.reuse, self.levels = reuse, levels
         self.streams: dict[int, LiveStream] = {}
         self._arrivals: queue.SimpleQueue = queue.SimpleQueue()
         self._turn = 0  # where the next prefill round starts among the sessions, so that none waits on the others
 
     # --- from callers' threads ----------------------------------------------------------------------------
     def open(self, session: LiveSession, layout: LiveLayout) -> None:
-        self._arrivals.put(LiveStream(session, layout))
+        skip = session.params.skip_still_patches and self.family.skips_still_patches
+        still = pruning.CausalStill(pruning.STILL_THRESHOLD_LEVELS, self.levels) if skip else None
+        self._arrivals.put(LiveStream(session, layout, still))
 
     # --- each iteration ---------------------------------------------------------------------------------------
     def refresh(self) -> None:
@@ -112,21 +119,44 @@ class LiveRunner:
             taking_turns += [waiting[depth] for waiting in queues if depth < len(waiting)]
         return taking_turns
 
+    def plan(self, groups: list[LiveGroup]) -> None:
+        """Which units of each group the vision forward encodes (group.encoded), decided causally in each stream's
+        order as engine/prompt/units.py decides an upload's: none of an exact repeat of the group before, with
+        skipping only those that changed since they were last encoded, else all."""
+        for group in groups:
+            stream = self._stream_of(group)
+            units = group.pixel_values.shape[0] // (group.grid_hw[0] * group.grid_hw[1])
+            if stream is not None and stream.still is not None:
+                whole = VideoInputs(group.pixel_values, group.grid_thw_patches, (1, *group.grid_hw), 0.0)
+                group.encoded = stream.still.add(self.family.unit_pixels(whole)[0])
+            elif stream is not None and self.reuse and stream.previous_pixels is not None:
+                repeat = torch.equal(group.pixel_values, stream.previous_pixels)
+                group.encoded = torch.full((group.pixel_values.shape[0] // units,), not repeat)
+            else:
+                group.encoded = torch.ones(group.pixel_values.shape[0] // units, dtype=torch.bool)
+            if stream is not None:
+                stream.previous_pixels = group.pixel_values
+
     def encoded(self, groups: list[LiveGroup]) -> None:
-        """The vision forward gave these groups their features: causal EVS decides each, in each stream's order."""
+        """The vision forward gave these groups the features of their encoded units: each unit not encoded takes the
+        last encoded one's at its place, and causal EVS decides each group, in each stream's order (among its
+        encoded units when skipping still patches)."""
         for group in groups:
             stream = self._stream_of(group)
             if stream is None:
                 continue
             stream.waiting.remove(group)
             try:
-                retention, dissimilarity = stream.rule.add(group.features.embeds, group.grid_hw)
+                stream.previous = features = _carried(stream.previous, group.features, group.encoded)
+                retention, dissimilarity = stream.rule.add(features.embeds, group.grid_hw)
+                if stream.still is not None:
+                    retention = retention & group.encoded.to(retention.device)
             except Exception:
                 log.exception("live session %d: EVS failed", stream.session.id)
                 self._fail(stream)
                 continue
             group.retention, group.dissimilarity = retention.cpu(), dissimilarity.cpu()
-            group.kept, group.features = group.features.select(retention), None
+            group.kept, group.features = features.select(retention), None
             stream.decided.append(group)
             stream.session.decided(group)
 
@@ -281,3 +311,18 @@ class LiveRunner:
             }
         ]
         return cache_of(state_of(stream.cache)), begin
+
+
+def _carried(
+    previous: VideoFeatures | None, encoded_rows: VideoFeatures | None, encoded: torch.Tensor
+) -> VideoFeatures:
+    """A live group's features, (h*w, D) every level: its encoded units' rows (encoded_rows, in raster order; None
+    when it encoded none) where encoded (h*w,) bool, the previous group's features elsewhere (previous is None only
+    before the first group, which is encoded whole)."""
+    if previous is None or bool(encoded.all()):
+        return encoded_rows
+    if encoded_rows is None:
+        return previous
+    both = torch.stack([torch.ones_like(encoded), encoded.cpu()])
+    carried = VideoFeatures.joined([previous, encoded_rows]).carried(both)
+    return carried.select(torch.arange(2 * encoded.numel(), device=carried.embeds.device) >= encoded.numel())

@@ -46,20 +46,29 @@ class ModelRunner:
         self.batch = DecodeBatch()
         self.eos_ids = eos_token_ids(loaded)
         self.weights = work_weights(self.model, family)
-        self.live = LiveRunner(self.model, family, self.layer_kinds)
+        self.live = LiveRunner(
+            self.model, family, self.layer_kinds, config.vision_reuse, family.pixel_levels(loaded.processor)
+        )
 
     def missing(self, request: Request) -> dict[tuple, int]:
         return self.vision.missing(request)
 
     def encode(self, requests: list[Request], on_forward, live=()) -> None:
         """Features for every request of a chunk the scheduler chose and the live groups riding it, in one vision
-        forward."""
+        forward (each group's units to encode decided first, in its stream's order)."""
+        self.live.plan(live)
         self.vision.encode(requests, on_batch=on_forward, live=live)
 
     def prune(self, request: Request) -> None:
         start = time.perf_counter()
         params = request.params
-        request.pruned = prune_prompt(request.prompt, request.features, params.pruning_rate, params.pruning_method)
+        request.pruned = prune_prompt(
+            request.prompt,
+            request.features,
+            params.pruning_rate,
+            params.pruning_method,
+            [plan.candidates for plan in request.plans],
+        )
         request.stats.evs_s = time.perf_counter() - start
 
     def prefill(self, request: Request) -> torch.Tensor:
