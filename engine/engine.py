@@ -145,6 +145,8 @@ class Engine:
             # Whether the model has an audio tower: GenerationParams.hear_soundtrack does something, and the
             # soundtrack is heard by default.
             "hears": self._hears,
+            # Whether GenerationParams.skip_still_patches does anything: the vision tower encodes part of a group.
+            "skips_still_patches": self.family.skips_still_patches,
             "max_media": self.max_media,  # videos and pictures one request may carry
             "is_tiny": loaded.is_tiny,
             "random_weights": loaded.random_weights,

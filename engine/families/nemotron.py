@@ -25,6 +25,9 @@ class NemotronOmni(Family):
     """
 
     name = "nemotron_h_omni"
+    # RADIO runs each tubelet as a whole image (cls and register tokens, then every patch): no part of one is
+    # encoded alone here, so skip_still_patches does nothing (exact repeats are still not encoded).
+    skips_still_patches = False
     think_end = "</think>"
     writes_empty_system = True  # the template always opens with `<|im_start|>system\n...<|im_end|>\n`
     _VIDEO_END = "</img>"
