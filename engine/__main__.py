@@ -2,7 +2,8 @@
 
 `--video` and `--image` may be given several times: every one is asked about in one question, in the order
 given (the kind is read from the file's content; the two flags differ only in what they say).
-`--pruning-method vidcom2` (or uniform) prunes with another method than EVS.
+`--pruning-method vidcom2` (or uniform) prunes with another method than EVS; `--skip-still-patches` (or
+`--no-skip-still-patches`) sets whether still patches are skipped before the vision tower.
 
 Prints the answer as it streams (with --think, the model's thinking first, on stderr), then the stats as
 JSON. A model with an audio tower hears the video's soundtrack unless --no-soundtrack. A user error prints
@@ -99,6 +100,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--pruning-rate", help="EVS rate q in [0, 1) (default: the model's, Engine.model_info['default_pruning_rate'])"
     )
     parser.add_argument("--pruning-method", help="which video tokens are pruned: evs (the default), vidcom2 or uniform")
+    parser.add_argument(
+        "--skip-still-patches",
+        action=argparse.BooleanOptionalAction,
+        help="skip the patches that did not change since they were last encoded, before the vision tower "
+        "(default: GenerationParams' own)",
+    )
     parser.add_argument(
         "--think",
         action="store_true",
@@ -268,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
             temperature=args.temperature,
             enable_thinking=args.think,
             hear_soundtrack=False if args.no_soundtrack else None,
+            skip_still_patches=args.skip_still_patches,
         )
         if args.live is not None:
             return play_live(engine, args, params, source, asked_at)

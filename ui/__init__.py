@@ -37,6 +37,9 @@ Inputs, in order (all after the first three have defaults):
     compare_methods       bool, also answer with the other pruning methods at the same q (default False)
     media                 list of files (handle_file each): more videos and pictures asked about after `video`,
                           in order (default none); at most engine.model_info["max_media"] in all
+    skip_still_patches    bool, patches that did not change since they were last encoded skip the vision tower
+                          and the prompt (default: GenerationParams.skip_still_patches), for a model whose tower
+                          can (engine.model_info["skips_still_patches"]: the Qwen families); others ignore it
 
 Outputs, streamed as a tuple (answer, stats, figures, frames):
     answer   str: the answer so far at `pruning_rate`.
@@ -65,8 +68,8 @@ one burst (one read of the uploads, one ViT forward, the answers decoding togeth
 then with defaults rates ("0, 0.3, 0.5, 0.7, 0.9", or a list of numbers; at most 8), fps, max_frames,
 max_pixels_per_frame (None: the device's defaults), max_new_tokens (128), temperature (0.0), enable_thinking
 (False: a model that can think does so first at every rate), hear_soundtrack (as for `/ask`: every rate hears
-it), methods ("evs", or "evs, vidcom2, uniform" or a list of names; rates times methods at most 16), media (as
-for `/ask`). Streams (table, figure, answers_html); the final result holds:
+it), methods ("evs", or "evs, vidcom2, uniform" or a list of names; rates times methods at most 16), media and
+skip_still_patches (as for `/ask`). Streams (table, figure, answers_html); the final result holds:
     table         {"headers": [...], "data": [[q, method, answer, video tokens kept, video tokens total,
                   prompt tokens, TTFT (s), prefill (s), ViT (s), requests in the ViT forward, total (s)], ...]}
     figure        the plot of kept tokens and TTFT against q, per method when there are several

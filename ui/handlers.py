@@ -118,13 +118,15 @@ class Handlers:
         pruning_method: str | None = None,
         compare_methods: bool = False,
         media: list | None = None,
+        skip_still_patches: bool | None = None,
     ) -> AsyncIterator[tuple]:
         """The `/ask` API endpoint: streams (answer, stats, figures, frames); see ui/__init__.py.
 
         A setting left out (None) takes the engine's default (door.defaults), as the sliders do. With
         enable_thinking, the thinking so far rides in the stats output. hear_soundtrack: None hears it on a
         model that can. compare_methods: also answer with the other pruning methods at the same q. media: more
-        uploads (videos and pictures) asked about after `video`, in order.
+        uploads (videos and pictures) asked about after `video`, in order. skip_still_patches: still patches
+        skip the vision tower and the prompt (a model whose tower encodes whole frames only ignores it).
         """
         params = request_params(
             self.engine,
@@ -137,6 +139,7 @@ class Handlers:
             temperature=temperature,
             enable_thinking=enable_thinking,
             hear_soundtrack=hear_soundtrack,
+            skip_still_patches=skip_still_patches,
         )
         params_list = _params_for(bool(compare), bool(compare_methods), params)
         runs = [RunView.of(p) for p in params_list]
@@ -189,6 +192,7 @@ class Handlers:
         compare_methods: bool,
         enable_thinking: bool,
         hear_soundtrack: bool,
+        skip_still_patches: bool,
         turns: list,
     ) -> AsyncIterator[tuple]:
         """The browser's Ask: streams updates of CHAT_OUTPUTS (chat view, status, numbers, pictures).
@@ -207,6 +211,7 @@ class Handlers:
             temperature=temperature,
             enable_thinking=enable_thinking,
             hear_soundtrack=hear_soundtrack,
+            skip_still_patches=skip_still_patches,
         )
         paths = upload_paths(uploads)
         if not paths:  # before the question shows up in the chat

@@ -92,6 +92,7 @@ class Controls:
     question: gr.Textbox
     pruning_rate: gr.Slider
     pruning_method: gr.Dropdown
+    skip_still: gr.Checkbox
     compare: gr.Checkbox
     compare_methods: gr.Checkbox
     think: gr.Checkbox
@@ -211,6 +212,15 @@ def _controls(engine: Serving, settings: GenerationParams) -> Controls:
             info="Which tokens go: the same number, chosen three ways.",
             elem_id="evs-pruning-method",
         )
+        # Shown only where the vision tower can encode part of a frame (Engine.model_info["skips_still_patches"]).
+        skip_still = gr.Checkbox(
+            settings.skip_still_patches,
+            label="Skip still patches",
+            visible=engine.model_info["skips_still_patches"],
+            elem_id="evs-skip-still",
+            info="Patches that did not change since they were last encoded skip the vision tower and the prompt; "
+            "an exact repeat of a frame is never encoded again.",
+        )
         compare = gr.Checkbox(label="Compare with q = 0 side by side", elem_id="evs-compare")
         compare_methods = gr.Checkbox(label="Compare the pruning methods side by side", elem_id="evs-compare-methods")
         # Off, as the smaller Qwen3.5 templates default: thinking costs many tokens before the answer.
@@ -248,6 +258,7 @@ def _controls(engine: Serving, settings: GenerationParams) -> Controls:
         question=question,
         pruning_rate=pruning_rate,
         pruning_method=pruning_method,
+        skip_still=skip_still,
         compare=compare,
         compare_methods=compare_methods,
         think=think,
@@ -421,6 +432,7 @@ def _wire_page(
                 c.compare_methods,
                 c.think,
                 c.hear,
+                c.skip_still,
                 shown["turns"],
             ],
             outputs=chat_outputs,
@@ -450,6 +462,8 @@ def _wire_page(
             c.think,
             c.hear,
             c.sweep_methods,
+            gr.State(None),  # the page's media come as the video
+            c.skip_still,
         ],
         outputs=sweep_view.outputs(),
         api_visibility="private",
@@ -508,6 +522,11 @@ def _api_method(settings: GenerationParams, label: str) -> gr.Textbox:
     return gr.Textbox(settings.pruning_method, label=label, visible=False)
 
 
+def _api_switch(settings: GenerationParams, name: str) -> gr.Checkbox:
+    """A hidden switch of an API endpoint, at the engine's default."""
+    return gr.Checkbox(getattr(settings, name), label=name, visible=False)
+
+
 def _ask_endpoint(handlers: Handlers, controls: Controls, settings: GenerationParams) -> None:
     """`/ask`, a public API endpoint but not an MCP tool (handlers.not_an_mcp_tool), on hidden components:
     API clients get plain values while the page stays a chat. It takes one video (and `media`, a list of more
@@ -536,6 +555,7 @@ def _ask_endpoint(handlers: Handlers, controls: Controls, settings: GenerationPa
             _api_method(settings, "pruning_method"),
             controls.compare_methods,
             _media_files(),
+            _api_switch(settings, "skip_still_patches"),
         ],
         outputs=outputs,
         api_name="ask",
@@ -565,6 +585,7 @@ def _sweep_endpoint(q_sweep: Sweep, controls: Controls, settings: GenerationPara
             controls.hear,
             gr.Textbox(", ".join(DEFAULT_METHODS), label="methods", visible=False),
             _media_files(),
+            _api_switch(settings, "skip_still_patches"),
         ],
         outputs=view.outputs(),
         api_name="sweep",
@@ -590,6 +611,7 @@ def _tool_endpoint(tool: VideoQuestionTool, settings: GenerationParams, hears: b
         gr.Checkbox(hears, label="hear_soundtrack", visible=False),
         _api_method(settings, "pruning_method"),
         string_list_input("media"),
+        _api_switch(settings, "skip_still_patches"),
     ]
     gr.Button(visible=False).click(
         tool.answer_video_question,

@@ -48,7 +48,8 @@ class LiveFeed:
     differences of arrival times are differences of capture times (a stream URL's frames bring their own).
     frames: frames taken; refused: frames not taken (too large); problem: the last refusal's sentence, or the
     source's last status line; live: the session (None before the first frame, after a refusal or when idle);
-    view: what the tab shows of it. open_live(rate): the engine's open_live at that pruning rate.
+    view: what the tab shows of it. open_live(rate, skip): the engine's open_live at that pruning rate, skipping
+    still patches or not.
     """
 
     open_live: object = None
@@ -64,14 +65,16 @@ class LiveFeed:
     _first_s: float | None = None
     _last_status_s: float = float("-inf")
     _recent: deque = field(default_factory=deque)  # arrival times (time.monotonic()) in the last RATE_WINDOW_S
-    _pushed: tuple | None = None  # (rate, size, t_s) of the session's last frame
+    _pushed: tuple | None = None  # (rate, skip, size, t_s) of the session's last frame
     _retry_s: float = float("-inf")
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def arrive(self, frame: np.ndarray, now_s: float, rate: float | None = None, t_s: float | None = None):
+    def arrive(
+        self, frame: np.ndarray, now_s: float, rate: float | None = None, t_s: float | None = None, skip: bool = False
+    ):
         """Take one (H, W, 3) uint8 RGB frame that arrived at `now_s` (time.monotonic()) and, with a rate, push it
-        into the feed's session at that pruning rate, captured at t_s (None: its arrival). Returns the t_s it was
-        pushed with, or None when it was refused (the feed says why)."""
+        into the feed's session at that pruning rate (skipping still patches or not), captured at t_s (None: its
+        arrival). Returns the t_s it was pushed with, or None when it was refused (the feed says why)."""
         try:
             check_frame(frame, self.max_pixels)
         except InputError as error:
@@ -88,27 +91,25 @@ class LiveFeed:
             self._recent.popleft()
         t_s = now_s - self._first_s if t_s is None else t_s
         if rate is not None:
-            self._push(frame, t_s, float(rate), now_s)
+            self._push(frame, t_s, float(rate), bool(skip), now_s)
         return t_s
 
-    def _push(self, frame: np.ndarray, t_s: float, rate: float, now_s: float) -> None:
+    def _push(self, frame: np.ndarray, t_s: float, rate: float, skip: bool, now_s: float) -> None:
         with self._lock:
             if self.closed:
                 return
-            if self.live is not None and (
-                self._pushed[0] != rate or self._pushed[1] != self.size or t_s <= self._pushed[2]
-            ):
-                self._close_live()  # a session's rate, frame size and clock are its own: a new one for new ones
+            if self.live is not None and (self._pushed[:3] != (rate, skip, self.size) or t_s <= self._pushed[3]):
+                self._close_live()  # a session's settings, frame size and clock are its own: a new one for new ones
             if self.live is None:
                 if now_s < self._retry_s:
                     return
                 try:
-                    self.live = self.open_live(rate)
+                    self.live = self.open_live(rate, skip)
                 except InputError as error:  # BusyError among them: max_live_sessions open
                     self.problem, self._retry_s = str(error), now_s + RETRY_S
                     return
                 self.view, self.problem = LiveView(now_s), None
-            self._pushed = (rate, self.size, t_s)
+            self._pushed = (rate, skip, self.size, t_s)
             try:
                 self.live.push(frame, t_s)
             except InputError as error:
@@ -210,17 +211,17 @@ class LiveFeeds:
                 self._watcher.start()
             return feed
 
-    def _open_live(self, rate: float):
-        return self.engine.open_live(GenerationParams(pruning_rate=rate))
+    def _open_live(self, rate: float, skip: bool):
+        return self.engine.open_live(GenerationParams(pruning_rate=rate, skip_still_patches=skip))
 
-    def on_frame(self, frame: np.ndarray | None, rate: float | None, request: gr.Request):
-        """The stream event's handler: one frame from a tab's browser, pushed at the tab's pruning rate. Returns
-        the tab's outputs (LiveFeed.updates), skipped between updates so the browser is not sent a message per
-        frame."""
+    def on_frame(self, frame: np.ndarray | None, rate: float | None, request: gr.Request, skip: bool = False):
+        """The stream event's handler: one frame from a tab's browser, pushed at the tab's pruning rate, skipping
+        still patches when `skip`. Returns the tab's outputs (LiveFeed.updates), skipped between updates so the
+        browser is not sent a message per frame."""
         feed = self.feed(request.session_hash)
         now_s = time.monotonic()
         if frame is not None:
-            feed.arrive(frame, now_s, rate)
+            feed.arrive(frame, now_s, rate, skip=skip)
         return feed.updates(now_s) if feed.status_due(now_s) else (gr.skip(),) * 4
 
     async def ask(self, question: str, request: gr.Request):

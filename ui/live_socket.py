@@ -34,7 +34,7 @@ IDLE_S = 60.0  # EngineConfig.read_timeout_s's default: a client silent this lon
 # WebSocket close codes (RFC 6455): a session refused for now, a message the endpoint does not take, a fault.
 TRY_AGAIN_LATER, POLICY, SERVER_ERROR = 1013, 1008, 1011
 # What the two kinds of settings may hold: the session's sampling and rate at opening; an answer's at asking.
-OPEN_SETTINGS = frozenset({"pruning_rate", "fps", "max_pixels_per_frame"})
+OPEN_SETTINGS = frozenset({"pruning_rate", "fps", "max_pixels_per_frame", "skip_still_patches"})
 ASK_SETTINGS = frozenset({"max_new_tokens", "temperature", "enable_thinking"})
 EVENT_KINDS = ("status", "thinking", "text")  # an answer's events sent on as they come
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from engine.config import EngineConfig, FrameSampling
+from engine.config import EngineConfig, FrameSampling, GenerationParams
 from engine.front.serving import Serving
 from engine.reading.live_stream import LiveFrame, LiveStream
 from ui.gradio_errors import raises_gradio_errors
@@ -87,9 +87,10 @@ class StreamWatch:
         self.limits = limits
 
     @raises_gradio_errors
-    async def watch(self, url: str, rate: float, request: gr.Request):
+    async def watch(self, url: str, rate: float, request: gr.Request, skip: bool = False):
         """The tab's outputs (LiveFeed.updates) as the stream's frames arrive, about once a second, at each status
-        line, and at its end; its frames pushed at their capture times into the feed's session at `rate`."""
+        line, and at its end; its frames pushed at their capture times into the feed's session at `rate`, skipping
+        still patches when `skip`."""
         url = await checked_stream_url(url, self.policy)
         feed = self.feeds.feed(request.session_hash)
         stream = LiveStream.under_limits(url, self.sampling, self.limits)
@@ -98,7 +99,7 @@ class StreamWatch:
             while (item := await asyncio.to_thread(next, items, None)) is not None:
                 now_s = time.monotonic()
                 if isinstance(item, LiveFrame):
-                    await asyncio.to_thread(feed.arrive, item.frame, now_s, rate, item.t_s)
+                    await asyncio.to_thread(feed.arrive, item.frame, now_s, rate, item.t_s, skip)
                 else:
                     feed.problem = item
                 if isinstance(item, str) or feed.status_due(now_s):
@@ -140,6 +141,14 @@ def live_tab(
                 info="Fraction of video tokens dropped; a new rate starts a new live session.",
                 elem_id="evs-live-rate",
             )
+            skip = gr.Checkbox(
+                GenerationParams.skip_still_patches,
+                label="Skip still patches",
+                visible=engine.model_info["skips_still_patches"],
+                info="What did not change since it was last encoded skips the vision tower; a new setting starts "
+                "a new live session.",
+                elem_id="evs-live-skip-still",
+            )
         with gr.Column(scale=1, min_width=300):
             question = gr.Textbox(
                 label="Question",
@@ -164,7 +173,7 @@ def live_tab(
     shown = [status, numbers, groups, plot]
     feeds = LiveFeeds(engine, max_pixels=limits.max_video_source_pixels)
     for image in inputs.values():
-        stream_frames(image, feeds.on_frame, inputs=[image, rate], outputs=shown)
+        stream_frames(image, feeds.on_frame, inputs=[image, rate, skip], outputs=shown)
     source.change(
         lambda chosen: [
             *(gr.Image(visible=name == chosen) for name in SOURCES),
@@ -188,7 +197,7 @@ def live_tab(
     if policy.live_urls:
         watching = watch.click(
             StreamWatch(feeds, policy, sampling, limits).watch,
-            inputs=[url, rate],
+            inputs=[url, rate, skip],
             outputs=shown,
             api_visibility="private",
             concurrency_limit=None,

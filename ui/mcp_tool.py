@@ -17,7 +17,7 @@ import json
 
 import gradio as gr
 
-from engine.config import CPU_MAX_MEDIA, DEFAULT_PRUNING_RATE, GPU_MAX_MEDIA
+from engine.config import CPU_MAX_MEDIA, DEFAULT_PRUNING_RATE, GPU_MAX_MEDIA, GenerationParams
 from engine.errors import InputError
 from engine.front.checks import too_many_media
 from engine.front.door import follow, request_params
@@ -56,6 +56,7 @@ class VideoQuestionTool:
         hear_soundtrack: bool | None = None,
         pruning_method: str | None = None,
         media: list[str] | None = None,
+        skip_still_patches: bool | None = None,
     ) -> str:
         """Answer a question about a video with a vision-language model that first drops the video tokens
         that barely change between frames (Efficient Video Sampling, EVS).
@@ -69,9 +70,10 @@ class VideoQuestionTool:
             hear_soundtrack: Hear the video's soundtrack (speech, music, sounds) beside its frames; only models with an audio tower do, and they hear it unless this is false.
             pruning_method: Which video tokens are dropped: "evs" drops those that barely changed since the previous frame (the default), "vidcom2" keeps those most unlike the rest of the video, giving unusual frames more, "uniform" keeps whole frames evenly spaced.
             media: More videos and pictures (png, jpeg, webp, gif, ...) to ask about in the same question, after the video, in order: a list of strings given as the video is (data:image/png;base64,... for a picture); at most {cpu_media} in all on a CPU server, {gpu_media} on a GPU one, unless its operator set another limit.
+            skip_still_patches: Skip still patches: parts of frames that did not change since they were last seen skip the vision encoder and the prompt, which answers sooner on screen recordings and still cameras; only models whose vision encoder can do (default: the server's, {skip_default}).
 
         Returns:
-            A JSON object: "answer", the model's answer (greedy decoding); with enable_thinking, "thinking", what the model thought first; and "stats", the request's numbers (pruning_method, video_tokens_total and video_tokens_kept, summed over the videos; media, one entry per video or picture with its kind, tokens_total and tokens_kept; audio_tokens and soundtrack: whether it was heard, prompt_tokens, generated_tokens with thinking_tokens and answer_tokens, ttft_s: time to first token, and the time of each stage).
+            A JSON object: "answer", the model's answer (greedy decoding); with enable_thinking, "thinking", what the model thought first; and "stats", the request's numbers (pruning_method, video_tokens_total and video_tokens_kept, summed over the videos; media, one entry per video or picture with its kind, tokens_total and tokens_kept; audio_tokens and soundtrack: whether it was heard, prompt_tokens, generated_tokens with thinking_tokens and answer_tokens, ttft_s: time to first token, vision_patches_total and vision_patches_encoded, and the time of each stage).
         """
         params = request_params(
             self.engine,
@@ -80,6 +82,7 @@ class VideoQuestionTool:
             max_new_tokens=max_new_tokens,
             enable_thinking=enable_thinking,
             hear_soundtrack=hear_soundtrack,
+            skip_still_patches=skip_still_patches,
         )
         urls = [video, *more_media(media)]
         if len(urls) > self.engine.model_info["max_media"]:  # before any is decoded or fetched
@@ -101,6 +104,7 @@ class VideoQuestionTool:
         max_new_tokens=TOOL_MAX_NEW_TOKENS,
         cpu_media=CPU_MAX_MEDIA,
         gpu_media=GPU_MAX_MEDIA,
+        skip_default=str(GenerationParams.skip_still_patches).lower(),
     )
 
 

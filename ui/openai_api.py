@@ -8,8 +8,10 @@ Extra body fields choose the pruning per request: `pruning_rate`, `pruning_metho
 "uniform"), `fps`, `max_frames`, `max_pixels_per_frame`;
 `chat_template_kwargs: {"enable_thinking": true}` makes a model that can think do so first (as vLLM and
 SGLang take it), its thinking returned as `reasoning_content` beside `content`; `hear_soundtrack: false` keeps
-the video's soundtrack from a model that hears (it does by default). `usage` holds the token
-counts (the thinking's in `completion_tokens_details.reasoning_tokens`) and `evs`, the engine's stats dict.
+the video's soundtrack from a model that hears (it does by default); `skip_still_patches` (a JSON boolean)
+sets whether patches that did not change since they were last encoded skip the vision tower and the prompt.
+`usage` holds the token counts (the thinking's in `completion_tokens_details.reasoning_tokens`) and `evs`, the
+engine's stats dict.
 
 Errors use OpenAI's error body, {"error": {"message", "type", "param", "code"}}, with one sentence:
 400 for what the caller got wrong (the engine's InputError: no video or picture, a bad rate, an unreadable,
@@ -120,6 +122,7 @@ class ChatRequest(BaseModel):
     # A JSON boolean, taken as sent: pydantic would read "yes" or 1 as true, where the engine's check says what
     # the switch takes, in the sentence every other way in gives.
     hear_soundtrack: Any = None
+    skip_still_patches: Any = None  # a JSON boolean, taken as sent like hear_soundtrack
 
 
 def unsupported(chat: ChatRequest) -> str | None:
@@ -367,6 +370,7 @@ class ChatCompletions:
             seed=secrets.randbits(31) if chat.seed is None else chat.seed,
             enable_thinking=enable_thinking(chat),
             hear_soundtrack=chat.hear_soundtrack,
+            skip_still_patches=chat.skip_still_patches,
         )
 
 

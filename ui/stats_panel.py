@@ -85,6 +85,7 @@ def stats_html(stats: dict | None) -> str:
             f"{stats['video_tokens_total']:,} → {stats['video_tokens_kept']:,}",
             f"{pruned_percent(stats):.0f}% pruned at q={stats['pruning_rate']:.2f} by {stats['pruning_method']}",
         ),
+        _patches(stats),
         ("Prompt tokens", f"{stats['prompt_tokens']:,}", _frames(stats)),
         (
             "Generated",
@@ -159,6 +160,19 @@ def _soundtrack(stats: dict) -> tuple[str, str, str] | None:
         f"{stats['audio_tokens']:,} audio tokens, all kept: EVS prunes video tokens only"
         + ("; the rest is past the server's limit" if verdict == "cut" else ""),
     )
+
+
+def _patches(stats: dict) -> tuple[str, str, str]:
+    """The vision tower's card: patches it encoded of the uploads' total (exact repeats of a group and skipped
+    still patches are not encoded; nothing when the features came from the cache)."""
+    total, encoded = stats.get("vision_patches_total") or 0, stats.get("vision_patches_encoded") or 0
+    if stats.get("vit_cache_hit"):
+        detail = "the features came from the cache"
+    elif encoded < total:
+        detail = f"{100.0 * (total - encoded) / total:.0f}% not encoded: unchanged since last encoded"
+    else:
+        detail = "every patch changed, or none could be left out"
+    return ("Vision patches", f"{encoded:,} of {total:,} encoded", detail)
 
 
 def _hit(hit: bool) -> str:

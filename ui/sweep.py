@@ -141,6 +141,7 @@ class Sweep:
         hear_soundtrack: bool | None = None,
         methods: str | Sequence[str] | None = None,
         media: list | None = None,
+        skip_still_patches: bool | None = None,
     ) -> AsyncIterator[tuple]:
         """The `/sweep` endpoint: streams (table, figure, answers_html); see ui/__init__.py.
 
@@ -150,7 +151,8 @@ class Sweep:
         (or a list of names; default evs alone): every method answers at every rate. A setting left out (None)
         takes the engine's default (door.defaults). enable_thinking: every request thinks first (the page's
         "Think first"); the cards show the answers, the stats count the thinking. hear_soundtrack: every
-        request hears the soundtrack (None: on a model that can); no method prunes it.
+        request hears the soundtrack (None: on a model that can); no method prunes it. skip_still_patches: every
+        request skips still patches before the vision tower (None: the engine's default).
         """
         params = request_params(
             self.engine,
@@ -161,6 +163,7 @@ class Sweep:
             temperature=temperature,
             enable_thinking=enable_thinking,
             hear_soundtrack=hear_soundtrack,
+            skip_still_patches=skip_still_patches,
         )
         rates, methods = parse_rates(rates), parse_methods(methods)
         if len(rates) * len(methods) > MAX_REQUESTS:

@@ -68,6 +68,8 @@ def check_settings(params: GenerationParams, config: EngineConfig, limits: Frame
         raise InputError("Think first must be true or false.")
     if params.hear_soundtrack is not None and not isinstance(params.hear_soundtrack, bool):
         raise InputError("Hear the soundtrack must be true or false.")
+    if not isinstance(params.skip_still_patches, bool):
+        raise InputError("Skip still patches must be true or false.")
     if not (isinstance(params.top_p, (int, float)) and 0 < params.top_p <= 1):
         raise InputError("Top-p must be above 0 and at most 1.")
     sampling = params.frame_sampling

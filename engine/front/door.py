@@ -47,6 +47,7 @@ def request_params(
     seed=None,
     enable_thinking=None,
     hear_soundtrack=None,
+    skip_still_patches=None,
 ) -> GenerationParams:
     """GenerationParams from loose values: numbers or their text, None for the default.
 
@@ -72,6 +73,7 @@ def request_params(
             seed=_number(seed, int, base.seed),
             enable_thinking=base.enable_thinking if enable_thinking is None else enable_thinking,
             hear_soundtrack=base.hear_soundtrack if hear_soundtrack is None else hear_soundtrack,
+            skip_still_patches=base.skip_still_patches if skip_still_patches is None else skip_still_patches,
         )
     except (TypeError, ValueError, OverflowError):
         raise InputError(BAD_NUMBERS) from None
