@@ -28,7 +28,9 @@ def write_clip(
 ) -> Path:
     """Write a `seconds`-long clip of `kind` at `fps` and `size` = (width, height); returns the path.
 
-    Kinds: "moving_object", "pan", "scene_cut", "static". Odd sides are rounded down to even
+    Kinds: "moving_object", "pan", "scene_cut", "static"; "still_camera" (the moving object under sensor noise),
+    "camera_noise" (the still scene under sensor noise), "slides" (a screen recording of four slides), "handheld"
+    (the pan, shaken). Odd sides are rounded down to even
     (yuv420p needs even sizes). codec: a PyAV encoder ("libx264", "libsvtav1", ...); options: encoder
     options, by default x264's deterministic single-threaded ones.
     """
@@ -122,9 +124,57 @@ def _static(index: int, num_frames: int, width: int, height: int) -> np.ndarray:
     return _landscape(width, height)
 
 
+# A camera's sensor noise: Gaussian, independent per pixel, channel and frame, in 0-255 levels (a webcam indoors
+# reads 2-4; bench/still_noise.py measures what the vision tower's units see of it).
+SENSOR_NOISE_LEVELS = 3.0
+
+
+def _noisy(frame: np.ndarray, index: int, sigma: float = SENSOR_NOISE_LEVELS) -> np.ndarray:
+    noise = np.random.default_rng(index).normal(0.0, sigma, frame.shape)
+    return (frame.astype(np.float32) + noise).round().clip(0, 255).astype(np.uint8)
+
+
+def _still_camera(index: int, num_frames: int, width: int, height: int) -> np.ndarray:
+    """A camera on a tripod: the moving square over a still scene, with sensor noise on every frame."""
+    return _noisy(_moving_object(index, num_frames, width, height), index)
+
+
+def _camera_noise(index: int, num_frames: int, width: int, height: int) -> np.ndarray:
+    """The still camera with nothing moving: its sensor noise alone."""
+    return _noisy(_landscape(width, height), index)
+
+
+def _slides(index: int, num_frames: int, width: int, height: int) -> np.ndarray:
+    """A screen recording: four slides, each shown for a quarter of the clip (a title bar and lines of "text"
+    that differ per slide), as a presentation's or a tutorial's recording mostly is."""
+    slide = min(3, 4 * index // max(num_frames, 1))
+    frame = np.full((height, width, 3), 245, np.uint8)
+    frame[: max(2, height // 8)] = [(40, 90, 160), (160, 60, 40), (40, 130, 70), (110, 60, 140)][slide]
+    rng = np.random.default_rng(1_000 + slide)
+    line = max(2, height // 16)
+    for top in range(height // 5, height - line, 2 * line):
+        length = int(width * rng.uniform(0.3, 0.9))
+        frame[top : top + line, width // 10 : width // 10 + length] = 30
+    return frame
+
+
+def _handheld(index: int, num_frames: int, width: int, height: int) -> np.ndarray:
+    """A handheld camera panning: the pan, shaken by a few pixels each frame."""
+    scene = _panorama(width, height + 8)
+    progress = index / max(num_frames - 1, 1)
+    shake = np.random.default_rng(index).integers(-3, 4, 2)
+    left = int(np.clip(round(progress * (scene.shape[1] - width)) + shake[0], 0, scene.shape[1] - width))
+    top = 4 + int(shake[1])
+    return np.ascontiguousarray(scene[top : top + height, left : left + width])
+
+
 _KINDS: dict[str, FrameFn] = {
     "moving_object": _moving_object,
     "pan": _pan,
     "scene_cut": _scene_cut,
     "static": _static,
+    "still_camera": _still_camera,
+    "camera_noise": _camera_noise,
+    "slides": _slides,
+    "handheld": _handheld,
 }

@@ -3,7 +3,7 @@ family.
 
     python bench/accuracy.py [--model tiny-trained [--model tiny-trained-plain ...]] [--method evs,vidcom2,uniform]
                              [--seed 0] [--per-type 100] [--rates 0,0.3,0.5,0.7,0.9] [--plot assets/accuracy.svg]
-                             [--json] [--live]
+                             [--json] [--live] [--skip-still-patches]
     (`python -m bench.accuracy ...` from the repository root is the same.)
 
 Each held-out clip (assets/shapes.py, never trained on) is written as an H.264 MP4 and asked every
@@ -18,7 +18,8 @@ four single-clip types, and the video tokens each method kept of one clip's (of 
 model in one chart (one method), or a panel per model and question type with a line per method (several);
 --json also prints one JSON object as the last line: {"tiny-trained": {"evs": {"0.0": {"accuracy": {"colour":
 1.0, ...}, "video_tokens_kept": 32.0, "video_tokens_total": 32.0}, ...}, ...}, ...} (a live table has
-"accuracy" alone).
+"accuracy" alone). --skip-still-patches asks every question with GenerationParams.skip_still_patches (the units
+that did not change since they were last encoded skip the vision tower and the prompt; docs/performance.md).
 """
 
 import argparse
@@ -63,13 +64,17 @@ def measured(
     method: str,
     seeds: list[int],
     kinds: tuple[str, ...] = KINDS,
+    skip: bool = False,
 ) -> dict[str, dict]:
     """{str(rate): {"accuracy": {question type: share of seeds answered exactly}, "video_tokens_kept": mean,
     "video_tokens_total": mean}} with one pruning method; the token means are one clip's (the single-clip
-    questions'). clips: clip_files' for the seeds. Each rate's requests go in at once."""
+    questions'). clips: clip_files' for the seeds. Each rate's requests go in at once; skip: every request skips
+    still patches."""
     table: dict[str, dict] = {}
     for rate in rates:
-        params = GenerationParams(pruning_rate=rate, pruning_method=method, max_new_tokens=MAX_NEW_TOKENS)
+        params = GenerationParams(
+            pruning_rate=rate, pruning_method=method, max_new_tokens=MAX_NEW_TOKENS, skip_still_patches=skip
+        )
         streams = []
         for kind in kinds:
             for seed in seeds:
@@ -93,12 +98,14 @@ def measured(
     return table
 
 
-def live_accuracy(engine: Engine, seeds: list[int], rates: list[float]) -> dict[str, dict[str, float]]:
+def live_accuracy(
+    engine: Engine, seeds: list[int], rates: list[float], skip: bool = False
+) -> dict[str, dict[str, float]]:
     """The single-clip table through live sessions: each clip's frames pushed at their capture times (waiting for
     the session rather than dropping a frame), then every single-clip question type asked of the stream at once."""
     table: dict[str, dict[str, float]] = {}
     for rate in rates:
-        params = GenerationParams(pruning_rate=rate, max_new_tokens=MAX_NEW_TOKENS)
+        params = GenerationParams(pruning_rate=rate, max_new_tokens=MAX_NEW_TOKENS, skip_still_patches=skip)
         right = {kind: 0 for kind in QUESTIONS}
         for seed in seeds:
             clip = shape_clip(seed)
@@ -138,6 +145,7 @@ def run(
     device: str = "cpu",
     methods: tuple[str, ...] = (GenerationParams.pruning_method,),
     live: bool = False,
+    skip: bool = False,
 ) -> dict:
     """{model: {method: measured(...)}} on the same held-out clips; with live, also {model + " live": {"evs":
     {rate: {"accuracy": the live table's row}}}} (a live session prunes with causal EVS)."""
@@ -149,10 +157,14 @@ def run(
             # Caches stay on: a clip's features are reused across rates and methods, which changes no answer
             # (the conversation state is kept per method and rate).
             with Engine(EngineConfig(model=model, device=device, max_queue=len(seeds) * len(KINDS))) as engine:
-                results[model] = {method: measured(engine, clips, rates, method, seeds) for method in methods}
+                results[model] = {
+                    method: measured(engine, clips, rates, method, seeds, skip=skip) for method in methods
+                }
                 if live:
                     results[f"{model} live"] = {
-                        "evs": {rate: {"accuracy": row} for rate, row in live_accuracy(engine, seeds, rates).items()}
+                        "evs": {
+                            rate: {"accuracy": row} for rate, row in live_accuracy(engine, seeds, rates, skip).items()
+                        }
                     }
         return results
 
@@ -230,13 +242,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plot", type=Path, help="also draw the table as an SVG line chart to this file")
     parser.add_argument("--json", action="store_true", help="also print the table as one JSON line, last")
     parser.add_argument("--live", action="store_true", help="also ask every clip through a live session")
+    parser.add_argument(
+        "--skip-still-patches", action="store_true", help="skip still patches before the vision tower in every request"
+    )
     args = parser.parse_args(argv)
     models = args.model or ["tiny-trained"]
     if args.live and args.method != ["evs"]:
         parser.error("--live measures causal EVS, the one method a live session prunes with: use --method evs")
     if len(models) * (2 if args.live else 1) > len(DASHES) and len(args.method) == 1:
         parser.error(f"at most {len(DASHES)} tables (models, and their live twins with --live)")
-    results = run(models, args.seed, args.per_type, args.rates, args.device, tuple(args.method), args.live)
+    results = run(
+        models,
+        args.seed,
+        args.per_type,
+        args.rates,
+        args.device,
+        tuple(args.method),
+        args.live,
+        args.skip_still_patches,
+    )
     for model, by_method in results.items():
         print(f"{model}: {args.per_type} held-out clips per question type from seed {args.seed}, greedy, exact match\n")
         if len(args.method) == 1:

@@ -5,8 +5,9 @@
   upload reads, encodes and prefills the whole recording first.
 - Sessions kept in real time: n sessions each pushing 2 fps frames at their real capture pace, in threads; a
   session is kept when it dropped no frame and its lag (last frame of a group pushed -> the group in its state)
-  stays under 1 s at the 95th percentile. The most n kept, at q = 0 and q = 0.7: EVS prunes after the vision
-  tower, so it shortens only each group's prefill.
+  stays under 1 s at the 95th percentile. The most n kept, at q = 0 and q = 0.7, without and with
+  skip_still_patches: EVS prunes after the vision tower, so alone it shortens only each group's prefill; skipping
+  still patches takes the units that did not change out of the vision tower too.
 
 The recording is played faster than real time for the TTFT (`LiveSession.wait` after each group: no frame is
 dropped), and at its real pace for the sessions.
@@ -70,9 +71,13 @@ def frames_of(path: Path):
             yield frame.to_ndarray(format="rgb24"), float(frame.time)
 
 
-def _params(q: float, work: LiveWork) -> GenerationParams:
+def _params(q: float, work: LiveWork, skip: bool = False) -> GenerationParams:
     return GenerationParams(
-        pruning_rate=q, max_new_tokens=work.new_tokens, ignore_eos=True, frame_sampling=work.sampling
+        pruning_rate=q,
+        max_new_tokens=work.new_tokens,
+        ignore_eos=True,
+        frame_sampling=work.sampling,
+        skip_still_patches=skip,
     )
 
 
@@ -121,11 +126,11 @@ def _session_frames(folder: Path, work: LiveWork) -> list[list[tuple[np.ndarray,
 
 
 def _kept_in_real_time(
-    engine: Engine, frames: list[list[tuple[np.ndarray, float]]], q: float, work: LiveWork
+    engine: Engine, frames: list[list[tuple[np.ndarray, float]]], q: float, work: LiveWork, skip: bool = False
 ) -> tuple[bool, list[dict]]:
     """Play len(frames) sessions at once, each at its frames' capture pace; whether every one kept up, and
     their stats."""
-    sessions = [engine.open_live(_params(q, work)) for _ in frames]
+    sessions = [engine.open_live(_params(q, work, skip)) for _ in frames]
 
     def play(live, own):
         start = time.monotonic()
@@ -150,36 +155,46 @@ def _kept_in_real_time(
     return kept, stats
 
 
-def sessions_in_real_time(engine: Engine, folder: Path, work: LiveWork) -> list[dict]:
+def sessions_in_real_time(engine: Engine, folder: Path, work: LiveWork, skip: bool = False) -> list[dict]:
     """For each q of RATES, the most sessions kept in real time, up to max_sessions: doubling from one until a
-    trial fails, then halving the gap; with the worst p95 lag of the largest trial kept."""
+    trial fails, then halving the gap; with the worst p95 lag of the largest trial kept (skip: every session skips
+    still patches)."""
     frames = _session_frames(folder, work)
     rows = []
     for q in RATES:
         kept_lags, low, high, n = {}, 0, work.max_sessions + 1, 1  # low sessions kept; high did not
         while low + 1 < high:
-            kept, stats = _kept_in_real_time(engine, frames[:n], q, work)
+            kept, stats = _kept_in_real_time(engine, frames[:n], q, work, skip)
             if kept:
                 low, kept_lags[n] = n, max(row["lag_s"]["p95"] for row in stats)
             else:
                 high = n
             n = min(2 * low, high - 1) if high > work.max_sessions else (low + high) // 2
         rows.append(
-            {"pruning_rate": q, "sessions": low, "p95_lag_s": kept_lags.get(low), "tried_up_to": work.max_sessions}
+            {
+                "pruning_rate": q,
+                "skip_still_patches": skip,
+                "sessions": low,
+                "p95_lag_s": kept_lags.get(low),
+                "tried_up_to": work.max_sessions,
+            }
         )
     return rows
 
 
 def live_rows(ttft: dict, sessions: list[dict]) -> dict:
     """The two figures as ratios: TTFT at the last moment over the first, live over upload at the last, and
-    sessions kept at q = 0.7 over q = 0."""
+    sessions kept at q = 0.7 over q = 0, without skipping still patches and with."""
     first, last = ttft["moments"][0], ttft["moments"][-1]
-    at = {row["pruning_rate"]: row["sessions"] for row in sessions}
-    return {
+    at = {(row["pruning_rate"], row.get("skip_still_patches", False)): row["sessions"] for row in sessions}
+    ratios = {
         "ttft_last_over_first": last["ttft_s"] / first["ttft_s"],
         "live_over_upload": last["ttft_s"] / ttft["upload_ttft_s"],
-        "sessions_pruned_over_q0": at[0.7] / at[0.0] if at[0.0] else None,
+        "sessions_pruned_over_q0": at[0.7, False] / at[0.0, False] if at[0.0, False] else None,
     }
+    if (0.0, True) in at:
+        ratios["sessions_pruned_over_q0_skipping"] = at[0.7, True] / at[0.0, True] if at[0.0, True] else None
+    return ratios
 
 
 def markdown(live: dict) -> str:
@@ -199,22 +214,37 @@ def markdown(live: dict) -> str:
         + table(
             [
                 "q",
+                "skip still patches",
                 f"sessions kept in real time ({LIVE_FPS:g} fps, p95 lag < {REAL_TIME_LAG_S:g} s)",
                 "worst p95 lag s",
                 "tried up to",
             ],
-            [[row["pruning_rate"], row["sessions"], cell(row["p95_lag_s"]), row["tried_up_to"]] for row in sessions],
+            [
+                [
+                    row["pruning_rate"],
+                    "yes" if row.get("skip_still_patches") else "no",
+                    row["sessions"],
+                    cell(row["p95_lag_s"]),
+                    row["tried_up_to"],
+                ]
+                for row in sessions
+            ],
         )
         + f"\n\nTTFT {ttft['moments'][-1]['seconds']:g} s in / {ttft['moments'][0]['seconds']:g} s in: "
         f"{cell(ratios['ttft_last_over_first'], 2)}; live / upload: {cell(ratios['live_over_upload'], 3)}; "
         f"sessions at q = 0.7 / q = 0: {cell(ratios['sessions_pruned_over_q0'], 2)}"
+        + (
+            f", skipping still patches: {cell(ratios['sessions_pruned_over_q0_skipping'], 2)}"
+            if "sessions_pruned_over_q0_skipping" in ratios
+            else ""
+        )
     )
 
 
 def live_scenario(engine: Engine, folder: Path, work: LiveWork, question: str) -> dict:
     """Both figures on one engine (its max_live_sessions at least work.max_sessions)."""
     ttft = ttft_into_stream(engine, folder, work, question)
-    sessions = sessions_in_real_time(engine, folder, work)
+    sessions = sessions_in_real_time(engine, folder, work) + sessions_in_real_time(engine, folder, work, skip=True)
     return {
         "work": {**work.__dict__, "fps": LIVE_FPS},
         "ttft": ttft,

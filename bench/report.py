@@ -3,7 +3,18 @@
 import json
 from pathlib import Path
 
-from . import concurrency, decoding_hook, follow_up, live, reading, targets, ttft_by_rate, users, vit_batching
+from . import (
+    concurrency,
+    decoding_hook,
+    follow_up,
+    live,
+    reading,
+    targets,
+    ttft_by_rate,
+    users,
+    vision_skip,
+    vit_batching,
+)
 
 # (report key, heading, table maker), in printing order.
 SECTIONS = (
@@ -19,6 +30,11 @@ SECTIONS = (
     ("reading", "Reading the video vs the rest of TTFT, one request alone (q = 0)", reading.markdown),
     ("decoding", "Video reading", decoding_hook.markdown),
     ("live", "Live sessions: a question into a stream against an upload; sessions kept in real time", live.markdown),
+    (
+        "vision_skip",
+        "The vision tower: exact reuse and still patches skipped, by kind of clip; its share of prefill",
+        vision_skip.markdown,
+    ),
     ("targets", "Targets", targets.markdown),
 )
 

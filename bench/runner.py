@@ -19,6 +19,9 @@ from .reading import reading_rows
 from .targets import target_rows
 from .ttft_by_rate import ttft_by_rate
 from .users import peer_record, users_rows
+from .vision_skip import FULL as FULL_SKIP
+from .vision_skip import QUICK as QUICK_SKIP
+from .vision_skip import goal_rows, kind_rows, share_rows
 from .vit_batching import vit_batching
 from .workload import QUESTION, Workload, make_clips, params
 
@@ -88,10 +91,22 @@ def run(work: Workload, device: str, mode: str, command: str, keep: Path | None 
         )
         with Engine(config) as engine:
             report["live"] = live_scenario(engine, Path(folder), work.live, QUESTION)
+        log("vision: three kinds of clip with and without exact reuse and skipping still patches")
+        skip_work = QUICK_SKIP if mode == "quick" else FULL_SKIP
+        kinds = kind_rows(device, Path(folder), skip_work)
+        report["vision_skip"] = {"kinds": kinds, "goals": goal_rows(kinds), "share": []}
+        if mode == "full":
+            log("vision: the ViT's share of prefill on real checkpoints' shapes (towers cut, seconds scaled)")
+            report["vision_skip"]["share"] = share_rows(device, Path(folder), skip_work)
         log("video reading")
         report["decoding"] = decoding_results(mode == "quick", long_file.parent)
     report["targets"] = target_rows(
-        report["users"], report["concurrency"], report["reading"], report["decoding"], report["live"]
+        report["users"],
+        report["concurrency"],
+        report["reading"],
+        report["decoding"],
+        report["live"],
+        report["vision_skip"],
     )
     report["workload"] = {**asdict(work), "clips": "224x224, 8 fps, 4-4.75 s, distinct per user"}
     report["duration_s"] = time.perf_counter() - start

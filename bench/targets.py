@@ -27,6 +27,7 @@ def target_rows(
     reading_rows: list[dict] = (),
     decoding: dict | None = None,
     live: dict | None = None,
+    vision_skip: dict | None = None,
 ) -> list[dict]:
     largest = max(row["users"] for row in users_rows)
     at_q0 = next(row for row in users_rows if row["users"] == largest and row["pruning_rate"] == 0)
@@ -73,6 +74,8 @@ def target_rows(
         )
     if live:
         rows += live_target_rows(live)
+    if vision_skip:
+        rows += vision_skip["goals"]
     return rows
 
 
@@ -85,6 +88,15 @@ def live_target_rows(live: dict) -> list[dict]:
         (f"live TTFT / the upload's, {last:g} s recording", "live_over_upload", "<=", LIVE_OVER_UPLOAD),
         ("sessions kept in real time, q = 0.7 / q = 0", "sessions_pruned_over_q0", ">=", LIVE_SESSIONS_GAIN),
     ]
+    if "sessions_pruned_over_q0_skipping" in ratios:  # issue 41: with still patches skipped before the tower
+        checks.append(
+            (
+                "sessions kept in real time, q = 0.7 / q = 0, skipping still patches",
+                "sessions_pruned_over_q0_skipping",
+                ">=",
+                LIVE_SESSIONS_GAIN,
+            )
+        )
     rows = []
     for measure, key, sign, limit in checks:
         value = ratios[key]

@@ -19,6 +19,7 @@ from bench.bursts import BurstRun, UserTiming, median_run
 from bench.decoding_hook import FAILED, SKIPPED
 from bench.summary import burst_summary
 from bench.users import pipelined_ideal_s
+from bench.vision_skip import WAYS
 from bench.workload import QUICK
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -140,7 +141,9 @@ def test_reading_stands_against_the_rest_of_ttft(saved):
 
 def test_targets_stand_beside_measured_ratios(saved):
     targets = saved["targets"]
-    assert len(targets) == 9  # 3 of a burst, throughput, 2 of reading, 3 of live sessions
+    # 3 of a burst, throughput, 2 of reading, 4 of live sessions (sessions at q = 0.7 / q = 0 without and with
+    # skipping still patches), 4 of the clip kinds (issue 41)
+    assert len(targets) == 14
     for target in targets:
         # sessions at q = 0.7 over q = 0 has no figure when not one session kept up at q = 0 (a loaded machine)
         assert (target["measured"] is None and not target["met"]) or target["measured"] > 0
@@ -153,11 +156,30 @@ def test_live_sessions_answer_from_their_state_and_are_kept_in_real_time(saved):
     assert [row["seconds"] for row in moments] == list(work.moments_s)
     assert all(row["ttft_s"] > 0 and row["video_tokens_held"] > 0 for row in moments)
     assert live["ttft"]["upload_ttft_s"] > 0 and live["ttft"]["upload_video_tokens"] > 0
-    assert [row["pruning_rate"] for row in live["sessions"]] == [0.0, 0.7]
+    assert [(row["pruning_rate"], row["skip_still_patches"]) for row in live["sessions"]] == [
+        (0.0, False),
+        (0.7, False),
+        (0.0, True),
+        (0.7, True),
+    ]
     assert all(0 <= row["sessions"] <= work.max_sessions for row in live["sessions"])
     ratios = live["ratios"]
     assert ratios["ttft_last_over_first"] == pytest.approx(moments[-1]["ttft_s"] / moments[0]["ttft_s"])
     assert ratios["live_over_upload"] == pytest.approx(moments[-1]["ttft_s"] / live["ttft"]["upload_ttft_s"])
+
+
+def test_clip_kinds_say_what_the_vision_tower_encoded_each_way(saved):
+    rows = saved["vision_skip"]["kinds"]
+    assert [(row["kind"], row["way"]) for row in rows] == [
+        (kind, way) for kind in ("screen recording", "still camera", "handheld pan") for way, _, _ in WAYS
+    ]
+    for row in rows:
+        assert 0 < row["vision_patches_encoded"] <= row["vision_patches_total"] and row["ttft_s"] > 0
+        if row["way"] == "without":  # no step: every patch, and the ratios' reference
+            assert row["encoded_share"] == 1.0 and row["ttft_ratio"] == 1.0
+    still = {row["way"]: row for row in rows if row["kind"] == "still camera"}
+    assert still["reuse + skip"]["vision_patches_encoded"] < still["without"]["vision_patches_encoded"]
+    assert saved["vision_skip"]["share"] == []  # the real shapes' share runs in full mode only
 
 
 def test_png_beside_the_json_shows_engine_and_peer(quick_run, tmp_path):

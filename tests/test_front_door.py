@@ -66,6 +66,7 @@ def through_the_page(app, video: Path | None, question: str, rate: float, method
             False,
             False,
             False,
+            False,
             [],
         ):
             pass

@@ -49,6 +49,7 @@ def test_the_server_lists_exactly_one_documented_tool(app):
         "hear_soundtrack",
         "pruning_method",
         "media",
+        "skip_still_patches",
     ]
     assert properties["pruning_method"]["default"] == "evs" and "vidcom2" in properties["pruning_method"]["description"]
     assert properties["media"]["type"] == "array" and properties["media"]["items"] == {"type": "string"}
@@ -56,6 +57,7 @@ def test_the_server_lists_exactly_one_documented_tool(app):
     assert "upload" in properties["video"]["description"]
     assert properties["pruning_rate"]["default"] == app.spy.model_info["default_pruning_rate"]  # the model's own
     assert properties["enable_thinking"]["type"] == properties["hear_soundtrack"]["type"] == "boolean"
+    assert properties["skip_still_patches"]["type"] == "boolean"
     assert sorted(tool.inputSchema["required"]) == ["question", "video"]
 
 
