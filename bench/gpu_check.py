@@ -21,7 +21,10 @@ Prints one table and writes it as JSON (--out):
     stages by first token;
   - live sessions (bench/live.py) at the device's default frame size: TTFT of a question 10, 60 and 600 s into
     a stream against the same question on an upload of the 600 s recording, and the most sessions kept in real
-    time (2 fps, p95 lag under 1 s) at q = 0 and q = 0.7;
+    time (2 fps, p95 lag under 1 s) at q = 0 and q = 0.7, without and with skip_still_patches;
+  - the vision tower (bench/vision_skip.py) at the device's default sampling: a screen recording, a still camera
+    and a handheld pan at q = 0.7 without, with exact reuse and with reuse and skip_still_patches: vision patches
+    encoded of the total, ViT and TTFT seconds and their ratios, the ViT's share of ViT + prefill, the goals;
   - peak GPU memory, the memory plan (a hybrid model's recurrent state per sequence beside its KV per
     token), the attention kernel of each tower (and of a hybrid model's linear-attention layers), the
     driver and CUDA versions.
@@ -60,6 +63,7 @@ from bench.targets import live_target_rows
 from bench.targets import markdown as targets_markdown
 from bench.ttft_by_rate import ttft_by_rate
 from bench.users import pipelined_ideal_s
+from bench.vision_skip import SkipWork, goal_rows, kind_rows, kinds_markdown
 from bench.vit_timing import prepared_prompts, vit_forward_s
 from bench.workload import QUESTION
 from engine import Answer, Engine, EngineConfig, FrameSampling, GenerationParams
@@ -315,6 +319,11 @@ def print_table(report: dict) -> None:
         )
     print(f"\n## Live sessions\n\n{live_markdown(report['live'])}\n")
     print(targets_markdown(live_target_rows(report["live"])))
+    kinds = report["vision_skip"]["kinds"]
+    print(f"\n## The vision tower: exact reuse and still patches skipped, q = 0.7\n\n{kinds_markdown(kinds)}\n")
+    shares = ", ".join(f"{r['kind']} {r['way']} {r['vit_s'] / (r['vit_s'] + r['prefill_s']):.2f}" for r in kinds)
+    print(f"ViT share of ViT + prefill: {shares}\n")
+    print(targets_markdown(report["vision_skip"]["goals"]))
     print(
         f"\npeak GPU memory: {report['peak_gpu_memory_gib']} GiB"
         if report["peak_gpu_memory_gib"] is not None
@@ -377,6 +386,17 @@ def run(args: argparse.Namespace) -> tuple[dict, list[str]]:
         peak = round(torch.cuda.max_memory_allocated(device) / GIB, 2) if device.type == "cuda" else None
     finally:
         engine.shutdown()
+    # Two engines of their own (exact reuse off and on), once the first has given its memory back.
+    skip_work = SkipWork(
+        args.model,
+        work["frame_sampling"],
+        work["size"],
+        min(work["seconds"], 2 * work["frame_sampling"].max_frames / work["frame_sampling"].fps),
+        args.new_tokens,
+        1 if args.quick else 3,
+    )
+    with tempfile.TemporaryDirectory() as folder:
+        kinds = kind_rows(args.device, Path(folder), skip_work)
     report = {
         "machine": machine(),
         "device": str(device),
@@ -400,6 +420,7 @@ def run(args: argparse.Namespace) -> tuple[dict, list[str]]:
         "bursts": bursts,
         "arrival_burst": arrival,
         "live": live,
+        "vision_skip": {"kinds": kinds, "goals": goal_rows(kinds)},
         "peak_gpu_memory_gib": peak,
     }
     return report, problems

@@ -10,7 +10,8 @@ per pixel, channel and frame), and the same with a square moving over it; writte
 sensor gave it) or by x264 at CRF 23 and 28 (what a phone or screen recorder stores). For each: the unit changes
 of the still scene's units (consecutive groups; the largest and the 99.9th percentile), the smallest change of a
 unit the square entered or left (those whose noise-free pixels changed), and at each candidate threshold the
-share of still units encoded after the first group and of the square's units missed.
+share of still units encoded after the first group and of the square's units missed (a unit the square
+entered or left: its noise-free pixels changed by a level or more).
 """
 
 import argparse
@@ -85,9 +86,10 @@ def measure(loaded, family, folder: Path) -> list[dict]:
     levels = family.pixel_levels(loaded.processor)
     rows = []
     for cap_name, pixels in FRAME_CAPS.items():
-        # The square's units: those whose noise-free, losslessly written pixels change between groups.
+        # The square's units: those whose noise-free, losslessly written pixels change by a level or more between
+        # groups (the resize spreads a trace of the square's edge into the next unit, far under a level).
         clean = unit_pixels(loaded, family, write(folder / "clean.mp4", frames(True, 0.0), CODECS["lossless"]), pixels)
-        moved = consecutive_changes(clean, levels) > 0
+        moved = consecutive_changes(clean, levels) >= 1.0
         for codec, options in CODECS.items():
             for sigma in SIGMAS:
                 still = unit_pixels(loaded, family, write(folder / "still.mp4", frames(False, sigma), options), pixels)
@@ -111,11 +113,7 @@ def measure(loaded, family, folder: Path) -> list[dict]:
                     caught = pruning.still_units(moving, levels, threshold)[1:]
                     row["moving_missed"][threshold] = float((~caught[moved]).float().mean())
                 rows.append(row)
-                print(
-                    f"{cap_name} {codec} sigma {sigma:g}: still max {row['still_max']:.2f}, "
-                    f"square min {row['moving_min']:.2f}",
-                    flush=True,
-                )
+                print(markdown([row]).splitlines()[-1], flush=True)
     return rows
 
 

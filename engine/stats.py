@@ -42,7 +42,7 @@ class Stats:
     read_s: float | None = None  # of read_video_s, the reader(s) reading the file (0 on a frame cache hit)
     # Vision patches (the processor's pixel rows) of every medium, and of them the ones the vision tower ran for
     # this request: exact repeats of a previous group and skipped still units are not run; 0 when the features
-    # came from the cache (vit_cache_hit).
+    # came from the cache (vit_cache_hit). A question asked of a live session: its session's so far.
     vision_patches_total: int | None = None
     vision_patches_encoded: int | None = None
     vit_s: float | None = None  # the vision forward this request took part in (with the audio tower's, when heard)

@@ -492,6 +492,7 @@ class GpuLikeEngine:
         "default_pruning_rate": DEFAULT_PRUNING_RATE,
         "thinks": False,
         "hears": False,
+        "skips_still_patches": True,
     }
     default_frame_sampling = GPU_FRAME_SAMPLING
     frame_sampling_limits = GPU_FRAME_SAMPLING_LIMITS
@@ -524,6 +525,7 @@ def test_sliders_and_api_defaults_follow_the_engines_device():
         "pruning_method",
         "compare_methods",
         "media",
+        "skip_still_patches",
     ]
     defaults = {p["parameter_name"]: p["parameter_default"] for p in parameters}
     assert (defaults["fps"], defaults["max_frames"], defaults["max_pixels_per_frame"]) == (2.0, 128, 200_704)

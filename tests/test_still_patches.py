@@ -6,6 +6,7 @@ and a live session deciding as an upload does."""
 import numpy as np
 import pytest
 import torch
+from transformers.vision_utils import get_vision_window_index
 
 import pruning
 from engine import Engine, EngineConfig, GenerationParams
@@ -198,8 +199,7 @@ def test_the_shorter_sequence_computes_what_the_whole_group_does_with_the_rest_m
 
 
 def pruning_window_order(visual, medium):
-    from transformers.vision_utils import get_vision_window_index
-
+    """(Qwen2.5-VL's order of the medium's units in its windowed blocks, the windows' bounds)."""
     return get_vision_window_index(
         medium.grid_thw_patches[None], visual.spatial_merge_size, visual.window_size, visual.patch_size
     )

@@ -293,6 +293,11 @@ class LiveRunner:
         )
         stats = request.stats
         stats.frames_sampled = stream.session.groups_in_state * self.family.temporal_patch
+        session = stream.session.stats()  # the stream's vision patches so far: the question encoded none itself
+        stats.vision_patches_total, stats.vision_patches_encoded = (
+            session["vision_patches_total"],
+            session["vision_patches_encoded"],
+        )
         stats.grid_thw, stats.video_tokens_total = [len(held), h, w], len(held) * h * w
         # The video held in the state, as one medium: its kept tokens are counted when the answer is done.
         stats.media = [

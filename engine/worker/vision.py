@@ -119,6 +119,7 @@ class VisionEncoder:
             self.cache.put(key, CachedFeatures(features, owner.grid_thw), features.nbytes)
             for request, index in misses[key]:
                 request.features[index] = features
+            for request in {request for request, _ in misses[key]}:  # a medium asked twice is encoded once
                 request.stats.vision_patches_encoded += plan.patches
         for request in served:
             stats = request.stats
