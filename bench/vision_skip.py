@@ -68,7 +68,8 @@ SHAPES = (
 @dataclass(frozen=True)
 class SkipWork:
     """model: the clip kinds' engine model. sampling: both parts' frame sampling. size and seconds: the clips'.
-    new_tokens: per answer; repeats: runs per measurement (median TTFT kept); shapes: the share's checkpoints."""
+    new_tokens: per answer; repeats: runs per clip kind measurement (median TTFT kept); shapes: the share's
+    checkpoints, each measurement run share_repeats times (the real shapes take tens of seconds a run on a CPU)."""
 
     model: str
     sampling: FrameSampling
@@ -77,6 +78,7 @@ class SkipWork:
     new_tokens: int
     repeats: int
     shapes: tuple[Shape, ...] = SHAPES
+    share_repeats: int = 1
 
 
 FULL = SkipWork(
@@ -208,7 +210,7 @@ def share_rows(device: str, folder: Path, work: SkipWork, shapes: tuple[Shape, .
             _median_run(engine, path, _params(0.0, False, work), 1)  # first-request costs, untimed
             for q in SHARE_RATES:
                 for skip in (False, True):
-                    stats = _median_run(engine, path, _params(q, skip, work), work.repeats)
+                    stats = _median_run(engine, path, _params(q, skip, work), work.share_repeats)
                     vit, prefill = stats["vit_s"] * vit_scale, stats["prefill_s"] * text_scale
                     rows.append(
                         {
