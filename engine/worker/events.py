@@ -16,8 +16,8 @@ def _count(number: int, noun: str) -> str:
 
 def vision_started(served: dict[Request, list[int]], temporal_patch: int) -> None:
     """Tell each request in a vision forward (served: the indices of its media the forward encodes; the others'
-    features are cached) how many frames and pictures it encodes (and whether soundtracks) and with how many
-    others."""
+    features are cached) how many frames and pictures it encodes (and whether soundtracks; how many of their
+    patches when some are left out as unchanged) and with how many others."""
     for request, indices in served.items():
         others = len(served) - 1
         media = [request.prompt.media[index] for index in indices]
@@ -25,8 +25,11 @@ def vision_started(served: dict[Request, list[int]], temporal_patch: int) -> Non
         images = sum(medium.is_image for medium in media)
         what = " and ".join([_count(frames, "frame")] * bool(frames) + [_count(images, "picture")] * bool(images))
         sound = " and the soundtrack" if any(medium.audio is not None for medium in media) else ""
+        total = sum(medium.pixel_values.shape[0] for medium in media)
+        encoded = sum(request.plans[index].patches for index in indices)
+        patches = f", {encoded:,} of {total:,} patches: the rest unchanged" if encoded < total else ""
         tail = f" (batched with {_count(others, 'other request')})" if others else ""
-        request.stream.push(Event("status", f"encoding {what}{sound}{tail}"))
+        request.stream.push(Event("status", f"encoding {what}{sound}{patches}{tail}"))
 
 
 def pruned(request: Request, temporal_patch: int) -> None:
