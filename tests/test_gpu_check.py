@@ -66,6 +66,8 @@ def test_quick_run_passes_and_prints_one_table(quick_run):
     assert "| question at q = 0.7 | TTFT s | video tokens (held / upload's) |" in result.stdout
     assert "| live TTFT / the upload's, 30 s recording | <= 0.1 |" in result.stdout
     assert "| method | kept | mask ms | pruning step ms | share of the vision forward |" in result.stdout
+    assert "## The vision tower: exact reuse and still patches skipped, q = 0.7" in result.stdout
+    assert "ViT share of ViT + prefill: screen recording without" in result.stdout
 
 
 def test_quick_run_saves_every_figure(quick_run):
@@ -107,4 +109,17 @@ def test_quick_run_saves_every_figure(quick_run):
     live = report["live"]
     assert [row["seconds"] for row in live["ttft"]["moments"]] == [5, 10, 30]
     assert all(row["ttft_s"] > 0 for row in live["ttft"]["moments"]) and live["ttft"]["upload_ttft_s"] > 0
-    assert [row["pruning_rate"] for row in live["sessions"]] == [0.0, 0.7]
+    assert [(row["pruning_rate"], row["skip_still_patches"]) for row in live["sessions"]] == [
+        (0.0, False),
+        (0.7, False),
+        (0.0, True),
+        (0.7, True),
+    ]
+    kinds = report["vision_skip"]["kinds"]
+    assert [row["kind"] for row in kinds] == [
+        kind for kind in ("screen recording", "still camera", "handheld pan") for _ in range(3)
+    ]
+    assert all(0 < row["vision_patches_encoded"] <= row["vision_patches_total"] for row in kinds)
+    skipping = kinds[2::3]  # each kind's last way: exact reuse and skipping still patches
+    assert sum(row["vision_patches_encoded"] for row in skipping) < sum(row["vision_patches_total"] for row in skipping)
+    assert len(report["vision_skip"]["goals"]) == 4
