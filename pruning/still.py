@@ -23,9 +23,10 @@ patches of a unit, C channels, F frames per group, P pixels per patch side squar
 
 import torch
 
-# Measured (docs/performance.md, "Skipping still patches"; bench/still_noise.py): the largest unit change a still
-# camera's sensor noise and an H.264 encoder's noise reach at the engine's frame sizes stays under 4 levels, and
-# a unit that an object of a few pixels enters reads 20 and more.
+# Measured (docs/performance.md, "The threshold: a still camera must read as still"; bench/still_noise.py): the
+# largest unit change that a still camera's sensor noise (up to a dark room's) and x264's noise reach stays under
+# 2.6 levels at the CPU's 224x224 frame cap and 4.3 at the GPU's 448x448; a unit a moving object covers reads 40
+# and more.
 STILL_THRESHOLD_LEVELS = 6.0
 
 
