@@ -50,6 +50,7 @@ def test_ask_endpoint_takes_video_question_rate_and_defaults_the_rest(app):
         "hear_soundtrack",
         "pruning_method",
         "compare_methods",
+        "skip_still_patches",
     } <= set(names)
     assert all(p["parameter_has_default"] for p in params[2:])
 
@@ -128,6 +129,15 @@ def test_compare_methods_answers_with_every_method_from_one_vit_forward(app, cli
     assert methods["uniform"]["stats"]["tokens_kept_per_frame"] == [h * w, 0] * (num_groups // 2)
     kept = [int(frame["caption"].split("kept ")[1].split("/")[0]) for frame in frames]
     assert kept == stats["tokens_kept_per_frame"]  # the pictures are the chosen method's
+
+
+def test_skip_still_patches_reaches_the_engine_and_the_stats(app, clip):
+    video = handle_file(str(clip("moving_object", seconds=2.5, size=(176, 112))))  # asked by no other test
+    _, plain, _, _ = app.client.predict(video, "What moves?", 0.0, api_name="/ask", **FAST)
+    _, skipping, _, _ = app.client.predict(video, "What moves?", 0.0, skip_still_patches=True, api_name="/ask", **FAST)
+    assert plain["vision_patches_encoded"] == plain["vision_patches_total"] == skipping["vision_patches_total"]
+    assert 0 < skipping["vision_patches_encoded"] < skipping["vision_patches_total"]
+    assert skipping["video_tokens_kept"] < plain["video_tokens_kept"] == plain["video_tokens_total"]
 
 
 def test_a_follow_up_question_reuses_the_caches(app, clip):

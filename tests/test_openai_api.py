@@ -54,7 +54,7 @@ def ask(client, messages, **kwargs):
     kwargs.setdefault("temperature", 0)
     extra = {
         key: kwargs.pop(key)
-        for key in ("pruning_rate", "pruning_method", "fps", "max_frames", "max_pixels_per_frame")
+        for key in ("pruning_rate", "pruning_method", "fps", "max_frames", "max_pixels_per_frame", "skip_still_patches")
         if key in kwargs
     }
     return client.chat.completions.create(model=MODEL, messages=messages, extra_body=extra or None, **kwargs)
@@ -111,6 +111,20 @@ def test_the_pruning_method_is_an_extra_field(client, clip):
     assert stats["pruning_method"] == "uniform"
     assert stats["video_tokens_kept"] == pruning.kept_token_count("uniform", h * w, num_groups, 0.5)
     assert set(stats["tokens_kept_per_frame"]) == {0, h * w}  # whole groups
+
+
+def test_skipping_still_patches_is_an_extra_field(client, clip):
+    # A clip no other test asks about, so neither answer's features come from the cache.
+    messages = [video_message(data_url(clip("moving_object", seconds=2.5, size=(144, 112))))]
+    plain = ask(client, messages, pruning_rate=0.0).usage.evs
+    skipping = ask(client, messages, pruning_rate=0.0, skip_still_patches=True).usage.evs
+    assert plain["vision_patches_encoded"] == plain["vision_patches_total"] == skipping["vision_patches_total"]
+    assert plain["video_tokens_kept"] == plain["video_tokens_total"]
+    # Only the units the square crossed after the first group are encoded, and at q = 0 each is one kept token.
+    assert 0 < skipping["vision_patches_encoded"] < skipping["vision_patches_total"]
+    assert skipping["video_tokens_kept"] * 4 == skipping["vision_patches_encoded"]
+    with pytest.raises(openai.BadRequestError, match=re.escape("Skip still patches must be true or false.")):
+        ask(client, messages, skip_still_patches="yes")
 
 
 def test_streaming_sends_openai_chunks_then_usage(client, clip):
