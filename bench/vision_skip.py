@@ -29,8 +29,8 @@ from engine import Engine, EngineConfig, FrameSampling, GenerationParams
 from engine.checkpoints.random_weights import checkpoint_spec
 
 from .markdown import cell, table
+from .workload import QUESTION, params
 
-QUESTION = "What happens in this video?"
 KINDS = {"screen recording": "slides", "still camera": "still_camera", "handheld pan": "handheld"}
 # (name, EngineConfig.vision_reuse, GenerationParams.skip_still_patches)
 WAYS = (("without", False, False), ("exact reuse", True, False), ("reuse + skip", True, True))
@@ -103,13 +103,7 @@ def _ttft(stats: dict) -> float:
 
 
 def _params(q: float, skip: bool, work: SkipWork) -> GenerationParams:
-    return GenerationParams(
-        pruning_rate=q,
-        max_new_tokens=work.new_tokens,
-        ignore_eos=True,
-        frame_sampling=work.sampling,
-        skip_still_patches=skip,
-    )
+    return params(q, work.new_tokens, work.sampling, skip)
 
 
 def kind_rows(device: str, folder: Path, work: SkipWork) -> list[dict]:

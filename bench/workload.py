@@ -106,6 +106,14 @@ def make_clips(folder: Path, count: int) -> list[Path]:
     ]
 
 
-def params(q: float, new_tokens: int) -> GenerationParams:
-    """Greedy, exactly `new_tokens` tokens (EOS ignored), pruning rate q."""
-    return GenerationParams(pruning_rate=q, max_new_tokens=new_tokens, ignore_eos=True)
+def params(
+    q: float, new_tokens: int, sampling: FrameSampling | None = None, skip_still_patches: bool = False
+) -> GenerationParams:
+    """Greedy, exactly `new_tokens` tokens (EOS ignored), pruning rate q; sampling None: the engine's default."""
+    return GenerationParams(
+        pruning_rate=q,
+        max_new_tokens=new_tokens,
+        ignore_eos=True,
+        frame_sampling=sampling,
+        skip_still_patches=skip_still_patches,
+    )
