@@ -22,10 +22,10 @@ from starlette.websockets import WebSocketState
 from engine.config import MAX_VIDEO_SOURCE_PIXELS
 from engine.errors import SERVER_FAULT, BusyError, InputError
 from engine.front.door import history_pairs, request_params
+from engine.front.json_text import json_text
 from engine.front.serving import Serving
 from engine.stream import Stream
 from ui.live_frames import TIME_HEADER, frame_message
-from ui.openai_api import jsonable
 
 log = logging.getLogger(__name__)
 
@@ -209,7 +209,7 @@ class LiveSocket:
                 if event.kind in EVENT_KINDS:
                     await self._send({"type": "event", "id": answer_id, "kind": event.kind, "text": event.text})
                 elif event.kind == "done":
-                    await self._send({"type": "done", "id": answer_id, "stats": jsonable(event.stats or {})})
+                    await self._send({"type": "done", "id": answer_id, "stats": event.stats or {}})
         except WebSocketDisconnect:
             pass
         except Exception as error:  # the engine's sentence: a mistake, busy, shutting down, a fault
@@ -232,7 +232,7 @@ class LiveSocket:
             pass
 
     async def _send_stats(self) -> None:
-        await self._send({"type": "stats", **jsonable(await asyncio.to_thread(self.live.stats))})
+        await self._send({"type": "stats", **await asyncio.to_thread(self.live.stats)})
 
     async def _error(self, sentence: str, **about) -> None:
         await self._send({"type": "error", "message": sentence, **{k: v for k, v in about.items() if v is not None}})
@@ -241,7 +241,7 @@ class LiveSocket:
         async with self._send_lock:
             if self.socket.client_state == WebSocketState.CONNECTED:
                 try:
-                    await self.socket.send_text(json.dumps(message))
+                    await self.socket.send_text(json_text(message))
                 except (RuntimeError, OSError):  # the client went away meanwhile
                     raise WebSocketDisconnect(1006) from None
 

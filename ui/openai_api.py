@@ -37,6 +37,7 @@ from engine.config import MAX_FILE_BYTES
 from engine.errors import NO_VIDEO, SERVER_FAULT, BusyError, InputError
 from engine.front.checks import too_many_media
 from engine.front.door import request_params
+from engine.front.json_text import json_text, jsonable
 from engine.front.serving import Serving
 from engine.stream import Event, Stream
 from ui.video_inputs import LocalVideo, VideoPolicy, local_files, video_policy
@@ -219,11 +220,6 @@ def nesting_depth(value) -> int:
             children = item.values() if isinstance(item, dict) else item
             stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
     return deepest
-
-
-def jsonable(value):
-    """Stats as plain JSON types (numpy scalars become numbers)."""
-    return json.loads(json.dumps(value, default=lambda v: v.item() if hasattr(v, "item") else str(v)))
 
 
 def usage(stats: dict) -> dict:
@@ -429,7 +425,7 @@ class Reply:
             "model": self.model,
             "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}],
         }
-        return f"data: {json.dumps(chunk)}\n\n"
+        return f"data: {json_text(chunk)}\n\n"
 
     async def chunks(
         self, opening: list[Event], include_usage: bool, release: Callable[[], None]
@@ -461,10 +457,10 @@ class Reply:
                     "choices": [],
                     "usage": usage(stats),
                 }
-                yield f"data: {json.dumps(body)}\n\n"
+                yield f"data: {json_text(body)}\n\n"
             yield "data: [DONE]\n\n"
         except Exception as error:  # after the 200 status: OpenAI clients raise on an error event
-            yield f"data: {json.dumps(engine_error(error).body())}\n\n"
+            yield f"data: {json_text(engine_error(error).body())}\n\n"
         finally:
             if not self.stream.finished:
                 self.stream.cancel()
