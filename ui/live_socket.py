@@ -81,7 +81,11 @@ class LiveSocket:
             if first is None:
                 return
             opening = self._open_message(first)
-            params = request_params(self.engine, **_settings(opening, OPEN_SETTINGS)) if opening else None
+            try:
+                params = request_params(self.engine, **_settings(opening, OPEN_SETTINGS)) if opening else None
+            except InputError:  # a session asked for and refused here, before the engine saw it
+                self.engine.metrics.live_session("refused")
+                raise
             self.live = await asyncio.to_thread(self.engine.open_live, params)
             tasks.append(asyncio.create_task(self._stats_every_second()))
             message = None if opening else first
@@ -152,7 +156,8 @@ class LiveSocket:
         elif kind == "close":
             await self._close(1000)
             return False
-        else:
+        else:  # a malformed ask, refused here
+            self.engine.metrics.refused(where="front_door", busy=False)
             await self._error(OPENED_ALREADY if kind == "open" else NOT_A_MESSAGE)
         return True
 
@@ -196,6 +201,7 @@ class LiveSocket:
             history = history_pairs(request.get("history"))
             stream = await asyncio.to_thread(self.live.ask, question, history, params)
         except (InputError, BusyError) as error:
+            self.engine.metrics.refused(error, "front_door")  # unless the engine refused it, and counted it
             await self._error(str(error), id=answer_id)
             return
         task = asyncio.create_task(self._answer(answer_id, stream))

@@ -286,7 +286,12 @@ class ChatCompletions:
             )
         except Exception as error:
             release()
-            return (error if isinstance(error, ApiError) else engine_error(error)).response()
+            refusal = error if isinstance(error, ApiError) else engine_error(error)
+            if refusal.status < 500:  # the engine's own refusals are counted there, and not again
+                self.engine.metrics.refused(error, "front_door", busy=refusal.status == 429)
+            else:
+                self.engine.metrics.failed()
+            return refusal.response()
         reply = Reply(self.model, stream, params.max_new_tokens)
         if not chat.stream:
             try:
