@@ -237,8 +237,8 @@ class Engine:
                 if not self._admission.acquire(blocking=False):
                     raise BusyError(QUEUE_FULL)
                 return self._accept(paths, question, params, history)
-        except (InputError, BusyError):
-            self.metrics.refused()
+        except (InputError, BusyError) as error:
+            self.metrics.refused(error)
             raise
 
     def _check_text_tokens(self, question: str, history: list[tuple[str, str]]) -> None:

@@ -16,7 +16,7 @@ from .detokenize import SplitDetokenizer
 from .errors import QUEUE_FULL, RESTARTING, SHUTTING_DOWN, BusyError, InputError
 from .front.checks import check_live_settings, check_request
 from .live.layout import LiveLayout
-from .live.session import LiveQuestion, LiveSession
+from .live.session import CLOSED, LiveQuestion, LiveSession
 from .scheduling.request import Request
 from .stream import Event, Stream
 
@@ -46,6 +46,18 @@ class LiveSessions:
         return self._engine.memory_plan.max_live_sessions
 
     def open(self, params: GenerationParams) -> LiveSession:
+        """A new session (Engine.open_live), counted in /metrics as opened, or refused (its InputError or
+        BusyError raised); when it ends, as closed by its user or lost (ended by the server)."""
+        metrics = self._engine.metrics
+        try:
+            session = self._new_session(params)
+        except InputError:
+            metrics.live_session("refused")
+            raise
+        metrics.live_session("opened")
+        return session
+
+    def _new_session(self, params: GenerationParams) -> LiveSession:
         engine = self._engine
         check_live_settings(params, engine.config, engine.frame_sampling_limits)
         sampling = params.frame_sampling or engine.default_frame_sampling
@@ -63,7 +75,6 @@ class LiveSessions:
                 raise BusyError(RESTARTING)
             self._open = [session for session in self._open if not session.ended]
             if len(self._open) >= self.max_sessions:
-                engine.metrics.refused()
                 raise BusyError(
                     f"This server already has {self.max_sessions} live sessions open, as many as it "
                     "takes; close one or try again later."
@@ -78,6 +89,7 @@ class LiveSessions:
                 self.window_tokens,
                 ask=self._ask,
                 wake=engine._worker.wake,
+                on_end=lambda why: engine.metrics.live_session("closed" if why == CLOSED else "lost"),
             )
             self._open.append(session)
             self._layouts = {s.id: self._layouts[s.id] for s in self._open if s.id in self._layouts}
@@ -97,6 +109,8 @@ class LiveSessions:
             frame_sampling=session.sampling,
         )
         try:
+            if why := session.unaskable(groups):
+                raise InputError(why)
             history = check_request(
                 [f"live session {session.id}"],
                 question,
@@ -109,8 +123,8 @@ class LiveSessions:
             engine._check_text_tokens(question, history)
             if not engine._admission.acquire(blocking=False):
                 raise BusyError(QUEUE_FULL)
-        except InputError:
-            engine.metrics.refused()
+        except InputError as error:
+            engine.metrics.refused(error)
             raise
         thinking = params.enable_thinking and engine._think_end is not None
         tail = self._layouts[session.id].tail(question.strip(), history, thinking)
@@ -118,9 +132,9 @@ class LiveSessions:
             engine.memory_plan.check_fits(
                 session.window_tokens, session.window_tokens + tail.numel(), params.max_new_tokens
             )
-        except InputError:
+        except InputError as error:
             engine._admission.release()
-            engine.metrics.refused()
+            engine.metrics.refused(error)
             raise
         stream = Stream(next(engine._ids), on_end=engine.metrics.ended)
         request = Request(

@@ -21,7 +21,7 @@ from .errors import InputError
 from .lru import ByteLRU
 from .memory.plan import Plan
 from .prompt.unpruned import MediumPrompt, UnprunedPrompt, unpruned_prompt
-from .reading.media import Medium, is_video, read_medium
+from .reading.media import Medium, is_video, read_medium, too_small
 from .reading.pool import ReaderPool
 from .reading.video import file_sha256
 from .scheduling.request import Request
@@ -280,8 +280,9 @@ class Preparer:
                 del self._reading[key]
 
     def _read(self, path: str, sampling: FrameSampling, digest: str | None, hear: bool) -> Medium:
+        """The upload read; a still picture with a side under one token refused (too_small)."""
         config = self.config
-        return read_medium(
+        medium = read_medium(
             path,
             sampling,
             max_seconds=config.max_video_seconds,
@@ -296,3 +297,8 @@ class Preparer:
             max_soundtrack_seconds=config.max_soundtrack_seconds,
             max_picture_pixels=config.max_picture_pixels,
         )
+        if not is_video(medium) and (
+            why := too_small("The picture", *medium.stored_size, self.family.token_side(self.loaded.processor))
+        ):
+            raise InputError(why)
+        return medium

@@ -281,8 +281,8 @@ class ReplicatedEngine:
                     raise BusyError(RESTARTING)
                 if not self._admission.acquire(blocking=False):
                     raise BusyError(QUEUE_FULL)
-        except (InputError, BusyError):
-            self.metrics.refused()
+        except (InputError, BusyError) as error:
+            self.metrics.refused(error)
             raise
         return paths, params, history
 
@@ -428,8 +428,9 @@ class ReplicatedEngine:
             else:
                 raise full or BusyError(RESTARTING)
         except (InputError, BusyError):
-            self.metrics.refused()
+            self.metrics.live_session("refused")
             raise
+        self.metrics.live_session("opened")
         return RemoteLiveSession(self, reply["session"], reply["replica"], params, self.config.max_video_source_pixels)
 
     def ask_live(self, session: str, question: str, history=(), params: GenerationParams | None = None) -> Stream:

@@ -37,7 +37,9 @@ class RemoteLiveSession:
             reply = {"kind": ERROR, "error": "lost", "message": LIVE_SESSION_LOST}
         if isinstance(reply, dict) and reply.get("kind") == ERROR:
             error = error_from_wire(reply)
-            self._lost = self._lost or isinstance(error, SessionLost)
+            if isinstance(error, SessionLost) and not self._lost:
+                self._lost = True
+                self._engine.metrics.live_session("lost")
             raise error
         return reply
 
@@ -71,6 +73,7 @@ class RemoteLiveSession:
         """Close it on its replica (nothing to do when the replica is gone); closing twice is harmless."""
         if not (self._lost or self._closed):
             self._call("live_close")
+            self._engine.metrics.live_session("closed")
         self._closed = True
 
     def __enter__(self) -> "RemoteLiveSession":

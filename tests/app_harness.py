@@ -1,5 +1,6 @@
 """A real app for the app and browser tests: the tiny-model engine on CPU behind a launched demo."""
 
+import json
 import socket
 import time
 from contextlib import contextmanager
@@ -113,6 +114,16 @@ def wait_until(condition, timeout_s: float = 20.0) -> bool:
             return True
         time.sleep(0.05)
     return condition()
+
+
+def strict_json(text: str | bytes):
+    """json.loads that refuses NaN, Infinity and -Infinity, which Python writes and reads but JSON has not: a
+    browser's JSON.parse throws on them."""
+
+    def refuse(constant: str):
+        raise ValueError(f"{constant} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
 
 
 def parse_metrics(text: str) -> dict[tuple, float]:

@@ -41,6 +41,7 @@ FRAME = clip_frames(1_000_020, fps=2)[0]
         (np.zeros((1, 20_000, 3), np.uint8), 1.0, "longer side may be at most 200 times"),
         (np.zeros((5000, 5000, 3), np.uint8), 1.0, "pixels this server takes"),
         (np.zeros((32, 48, 3), np.uint8), 1.0, "open a new session for another size"),
+        (np.zeros((1, 1, 3), np.uint8), 1.0, "The frame is 1x1 pixels; this model reads pictures with each side at"),
     ],
 )
 def test_a_bad_frame_gets_one_sentence_and_the_session_goes_on(two_sessions_engine, frame, t_s, sentence):

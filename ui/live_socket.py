@@ -22,10 +22,10 @@ from starlette.websockets import WebSocketState
 from engine.config import MAX_VIDEO_SOURCE_PIXELS
 from engine.errors import SERVER_FAULT, BusyError, InputError
 from engine.front.door import history_pairs, request_params
+from engine.front.json_text import json_text
 from engine.front.serving import Serving
 from engine.stream import Stream
 from ui.live_frames import TIME_HEADER, frame_message
-from ui.openai_api import jsonable
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,11 @@ class LiveSocket:
             if first is None:
                 return
             opening = self._open_message(first)
-            params = request_params(self.engine, **_settings(opening, OPEN_SETTINGS)) if opening else None
+            try:
+                params = request_params(self.engine, **_settings(opening, OPEN_SETTINGS)) if opening else None
+            except InputError:  # a session asked for and refused here, before the engine saw it
+                self.engine.metrics.live_session("refused")
+                raise
             self.live = await asyncio.to_thread(self.engine.open_live, params)
             tasks.append(asyncio.create_task(self._stats_every_second()))
             message = None if opening else first
@@ -152,7 +156,8 @@ class LiveSocket:
         elif kind == "close":
             await self._close(1000)
             return False
-        else:
+        else:  # a malformed ask, refused here
+            self.engine.metrics.refused(where="front_door", busy=False)
             await self._error(OPENED_ALREADY if kind == "open" else NOT_A_MESSAGE)
         return True
 
@@ -196,6 +201,7 @@ class LiveSocket:
             history = history_pairs(request.get("history"))
             stream = await asyncio.to_thread(self.live.ask, question, history, params)
         except (InputError, BusyError) as error:
+            self.engine.metrics.refused(error, "front_door")  # unless the engine refused it, and counted it
             await self._error(str(error), id=answer_id)
             return
         task = asyncio.create_task(self._answer(answer_id, stream))
@@ -209,7 +215,7 @@ class LiveSocket:
                 if event.kind in EVENT_KINDS:
                     await self._send({"type": "event", "id": answer_id, "kind": event.kind, "text": event.text})
                 elif event.kind == "done":
-                    await self._send({"type": "done", "id": answer_id, "stats": jsonable(event.stats or {})})
+                    await self._send({"type": "done", "id": answer_id, "stats": event.stats or {}})
         except WebSocketDisconnect:
             pass
         except Exception as error:  # the engine's sentence: a mistake, busy, shutting down, a fault
@@ -232,7 +238,7 @@ class LiveSocket:
             pass
 
     async def _send_stats(self) -> None:
-        await self._send({"type": "stats", **jsonable(await asyncio.to_thread(self.live.stats))})
+        await self._send({"type": "stats", **await asyncio.to_thread(self.live.stats)})
 
     async def _error(self, sentence: str, **about) -> None:
         await self._send({"type": "error", "message": sentence, **{k: v for k, v in about.items() if v is not None}})
@@ -241,7 +247,7 @@ class LiveSocket:
         async with self._send_lock:
             if self.socket.client_state == WebSocketState.CONNECTED:
                 try:
-                    await self.socket.send_text(json.dumps(message))
+                    await self.socket.send_text(json_text(message))
                 except (RuntimeError, OSError):  # the client went away meanwhile
                     raise WebSocketDisconnect(1006) from None
 

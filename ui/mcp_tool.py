@@ -13,14 +13,13 @@ same rules as the OpenAI endpoint's `video_url` apply (ui/video_inputs.py): a da
 server named by its link or path, and other URLs only when the operator allows fetching.
 """
 
-import json
-
 import gradio as gr
 
 from engine.config import CPU_MAX_MEDIA, DEFAULT_PRUNING_RATE, GPU_MAX_MEDIA
 from engine.errors import InputError
 from engine.front.checks import too_many_media
 from engine.front.door import follow, request_params
+from engine.front.json_text import json_text
 from engine.front.serving import Serving
 from ui.gradio_errors import raises_gradio_errors
 from ui.runs import RunView
@@ -90,7 +89,7 @@ class VideoQuestionTool:
             async for _, event in follow(self.engine, [str(file.path) for file in local], question, [params], []):
                 run.apply(event)
             thinking = {"thinking": run.thinking} if params.enable_thinking else {}
-            return json.dumps({"answer": run.answer, **thinking, "stats": run.stats or {}})
+            return json_text({"answer": run.answer, **thinking, "stats": run.stats or {}})
         finally:
             for file in local:
                 file.release()

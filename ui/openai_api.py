@@ -37,6 +37,7 @@ from engine.config import MAX_FILE_BYTES
 from engine.errors import NO_VIDEO, SERVER_FAULT, BusyError, InputError
 from engine.front.checks import too_many_media
 from engine.front.door import request_params
+from engine.front.json_text import json_text, jsonable
 from engine.front.serving import Serving
 from engine.stream import Event, Stream
 from ui.video_inputs import LocalVideo, VideoPolicy, local_files, video_policy
@@ -221,11 +222,6 @@ def nesting_depth(value) -> int:
     return deepest
 
 
-def jsonable(value):
-    """Stats as plain JSON types (numpy scalars become numbers)."""
-    return json.loads(json.dumps(value, default=lambda v: v.item() if hasattr(v, "item") else str(v)))
-
-
 def usage(stats: dict) -> dict:
     prompt, completion = stats.get("prompt_tokens") or 0, stats.get("generated_tokens") or 0
     cached = prompt - (stats.get("prefill_tokens") or prompt)
@@ -290,7 +286,12 @@ class ChatCompletions:
             )
         except Exception as error:
             release()
-            return (error if isinstance(error, ApiError) else engine_error(error)).response()
+            refusal = error if isinstance(error, ApiError) else engine_error(error)
+            if refusal.status < 500:  # the engine's own refusals are counted there, and not again
+                self.engine.metrics.refused(error, "front_door", busy=refusal.status == 429)
+            else:
+                self.engine.metrics.failed()
+            return refusal.response()
         reply = Reply(self.model, stream, params.max_new_tokens)
         if not chat.stream:
             try:
@@ -429,7 +430,7 @@ class Reply:
             "model": self.model,
             "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}],
         }
-        return f"data: {json.dumps(chunk)}\n\n"
+        return f"data: {json_text(chunk)}\n\n"
 
     async def chunks(
         self, opening: list[Event], include_usage: bool, release: Callable[[], None]
@@ -461,10 +462,10 @@ class Reply:
                     "choices": [],
                     "usage": usage(stats),
                 }
-                yield f"data: {json.dumps(body)}\n\n"
+                yield f"data: {json_text(body)}\n\n"
             yield "data: [DONE]\n\n"
         except Exception as error:  # after the 200 status: OpenAI clients raise on an error event
-            yield f"data: {json.dumps(engine_error(error).body())}\n\n"
+            yield f"data: {json_text(engine_error(error).body())}\n\n"
         finally:
             if not self.stream.finished:
                 self.stream.cancel()

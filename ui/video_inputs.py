@@ -43,13 +43,14 @@ BAD_DATA_URL = (
     "A data: URL must be a base64 video or picture, e.g. data:video/mp4;base64,AAAA... or "
     "data:image/png;base64,AAAA...."
 )
-BAD_BASE64 = "The video's data: URL is not valid base64."
+BAD_BASE64 = "The data: URL is not valid base64."
 NOT_UPLOADED = (
     "Only files uploaded to this server (POST /gradio_api/upload) can be named by path; "
-    "send other videos as a data: URL."
+    "send other videos and pictures as data: URLs."
 )
+# Said for a video_url and an image_url alike: the caller's part may name either.
 NO_FETCHING = (
-    "This server does not fetch video URLs; send the video as a data: URL, or upload it "
+    "This server does not fetch web URLs of videos or pictures; send the file as a data: URL, or upload it "
     "(POST /gradio_api/upload) and send its path."
 )
 

@@ -9,6 +9,7 @@ import numpy as np
 
 from engine.errors import InputError
 from engine.reading.frame_sampling import fit_pixels
+from engine.reading.media import too_small
 
 # A frame's longer side may be at most this many times its shorter: the Qwen processors refuse more (their
 # smart_resize), and a 20,000 x 1 strip is no picture of anything.
@@ -17,9 +18,10 @@ MAX_ASPECT = 200
 TICK_TOLERANCE_S = 1e-6
 
 
-def check_frame(frame, max_source_pixels: int) -> np.ndarray:
+def check_frame(frame, max_source_pixels: int, min_side: int = 1) -> np.ndarray:
     """The frame as a (H, W, 3) uint8 array, or InputError: a live frame is an RGB picture of at most
-    max_source_pixels (EngineConfig.max_video_source_pixels, as an upload's frames)."""
+    max_source_pixels (EngineConfig.max_video_source_pixels, as an upload's frames), each side at least
+    min_side pixels (the model's Family.token_side; 1 where the model is not known here)."""
     if not isinstance(frame, np.ndarray) or frame.ndim != 3 or frame.shape[2] != 3:
         shape = getattr(frame, "shape", None)
         raise InputError(f"A live frame must be an (height, width, 3) RGB array; got {shape or type(frame).__name__}.")
@@ -35,6 +37,8 @@ def check_frame(frame, max_source_pixels: int) -> np.ndarray:
         raise InputError(
             f"The frame is {width}x{height}; its longer side may be at most {MAX_ASPECT} times its shorter."
         )
+    if why := too_small("The frame", width, height, min_side):
+        raise InputError(why)
     return frame
 
 

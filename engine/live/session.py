@@ -102,7 +102,8 @@ class LiveSession:
 
     session_id: the engine's number for it. params: its pruning rate, frame sampling and the defaults of its
     questions. window_tokens: most video tokens its state holds (EngineConfig.live_window_tokens). ask(session,
-    question, history, params, groups): the engine's side of `ask`; wake(): tells the worker there is work.
+    question, history, params, groups): the engine's side of `ask`; wake(): tells the worker there is work;
+    on_end(why): told once, when the session ends (why: CLOSED when its user closed it, else the server's sentence).
     """
 
     def __init__(
@@ -116,12 +117,14 @@ class LiveSession:
         window_tokens: int,
         ask: Callable,
         wake: Callable,
+        on_end: Callable[[str], None] | None = None,
     ):
         self.id, self.params, self.sampling = session_id, params, sampling
         self.window_tokens = window_tokens
         self._loaded, self._family = loaded, family
         self._max_source_pixels = max_source_pixels
-        self._ask, self._wake = ask, wake
+        self._min_side = family.token_side(loaded.processor)
+        self._ask, self._wake, self._on_end = ask, wake, on_end
         self._lock = threading.Lock()
         self._in_state = threading.Condition(self._lock)  # notified as groups enter the state
         self._clock = CaptureClock(sampling.fps)
@@ -141,7 +144,7 @@ class LiveSession:
         at once: a frame is sampled by its capture time at the session's fps, or not, and when the engine is
         behind a due frame is dropped (stats: frames_dropped). InputError for a frame or time that is wrong, or
         a session that has ended."""
-        frame = check_frame(frame, self._max_source_pixels)
+        frame = check_frame(frame, self._max_source_pixels, self._min_side)
         with self._lock:
             if self._ended:
                 raise InputError(self._ended)
@@ -214,15 +217,21 @@ class LiveSession:
         thinking, ...); the rate and frame sampling are the session's. InputError as `submit`, and for a
         session that has ended or has no whole group yet."""
         with self._lock:
-            if self._ended:
-                raise InputError(self._ended)
             groups = self._counts.groups_formed
+        return self._ask(self, question, history, params or self.params, groups)
+
+    def unaskable(self, groups: int) -> str | None:
+        """Why a question about the first `groups` groups cannot be asked (the session ended, or no whole group
+        yet), in a sentence; None when it can. The engine's side of `ask` checks it, so that the refusal is
+        counted with the others."""
+        if self._ended:
+            return self._ended
         if groups == 0:
-            raise InputError(
+            return (
                 f"The live stream has no video yet: push at least {self._family.temporal_patch} frames "
                 f"{1 / self.sampling.fps:g} s apart before asking."
             )
-        return self._ask(self, question, history, params or self.params, groups)
+        return None
 
     def wait(self, timeout_s: float | None = None) -> bool:
         """Block until every group formed so far is in the session's state (or the session has ended), at most
@@ -301,6 +310,8 @@ class LiveSession:
             self._recent.clear()
             self._in_state.notify_all()
         self._wake()
+        if self._on_end is not None:
+            self._on_end(why)
         return True
 
     def take_pending(self) -> list[LiveGroup]:
