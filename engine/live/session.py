@@ -89,6 +89,7 @@ class _Counts:
     video_tokens_total: int = 0
     video_tokens_kept: int = 0
     video_tokens_held: int = 0
+    kv_tokens_held: int = 0
     lags: collections.deque = field(default_factory=collections.deque)  # (entered state at, lag in s)
 
 
@@ -101,8 +102,9 @@ class LiveSession:
             answer = live.ask("What moves?").result()
 
     session_id: the engine's number for it. params: its pruning rate, frame sampling and the defaults of its
-    questions. window_tokens: most video tokens its state holds (EngineConfig.live_window_tokens). ask(session,
-    question, history, params, groups): the engine's side of `ask`; wake(): tells the worker there is work.
+    questions. window_tokens: most tokens its state holds, text and video (EngineConfig.live_window_tokens).
+    ask(session, question, history, params, groups): the engine's side of `ask`; wake(): tells the worker there is
+    work.
     """
 
     def __init__(
@@ -235,9 +237,11 @@ class LiveSession:
 
     def stats(self) -> dict:
         """frames_received, frames_sampled, frames_dropped; video_tokens_total and video_tokens_kept (every group
-        decided so far, before and after causal EVS); video_tokens_held (kept video tokens in the state now) and
-        window_tokens (the most it holds); lag_s: {"p50", "p95"} seconds from a group's last frame pushed to the
-        group in the state, over the last minute (None before any); pruning_rate; closed."""
+        decided so far, before and after causal EVS); kv_tokens_held (every token in the state now: the prefix, each
+        held group's text and kept video), video_tokens_held (the kept video tokens of them) and window_tokens (the
+        most kv_tokens_held may be, but for a newest group larger than it alone); lag_s: {"p50", "p95"} seconds
+        from a group's last frame pushed to the group in the state, over the last minute (None before any);
+        pruning_rate; closed."""
         with self._lock:
             counts = self._counts
             self._forget_old_lags(time.perf_counter())
@@ -249,6 +253,7 @@ class LiveSession:
                 "video_tokens_total": counts.video_tokens_total,
                 "video_tokens_kept": counts.video_tokens_kept,
                 "video_tokens_held": counts.video_tokens_held,
+                "kv_tokens_held": counts.kv_tokens_held,
                 "window_tokens": self.window_tokens,
                 "lag_s": {"p50": _percentile(lags, 0.5), "p95": _percentile(lags, 0.95)},
                 "pruning_rate": float(self.params.pruning_rate),
@@ -324,12 +329,15 @@ class LiveSession:
                 )
             )
 
-    def entered_state(self, group: LiveGroup, held_tokens: int, now: float) -> None:
-        """The group is in the session's state, which now holds held_tokens kept video tokens (the worker's)."""
+    def entered_state(self, group: LiveGroup, video_tokens: int, kv_tokens: int, now: float) -> None:
+        """The group is in the session's state, which now holds kv_tokens tokens, video_tokens of them kept video
+        tokens (the worker's)."""
         with self._lock:
+            if self._ended:
+                return
             counts = self._counts
             counts.groups_in_state = group.index + 1
-            counts.video_tokens_held = held_tokens
+            counts.video_tokens_held, counts.kv_tokens_held = video_tokens, kv_tokens
             counts.lags.append((now, now - group.pushed_at))
             self._forget_old_lags(now)
             self._in_state.notify_all()
