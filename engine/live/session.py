@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from engine.config import FrameSampling, GenerationParams
-from engine.errors import InputError
+from engine.errors import InputError, SessionEnded
 from engine.families.base import Family, VideoFeatures
 from engine.prompt.unpruned import processor_inputs
 from engine.reading.video import SampledVideo
@@ -130,12 +130,16 @@ class LiveSession:
         self._last_s: float | None = None
         self._shape: tuple[int, ...] | None = None
         self._frames: list[tuple[np.ndarray, float]] = []  # sampled frames of the group being formed
-        self._pending: collections.deque[LiveGroup] = collections.deque()  # formed, not yet taken by the worker
+        # Groups formed and not yet taken by the worker, by index: two pushers' groups may be made in either order
+        # (each outside the lock), and the worker takes them in the stream's order only (take_pending).
+        self._pending: dict[int, LiveGroup] = {}
+        self._next_taken = 0  # the index of the next group the worker takes
         self._counts = _Counts()
         # The newest decided groups' (picture, centre time in s, kept (h, w) bool, dissimilarity (h, w) float16):
         # numpy copies, so that nothing here holds a group's features.
         self._recent: collections.deque[tuple] = collections.deque(maxlen=RECENT_GROUPS)
         self._ended: str | None = None  # why the session ended (CLOSED, or the server's sentence)
+        self._freed = threading.Event()  # the worker has dropped the session's state (it counts until then)
 
     # --- the caller's side ---------------------------------------------------------------------------------
     def push(self, frame, t_s: float) -> None:
@@ -146,7 +150,7 @@ class LiveSession:
         frame = check_frame(frame, self._max_source_pixels)
         with self._lock:
             if self._ended:
-                raise InputError(self._ended)
+                raise SessionEnded(self._ended)
             t_s = check_time(t_s, self._last_s)
             if self._shape is not None and frame.shape != self._shape:
                 raise InputError(
@@ -177,7 +181,7 @@ class LiveSession:
         with self._lock:
             if self._ended:
                 return
-            self._pending.append(group)
+            self._pending[index] = group
         self._wake()
 
     def _group(self, index: int, frames: list[tuple[np.ndarray, float]]) -> LiveGroup:
@@ -214,10 +218,10 @@ class LiveSession:
         as `Engine.submit` answers; the stream goes on meanwhile. history: earlier (question, answer) turns,
         written after the video (docs/live.md). params: the answer's settings (max_new_tokens, temperature,
         thinking, ...); the rate and frame sampling are the session's. InputError as `submit`, and for a
-        session that has ended or has no whole group yet."""
+        session that has no whole group yet; SessionEnded (an InputError) once it has ended."""
         with self._lock:
             if self._ended:
-                raise InputError(self._ended)
+                raise SessionEnded(self._ended)
             groups = self._counts.groups_formed
         if groups == 0:
             raise InputError(
@@ -295,8 +299,8 @@ class LiveSession:
         return self._ended
 
     def end(self, why: str) -> bool:
-        """End the session with `why`, the sentence push and ask answer from now on (the engine's shutdown, a
-        fault); True when this call ended it."""
+        """End the session with `why`, the sentence push and ask raise from now on (SessionEnded: the engine's
+        shutdown, a fault); True when this call ended it."""
         with self._lock:
             if self._ended:
                 return False
@@ -309,15 +313,33 @@ class LiveSession:
         return True
 
     def take_pending(self) -> list[LiveGroup]:
-        """The groups formed since the worker last asked, in order (the worker's)."""
+        """The groups made since the worker last asked that come next in the stream, in order: a group made
+        before an earlier one (by another pusher) waits for it (the worker's)."""
         with self._lock:
-            groups = list(self._pending)
-            self._pending.clear()
+            groups = []
+            while self._next_taken in self._pending:
+                groups.append(self._pending.pop(self._next_taken))
+                self._next_taken += 1
             return groups
 
+    def freed(self) -> None:
+        """The worker has dropped the ended session's state: it no longer counts against max_live_sessions."""
+        self._freed.set()
+
+    @property
+    def state_freed(self) -> bool:
+        return self._freed.is_set()
+
+    def wait_freed(self, timeout_s: float) -> bool:
+        """Block until the worker has dropped the session's state, at most timeout_s; True when it has."""
+        return self._freed.wait(timeout_s)
+
     def decided(self, group: LiveGroup) -> None:
-        """Causal EVS has decided the group (the worker's)."""
+        """Causal EVS has decided the group (the worker's; nothing once the session has ended, so that its
+        picture stays cleared)."""
         with self._lock:
+            if self._ended:
+                return
             self._counts.video_tokens_total += group.retention.numel()
             self._counts.video_tokens_kept += int(group.retention.sum())
             self._recent.append(

@@ -95,6 +95,7 @@ class LiveRunner:
         for key, stream in list(self.streams.items()):
             if stream.session.ended:
                 del self.streams[key]  # its cache and groups go with it
+                stream.session.freed()
             else:
                 stream.waiting.extend(stream.session.take_pending())
 
@@ -144,6 +145,7 @@ class LiveRunner:
     def _fail(self, stream: LiveStream) -> None:
         stream.session.end(FAILED)
         self.streams.pop(stream.session.id, None)
+        stream.session.freed()
 
     def prefill(self, budget: int) -> int:
         """Prefill decided groups into their sessions' states, taking turns, until `budget` tokens are spent (at
@@ -241,8 +243,9 @@ class LiveRunner:
         return stream is None or stream.session.groups_in_state >= request.live.groups
 
     def gone(self, request: Request) -> bool:
-        """Whether request is a live question whose session has ended before it was forked."""
-        return request.live is not None and request.live.session_id not in self.streams
+        """Whether request is a live question whose session has ended before it was forked (a forked one has its
+        own state, `pruned` among it, and goes on)."""
+        return request.live is not None and request.pruned is None and request.live.session_id not in self.streams
 
     def fork(self, request: Request) -> tuple[object, int]:
         """The question's own state: a copy of its session's at the stream's current end (KV up to it, the
