@@ -159,9 +159,9 @@ class EngineConfig:
     memory_budget_bytes: int | None = None
     prefill_token_budget: int = 2048  # prompt tokens prefilled per iteration between decode steps (>= 1 prompt)
     # Live sessions (Engine.open_live, docs/live.md): how many may be open at once (the memory plan may allow
-    # fewer on a GPU), and the most kept video tokens each one's state holds before its oldest groups leave it.
-    # None: the planned video tokens of one request (the device's default frame sampling), so that a session
-    # costs what an upload does.
+    # fewer on a GPU), and the most tokens each one's state holds (its KV: the groups' text counted with their kept
+    # video) before its oldest groups leave it. None: the planned video tokens of one request (the device's
+    # default frame sampling), so that a session costs no more than an upload does.
     max_live_sessions: int = 4
     live_window_tokens: int | None = None
     cache_dir: Path = field(default_factory=default_cache_dir)

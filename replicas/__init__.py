@@ -13,9 +13,10 @@ through the same interface. Importing this package imports Ray; the single-engin
     wire.py        events and errors as plain picklable data
 """
 
+from engine.errors import LIVE_SESSION_LOST, SessionLost
+
 from .client import REPLICA_LOST, Placement, ReplicaLost, ReplicasUnavailable, ReplicatedEngine
 from .live import RemoteLiveSession
-from .wire import LIVE_SESSION_LOST, SessionLost
 
 __all__ = [
     "LIVE_SESSION_LOST",

@@ -32,7 +32,16 @@ from ray.exceptions import RayActorError
 from ray.serve.exceptions import RequestCancelledError
 
 from engine.config import EngineConfig, FrameSampling, FrameSamplingLimits, GenerationParams
-from engine.errors import QUEUE_FULL, RESTARTING, SERVER_FAULT, SHUTTING_DOWN, BusyError, InputError
+from engine.errors import (
+    LIVE_SESSION_LOST,
+    QUEUE_FULL,
+    RESTARTING,
+    SERVER_FAULT,
+    SHUTTING_DOWN,
+    BusyError,
+    InputError,
+    SessionLost,
+)
 from engine.front.checks import check_live_settings, check_request, media_paths
 from engine.front.metrics import Metrics
 from engine.memory.plan import Plan
@@ -43,7 +52,7 @@ from .deployment import DEPLOYMENT_NAME, engine_app
 from .live import RemoteLiveSession
 from .routing import DEFAULT_SPILL_AFTER
 from .videos import VideoSender
-from .wire import ERROR, HELLO, LIVE_SESSION_LOST, SessionLost, error_from_wire, event_from_wire
+from .wire import ERROR, HELLO, error_from_wire, event_from_wire
 
 log = logging.getLogger(__name__)
 

@@ -21,12 +21,13 @@ from ray.serve.config import RequestRouterConfig
 from ray.serve.schema import LoggingConfig
 
 from engine import Engine, EngineConfig, LiveSession
+from engine.errors import LIVE_SESSION_LOST, SessionLost
 from engine.front.door import cancel_unfinished, merged, request_params
 from engine.stream import Stream
 
 from .router import VideoAffinityRouter
 from .videos import VideoFiles
-from .wire import HELLO, LIVE_SESSION_LOST, SessionLost, error_to_wire, event_to_wire
+from .wire import HELLO, error_to_wire, event_to_wire
 
 log = logging.getLogger(__name__)
 

@@ -54,6 +54,28 @@ def test_a_bad_frame_gets_one_sentence_and_the_session_goes_on(two_sessions_engi
         assert live.ask("What moves?").result(60).stats["generated_tokens"] == 6
 
 
+@pytest.mark.parametrize("huge_s", [1e200, 1e308, 9e307])
+def test_a_time_past_what_the_clock_and_the_prompt_carry_is_one_sentence_and_the_next_good_frame_is_taken(
+    two_sessions_engine, huge_s
+):
+    """After a frame at 0, a time of 1e308 or 9e307 overflowed the capture clock's tick count after push had
+    recorded it (every later frame then out of order), and 1e200 wrote a 200-digit `<t seconds>`: each is refused
+    before anything is recorded, and the session goes on from the next good frame."""
+    frames = clip_frames(1_000_029, fps=2)[:4]
+    with two_sessions_engine.open_live(Q) as live:
+        live.push(frames[0], 0.0)
+        with pytest.raises(
+            InputError, match="^A frame's capture time must be within 10,000,000,000 seconds"
+        ) as refused:
+            live.push(frames[1], huge_s)
+        assert "\n" not in str(refused.value) and str(refused.value).endswith(".")
+        play(live, frames[1:], fps=2, first=1)
+        stats = live.stats()
+        assert (stats["frames_received"], stats["frames_sampled"], stats["video_tokens_total"]) == (4, 4, 2 * 4)
+        answer = live.ask("What moves?").result(60)
+        assert answer.stats["media"][0]["timestamps_s"] == [0.25, 1.25]
+
+
 def test_a_request_answered_at_its_first_token_leaves_the_live_prefill_its_budget(two_sessions_engine, clip):
     """The live groups' prefill budget is what the iteration's prompts left; a request that ends at its first
     token has let go of its prompt by then, so the budget is counted before the prompts are prefilled."""

@@ -9,10 +9,15 @@ mid-answer fails only its requests, with one sentence. Without Ray: the routing 
 single-engine path never importing Ray. About a minute on 2 cores, most of it starting the cluster.
 """
 
+import asyncio
+import io
+import json
 import os
 import signal
+import struct
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -20,6 +25,7 @@ import numpy as np
 import pytest
 import ray
 import torch
+import websockets
 
 from assets.clips import write_clip
 from engine import Engine, EngineConfig, FrameSampling, GenerationParams, InputError
@@ -395,10 +401,134 @@ def test_a_live_session_stays_on_its_replica_and_answers_as_the_single_engine(re
         another.push(live_frames(1_000_040)[0], float("nan"))
 
 
+def jpeg(frame: np.ndarray) -> bytes:
+    from PIL import Image
+
+    data = io.BytesIO()
+    Image.fromarray(frame).save(data, "JPEG", quality=90)
+    return data.getvalue()
+
+
+@pytest.fixture
+def live_socket_url(replicated):
+    """`/v1/live` served by uvicorn in this process, on the replicas (as app.py serves it behind --replicas)."""
+    import uvicorn
+    from fastapi import FastAPI
+
+    import ui
+    from app_harness import free_port, wait_until
+
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(FastAPI(routes=ui.live_routes(replicated)), host="127.0.0.1", port=port, log_level="warning")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    assert wait_until(lambda: server.started, TIMEOUT_S)
+    try:
+        yield f"ws://127.0.0.1:{port}/v1/live"
+    finally:
+        server.should_exit = True
+        thread.join(TIMEOUT_S)
+
+
+async def next_of(socket, kind: str) -> dict:
+    """The next message of `kind` (the stats sent every second, and others, passed over)."""
+    while True:
+        message = json.loads(await asyncio.wait_for(socket.recv(), TIMEOUT_S))
+        if message["type"] == kind:
+            return message
+
+
+def test_a_bad_frame_behind_the_replicas_does_not_stall_another_sockets_answer(live_socket_url, monkeypatch):
+    """Every RemoteLiveSession.stats call (a Ray call, which may wait up to a minute for its replica) is held while
+    socket A sends a frame that is not an image and socket B asks its question: B's answer comes. The bad frame's
+    branch used to call stats on the server's event loop, which stalled every socket until it returned."""
+    from replicas.live import RemoteLiveSession
+    from ui.live_frames import NOT_AN_IMAGE
+
+    released = threading.Event()
+    stats = RemoteLiveSession.stats
+
+    def held_stats(self):
+        assert released.wait(TIMEOUT_S)
+        return stats(self)
+
+    monkeypatch.setattr(RemoteLiveSession, "stats", held_stats)
+    frames = live_frames(1_000_042)
+
+    async def scenario() -> float:
+        async with websockets.connect(live_socket_url) as a, websockets.connect(live_socket_url) as b:
+            for index, frame in enumerate(frames[:4]):
+                await b.send(struct.pack(">d", index / 2) + jpeg(frame))
+            await a.send(struct.pack(">d", 0.0) + b"not an image")
+            assert (await next_of(a, "error"))["message"] == NOT_AN_IMAGE
+            asked = time.monotonic()
+            await b.send(
+                json.dumps({"type": "ask", "id": "q1", "question": "What moves?", "params": {"max_new_tokens": 4}})
+            )
+            done = await next_of(b, "done")
+            assert done["id"] == "q1" and done["stats"]["generated_tokens"] == 4
+            return time.monotonic() - asked
+
+    try:
+        answered_s = asyncio.run(scenario())
+    finally:
+        released.set()
+    print(f"B's answer {answered_s:.2f} s after its question, A's stats held throughout")
+
+
+def test_a_socket_whose_session_is_lost_goes_on_in_a_new_one_with_one_status_message(
+    replicated, live_socket_url, monkeypatch
+):
+    """The replica forgets the socket's session (as a replacement replica holds none of its predecessor's): the
+    next frame finds it lost, and the socket opens a new session and says so once; frames and questions go on."""
+    from ui.live_socket import REOPENED
+
+    opened = []
+    open_live = replicated.open_live
+
+    def recorded(params=None):
+        opened.append(open_live(params))
+        return opened[-1]
+
+    monkeypatch.setattr(replicated, "open_live", recorded)
+    frames = live_frames(1_000_043)
+
+    async def scenario() -> list[dict]:
+        async with websockets.connect(live_socket_url) as socket:
+            for index, frame in enumerate(frames[:4]):
+                await socket.send(struct.pack(">d", index / 2) + jpeg(frame))
+            await socket.send(json.dumps({"type": "stats"}))  # answered once every frame before it is pushed
+            assert (await next_of(socket, "stats"))["frames_received"] == 4
+            forgotten = replicated.handle.live_close.remote(session=opened[0].session)
+            await asyncio.to_thread(forgotten.result, timeout_s=TIMEOUT_S)
+            for index, frame in enumerate(frames[4:8], start=4):
+                await socket.send(struct.pack(">d", index / 2) + jpeg(frame))
+            said = [await next_of(socket, "status")]
+            await socket.send(json.dumps({"type": "ask", "id": "q1", "question": "What moves?"}))
+            said.append(await next_of(socket, "done"))
+            return said
+
+    status, done = asyncio.run(scenario())
+    assert status["message"] == REOPENED and len(opened) == 2 and opened[1] is not opened[0]
+    assert done["stats"]["frames_sampled"] == 2  # the new session's: the frame that found the old one lost is gone
+
+
 def test_a_lost_replica_ends_its_live_sessions_with_a_sentence(replicated, videos):
-    """Sessions opened until both replicas hold one; the one holder is killed: its session's next push and
-    question say the session has ended, the other session and uploads go on."""
-    opened, deadline = [replicated.open_live(params(0.5, 4))], time.monotonic() + TIMEOUT_S
+    """Sessions opened until both replicas hold one, the first by a Live tab's feed at its first frames; the one
+    holder is killed: its session's next push and question say the session has ended, the other session and
+    uploads go on, and the tab's status line says it once, then opens a new session at its next frame after the
+    retry delay (its error path used to ask the lost session for its stats, which raised again: the tab kept the
+    lost session and never opened another)."""
+    import gradio as gr
+
+    from ui.live_feeds import RETRY_S, LiveFeeds
+
+    feeds = LiveFeeds(replicated)
+    feed, frames, start = feeds.feed("tab"), live_frames(1_000_041), time.monotonic()
+    feed.arrive(frames[0], start, 0.5), feed.arrive(frames[1], start + 0.5, 0.5)
+    opened, deadline = [feed.live], time.monotonic() + TIMEOUT_S
     while time.monotonic() < deadline:  # the replicas take turns; the one killed before may still be coming back
         live = replicated.open_live(params(0.5, 4))
         if live.replica != opened[0].replica:
@@ -409,9 +539,8 @@ def test_a_lost_replica_ends_its_live_sessions_with_a_sentence(replicated, video
     assert len({live.replica for live in opened}) == 2
     doomed = opened[0]
     survivor = next(live for live in opened if live.replica != doomed.replica)
-    frames = live_frames(1_000_041)
+    survivor.push(frames[0], 0.0), survivor.push(frames[1], 0.5)
     for live in (doomed, survivor):
-        live.push(frames[0], 0.0), live.push(frames[1], 0.5)
         assert live.wait(TIMEOUT_S)
     asked = doomed.ask("What moves?")
     asked.result(TIMEOUT_S)
@@ -425,6 +554,14 @@ def test_a_lost_replica_ends_its_live_sessions_with_a_sentence(replicated, video
     survivor.push(frames[2], 1.0), survivor.push(frames[3], 1.5)
     assert survivor.wait(TIMEOUT_S)
     assert survivor.ask("What moves?").result(TIMEOUT_S).stats["replica"] == survivor.replica
+    feed.arrive(frames[2], start + 1.0, 0.5)  # the tab's next frame finds its session lost
+    assert feed.live is None and feed.status().endswith(LIVE_SESSION_LOST)
+    feed.arrive(frames[3], start + 1.5, 0.5)  # within the retry delay: no new session yet
+    assert feed.live is None
+    feed.arrive(frames[4], start + 1.0 + RETRY_S, 0.5)
+    assert feed.live is not None and feed.live is not doomed and feed.problem is None
+    assert feed.live.stats()["frames_received"] == 1
+    feeds.close_session(gr.Request(session_hash="tab"))
     for live in opened[1:]:
         live.close()
     assert replicated.submit(videos.take(), "What moves?", params()).result(TIMEOUT_S).stats["generated_tokens"] == 8

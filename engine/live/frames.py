@@ -16,6 +16,10 @@ from engine.reading.media import too_small
 MAX_ASPECT = 200
 # Capture times within this of a sampling tick count as on it: a caller's 1/fps steps in float add up unevenly.
 TICK_TOLERANCE_S = 1e-6
+# The largest capture time taken, either side of 0 (some 317 years: Unix time in seconds fits until 2286). Past it a
+# time overflows the clock's tick count (9e307 after 0 at 2 fps is more than a float holds) or, well before that,
+# writes a prompt's `<t seconds>` of hundreds of digits (1e200); any real clock is far inside it.
+MAX_TIME_S = 1e10
 
 
 def check_frame(frame, max_source_pixels: int, min_side: int = 1) -> np.ndarray:
@@ -43,13 +47,28 @@ def check_frame(frame, max_source_pixels: int, min_side: int = 1) -> np.ndarray:
 
 
 def check_time(t_s, last_s: float | None) -> float:
-    """The capture time as a float, or InputError: a finite number of seconds, later than the frame before."""
-    if isinstance(t_s, bool) or not isinstance(t_s, numbers.Real) or not math.isfinite(float(t_s)):
+    """The capture time as a float, or InputError: a finite number of seconds within MAX_TIME_S of 0, later than
+    the frame before."""
+    real = isinstance(t_s, numbers.Real) and not isinstance(t_s, bool)
+    # An int is finite however large, and is compared as it is: float() would overflow on one past a float's range.
+    if not real or (not isinstance(t_s, numbers.Integral) and not math.isfinite(t_s)):
         raise InputError(f"A frame's capture time must be a finite number of seconds; got {t_s!r}.")
+    if abs(t_s) > MAX_TIME_S:
+        raise InputError(
+            f"A frame's capture time must be within {MAX_TIME_S:,.0f} seconds of 0 (some 300 years); got {_shown(t_s)}."
+        )
     t_s = float(t_s)
     if last_s is not None and t_s <= last_s:
         raise InputError(f"Frames must come in capture order: {t_s:g} s is not after the last frame's {last_s:g} s.")
     return t_s
+
+
+def _shown(t_s) -> str:
+    """A time past MAX_TIME_S in a few digits (an int too large for a float by its size)."""
+    try:
+        return f"{t_s:.3g}"
+    except OverflowError:
+        return f"about 1e{int(abs(int(t_s)).bit_length() * math.log10(2))}"
 
 
 class CaptureClock:

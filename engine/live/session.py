@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from engine.config import FrameSampling, GenerationParams
-from engine.errors import InputError
+from engine.errors import InputError, SessionEnded
 from engine.families.base import Family, VideoFeatures
 from engine.prompt.unpruned import processor_inputs
 from engine.reading.video import SampledVideo
@@ -89,6 +89,7 @@ class _Counts:
     video_tokens_total: int = 0
     video_tokens_kept: int = 0
     video_tokens_held: int = 0
+    kv_tokens_held: int = 0
     lags: collections.deque = field(default_factory=collections.deque)  # (entered state at, lag in s)
 
 
@@ -101,9 +102,10 @@ class LiveSession:
             answer = live.ask("What moves?").result()
 
     session_id: the engine's number for it. params: its pruning rate, frame sampling and the defaults of its
-    questions. window_tokens: most video tokens its state holds (EngineConfig.live_window_tokens). ask(session,
-    question, history, params, groups): the engine's side of `ask`; wake(): tells the worker there is work;
-    on_end(why): told once, when the session ends (why: CLOSED when its user closed it, else the server's sentence).
+    questions. window_tokens: most tokens its state holds, text and video (EngineConfig.live_window_tokens).
+    ask(session, question, history, params, groups): the engine's side of `ask`; wake(): tells the worker there is
+    work; on_end(why): told once, when the session ends (why: CLOSED when its user closed it, else the server's
+    sentence).
     """
 
     def __init__(
@@ -131,12 +133,16 @@ class LiveSession:
         self._last_s: float | None = None
         self._shape: tuple[int, ...] | None = None
         self._frames: list[tuple[np.ndarray, float]] = []  # sampled frames of the group being formed
-        self._pending: collections.deque[LiveGroup] = collections.deque()  # formed, not yet taken by the worker
+        # Groups formed and not yet taken by the worker, by index: two pushers' groups may be made in either order
+        # (each outside the lock), and the worker takes them in the stream's order only (take_pending).
+        self._pending: dict[int, LiveGroup] = {}
+        self._next_taken = 0  # the index of the next group the worker takes
         self._counts = _Counts()
         # The newest decided groups' (picture, centre time in s, kept (h, w) bool, dissimilarity (h, w) float16):
         # numpy copies, so that nothing here holds a group's features.
         self._recent: collections.deque[tuple] = collections.deque(maxlen=RECENT_GROUPS)
         self._ended: str | None = None  # why the session ended (CLOSED, or the server's sentence)
+        self._freed = threading.Event()  # the worker has dropped the session's state (it counts until then)
 
     # --- the caller's side ---------------------------------------------------------------------------------
     def push(self, frame, t_s: float) -> None:
@@ -147,7 +153,7 @@ class LiveSession:
         frame = check_frame(frame, self._max_source_pixels, self._min_side)
         with self._lock:
             if self._ended:
-                raise InputError(self._ended)
+                raise SessionEnded(self._ended)
             t_s = check_time(t_s, self._last_s)
             if self._shape is not None and frame.shape != self._shape:
                 raise InputError(
@@ -178,7 +184,7 @@ class LiveSession:
         with self._lock:
             if self._ended:
                 return
-            self._pending.append(group)
+            self._pending[index] = group
         self._wake()
 
     def _group(self, index: int, frames: list[tuple[np.ndarray, float]]) -> LiveGroup:
@@ -215,23 +221,21 @@ class LiveSession:
         as `Engine.submit` answers; the stream goes on meanwhile. history: earlier (question, answer) turns,
         written after the video (docs/live.md). params: the answer's settings (max_new_tokens, temperature,
         thinking, ...); the rate and frame sampling are the session's. InputError as `submit`, and for a
-        session that has ended or has no whole group yet."""
+        session that has no whole group yet; SessionEnded (an InputError) once it has ended."""
         with self._lock:
             groups = self._counts.groups_formed
         return self._ask(self, question, history, params or self.params, groups)
 
-    def unaskable(self, groups: int) -> str | None:
-        """Why a question about the first `groups` groups cannot be asked (the session ended, or no whole group
-        yet), in a sentence; None when it can. The engine's side of `ask` checks it, so that the refusal is
-        counted with the others."""
+    def check_askable(self, groups: int) -> None:
+        """SessionEnded once the session has ended, InputError while it has no whole group (`groups` is 0). The
+        engine's side of `ask` checks it, so that the refusal is counted with the others."""
         if self._ended:
-            return self._ended
+            raise SessionEnded(self._ended)
         if groups == 0:
-            return (
+            raise InputError(
                 f"The live stream has no video yet: push at least {self._family.temporal_patch} frames "
                 f"{1 / self.sampling.fps:g} s apart before asking."
             )
-        return None
 
     def wait(self, timeout_s: float | None = None) -> bool:
         """Block until every group formed so far is in the session's state (or the session has ended), at most
@@ -244,9 +248,11 @@ class LiveSession:
 
     def stats(self) -> dict:
         """frames_received, frames_sampled, frames_dropped; video_tokens_total and video_tokens_kept (every group
-        decided so far, before and after causal EVS); video_tokens_held (kept video tokens in the state now) and
-        window_tokens (the most it holds); lag_s: {"p50", "p95"} seconds from a group's last frame pushed to the
-        group in the state, over the last minute (None before any); pruning_rate; closed."""
+        decided so far, before and after causal EVS); kv_tokens_held (every token in the state now: the prefix, each
+        held group's text and kept video), video_tokens_held (the kept video tokens of them) and window_tokens (the
+        most kv_tokens_held may be, but for a newest group larger than it alone); lag_s: {"p50", "p95"} seconds
+        from a group's last frame pushed to the group in the state, over the last minute (None before any);
+        pruning_rate; closed."""
         with self._lock:
             counts = self._counts
             self._forget_old_lags(time.perf_counter())
@@ -258,6 +264,7 @@ class LiveSession:
                 "video_tokens_total": counts.video_tokens_total,
                 "video_tokens_kept": counts.video_tokens_kept,
                 "video_tokens_held": counts.video_tokens_held,
+                "kv_tokens_held": counts.kv_tokens_held,
                 "window_tokens": self.window_tokens,
                 "lag_s": {"p50": _percentile(lags, 0.5), "p95": _percentile(lags, 0.95)},
                 "pruning_rate": float(self.params.pruning_rate),
@@ -299,8 +306,8 @@ class LiveSession:
         return self._ended
 
     def end(self, why: str) -> bool:
-        """End the session with `why`, the sentence push and ask answer from now on (the engine's shutdown, a
-        fault); True when this call ended it."""
+        """End the session with `why`, the sentence push and ask raise from now on (SessionEnded: the engine's
+        shutdown, a fault); True when this call ended it."""
         with self._lock:
             if self._ended:
                 return False
@@ -315,15 +322,33 @@ class LiveSession:
         return True
 
     def take_pending(self) -> list[LiveGroup]:
-        """The groups formed since the worker last asked, in order (the worker's)."""
+        """The groups made since the worker last asked that come next in the stream, in order: a group made
+        before an earlier one (by another pusher) waits for it (the worker's)."""
         with self._lock:
-            groups = list(self._pending)
-            self._pending.clear()
+            groups = []
+            while self._next_taken in self._pending:
+                groups.append(self._pending.pop(self._next_taken))
+                self._next_taken += 1
             return groups
 
+    def freed(self) -> None:
+        """The worker has dropped the ended session's state: it no longer counts against max_live_sessions."""
+        self._freed.set()
+
+    @property
+    def state_freed(self) -> bool:
+        return self._freed.is_set()
+
+    def wait_freed(self, timeout_s: float) -> bool:
+        """Block until the worker has dropped the session's state, at most timeout_s; True when it has."""
+        return self._freed.wait(timeout_s)
+
     def decided(self, group: LiveGroup) -> None:
-        """Causal EVS has decided the group (the worker's)."""
+        """Causal EVS has decided the group (the worker's; nothing once the session has ended, so that its
+        picture stays cleared)."""
         with self._lock:
+            if self._ended:
+                return
             self._counts.video_tokens_total += group.retention.numel()
             self._counts.video_tokens_kept += int(group.retention.sum())
             self._recent.append(
@@ -335,12 +360,15 @@ class LiveSession:
                 )
             )
 
-    def entered_state(self, group: LiveGroup, held_tokens: int, now: float) -> None:
-        """The group is in the session's state, which now holds held_tokens kept video tokens (the worker's)."""
+    def entered_state(self, group: LiveGroup, video_tokens: int, kv_tokens: int, now: float) -> None:
+        """The group is in the session's state, which now holds kv_tokens tokens, video_tokens of them kept video
+        tokens (the worker's)."""
         with self._lock:
+            if self._ended:
+                return
             counts = self._counts
             counts.groups_in_state = group.index + 1
-            counts.video_tokens_held = held_tokens
+            counts.video_tokens_held, counts.kv_tokens_held = video_tokens, kv_tokens
             counts.lags.append((now, now - group.pushed_at))
             self._forget_old_lags(now)
             self._in_state.notify_all()

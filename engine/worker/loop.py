@@ -90,7 +90,7 @@ class Worker(threading.Thread):
         self._collect(block=scheduler.idle and not live.busy and not (scheduler.waiting and self.admitting.is_set()))
         live.refresh()
         self._end([r for r in scheduler if r.stream.cancelled])
-        self._end([r for r in scheduler.waiting if live.gone(r)], live_session_ended)
+        self._end([r for r in scheduler if live.gone(r)], live_session_ended)  # admitted ones too
         if self.admitting.is_set():
             for request in scheduler.admit():
                 request.leave_queue()
@@ -153,6 +153,9 @@ class Worker(threading.Thread):
 
     def _prefill(self, batch: list[Request]) -> None:
         for request in batch:
+            if self.runner.live.gone(request):  # its session failed in this iteration's vision forward
+                self._end([request], live_session_ended)
+                continue
             try:
                 logits = self.runner.prefill(request)
                 finished = self._emit(request, logits)
