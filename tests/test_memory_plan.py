@@ -27,6 +27,7 @@ from engine.config import (
     video_tokens,
 )
 from engine.families.registry import family_for
+from engine.front.metrics import Metrics
 from engine.memory.dims import GIB, ModelDims
 from engine.memory.plan import InsufficientMemory, PlanSettings, checkpoint_audio_tokens, plan_memory
 from engine.prompt.audio import audio_token_count
@@ -495,6 +496,7 @@ class GpuLikeEngine:
     }
     default_frame_sampling = GPU_FRAME_SAMPLING
     frame_sampling_limits = GPU_FRAME_SAMPLING_LIMITS
+    metrics = Metrics(running=lambda: 0)
 
 
 def test_sliders_and_api_defaults_follow_the_engines_device():
