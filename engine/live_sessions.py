@@ -13,7 +13,7 @@ import torch
 
 from .config import GenerationParams
 from .detokenize import SplitDetokenizer
-from .errors import QUEUE_FULL, RESTARTING, SHUTTING_DOWN, BusyError, InputError
+from .errors import RESTARTING, SHUTTING_DOWN, BusyError, InputError
 from .front.checks import check_live_settings, check_request
 from .live.layout import LiveLayout
 from .live.session import LiveQuestion, LiveSession
@@ -107,8 +107,8 @@ class LiveSessions:
                 max_media=1,
             )
             engine._check_text_tokens(question, history)
-            if not engine._admission.acquire(blocking=False):
-                raise BusyError(QUEUE_FULL)
+            # A queue slot; no bytes: its frames are the session's, which the window bounds.
+            ticket = engine._admission.take(0)
         except InputError:
             engine.metrics.refused()
             raise
@@ -119,7 +119,7 @@ class LiveSessions:
                 session.window_tokens, session.window_tokens + tail.numel(), params.max_new_tokens
             )
         except InputError:
-            engine._admission.release()
+            ticket.close()
             engine.metrics.refused()
             raise
         stream = Stream(next(engine._ids), on_end=engine.metrics.ended)
@@ -130,7 +130,7 @@ class LiveSessions:
             history=history,
             params=params,
             frame_sampling=session.sampling,
-            admission=engine._admission,
+            admission=ticket,
             live=LiveQuestion(session.id, groups, tail),
         )
         request.detokenizer = SplitDetokenizer(
