@@ -147,6 +147,7 @@ class Engine:
             # soundtrack is heard by default.
             "hears": self._hears,
             "max_media": self.max_media,  # videos and pictures one request may carry
+            "max_history_turns": self.config.max_history_turns,  # earlier questions a conversation may hold
             "is_tiny": loaded.is_tiny,
             "random_weights": loaded.random_weights,
             "about": loaded.about,

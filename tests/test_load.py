@@ -65,7 +65,7 @@ from engine.reading.pool import default_size
 from engine.scheduling.request import Request
 from live_helpers import jpeg_frames
 from reader_processes import reader_children
-from ui.openai_api import TOO_DEEP
+from ui.request_body import TOO_DEEP
 
 USERS = 16
 ROUNDS = 3

@@ -5,11 +5,20 @@ import asyncio
 import base64
 import json
 import random
+import re
 
 import pytest
 
 from engine.errors import InputError
-from ui.request_body import MAX_TEXT_BYTES, TEXT_TOO_LARGE, BodyRefused, BodyScanner
+from ui.request_body import (
+    MAX_CONTAINERS,
+    MAX_TEXT_BYTES,
+    TEXT_TOO_LARGE,
+    TOO_DEEP,
+    TOO_MANY_CONTAINERS,
+    BodyRefused,
+    BodyScanner,
+)
 from ui.video_inputs import BAD_BASE64, BAD_DATA_URL, VideoPolicy, local_files
 
 VIDEO = bytes(range(256)) * 40 + b"tail"  # every byte value, not a multiple of 3 long: padding at the end
@@ -150,3 +159,21 @@ def test_a_bad_data_url_header_reads_as_before(tmp_path):
     file = _decode_data_url(f"data:video/mp4;base64,{base64.encodebytes(VIDEO).decode()}", policy(tmp_path))
     assert file.path.read_bytes() == VIDEO
     file.release()
+
+
+@pytest.mark.parametrize("pieces", [[], [1] * 200])
+def test_depth_and_count_of_containers_are_followed_as_the_body_arrives(tmp_path, pieces):
+    """Whole or a byte at a time: 32 levels pass and 33 are refused, brackets inside strings do not count, and past
+    MAX_CONTAINERS objects and arrays the body is refused before anything parses it."""
+    deepest = "[" * 31 + '{"a": "[[[[{{{{"}' + "]" * 31
+    assert json.loads(scan(deepest.encode(), pieces, BodyScanner(policy(tmp_path)))) == json.loads(deepest)
+    with pytest.raises(BodyRefused, match=re.escape(TOO_DEEP)):
+        scan(("[" * 33).encode(), pieces, BodyScanner(policy(tmp_path)))
+
+    def wide(containers: int) -> bytes:
+        return b"[" + b"{}, " * (containers - 2) + b"[]]"
+
+    assert len(json.loads(scan(wide(MAX_CONTAINERS), pieces, BodyScanner(policy(tmp_path))))) == MAX_CONTAINERS - 1
+    with pytest.raises(BodyRefused, match=re.escape(TOO_MANY_CONTAINERS)) as refused:
+        scan(wide(MAX_CONTAINERS + 1), pieces, BodyScanner(policy(tmp_path)))
+    assert refused.value.status == 400

@@ -13,9 +13,9 @@ counts (the thinking's in `completion_tokens_details.reasoning_tokens`) and `evs
 
 Errors use OpenAI's error body, {"error": {"message", "type", "param", "code"}}, with one sentence:
 400 for what the caller got wrong (the engine's InputError: no video or picture, a bad rate, an unreadable,
-too long or too large file, a body nested deeper than MAX_BODY_DEPTH), 404 for another model, 413 for a body
-over the size limit, 422 for a body that is not a chat request, 429 when the engine's queue is full, 500 only
-for the server's own faults.
+too long or too large file, a body nested deeper than request_body.MAX_BODY_DEPTH or holding more than its
+MAX_CONTAINERS objects and arrays), 404 for another model, 413 for a body over the size limit, 422 for a body
+that is not a chat request, 429 when the engine's queue is full, 500 only for the server's own faults.
 """
 
 import asyncio
@@ -36,11 +36,11 @@ from starlette.requests import ClientDisconnect
 
 from engine.config import MAX_FILE_BYTES, GenerationParams
 from engine.errors import NO_VIDEO, SERVER_FAULT, BusyError, InputError
-from engine.front.checks import too_many_media
+from engine.front.checks import too_many_media, too_many_turns
 from engine.front.door import request_params
 from engine.front.serving import Serving
 from engine.stream import Event, Stream
-from ui.request_body import BodyRefused, LargeBodies, receive_body
+from ui.request_body import NOT_JSON, BodyRefused, LargeBodies, receive_body
 from ui.video_inputs import LocalVideo, VideoPolicy, local_files, video_policy
 
 log = logging.getLogger(__name__)
@@ -60,9 +60,9 @@ BODY_OVERHEAD_BYTES = 1 << 20
 BAD_ORDER = "The messages must alternate user and assistant turns, starting and ending with a user message."
 # A chat request nests a few levels (messages, a part, its url); a body nested far deeper is refused before
 # anything walks it (Python's JSON parser and validators recurse, and a recursion error is no user's sentence).
-MAX_BODY_DEPTH = 32
-TOO_DEEP = f"The request body nests JSON deeper than {MAX_BODY_DEPTH} levels."
 BAD_THINKING = "chat_template_kwargs.enable_thinking must be true or false."
+# A question, its answer, and room for system and developer messages between them.
+MESSAGES_PER_QUESTION = 4
 BODY_CUT = "The request body ended before it was complete."
 
 
@@ -219,16 +219,20 @@ def conversation(messages: list[dict]) -> Conversation:
     return Conversation(media, texts[-1], history)
 
 
-def nesting_depth(value) -> int:
-    """How deep JSON containers nest in `value` (0 for a scalar), counted without recursion."""
-    deepest, stack = 0, [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, (dict, list)):
-            deepest = max(deepest, depth)
-            children = item.values() if isinstance(item, dict) else item
-            stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
-    return deepest
+def check_message_count(messages: list, most_turns: int) -> None:
+    """Refuse a conversation past the engine's limit on earlier questions (its sentence), or with more than
+    MESSAGES_PER_QUESTION messages for each question it may hold, before pydantic validates the messages:
+    validating holds the GIL throughout, and 50,000 messages held every other request up for over a second."""
+    questions = sum(1 for message in messages if isinstance(message, dict) and message.get("role") == "user")
+    if questions - 1 > most_turns:
+        raise InputError(too_many_turns(questions - 1, most_turns))
+    most = MESSAGES_PER_QUESTION * (most_turns + 1)
+    if len(messages) > most:
+        raise ApiError(400, too_many_messages(len(messages), most))
+
+
+def too_many_messages(sent: int, most: int) -> str:
+    return f"The request has {sent:,} messages; the limit is {most:,}: please start a new conversation."
 
 
 def jsonable(value):
@@ -345,13 +349,11 @@ class ChatCompletions:
         try:
             payload = json.loads(body)
         except (ValueError, UnicodeDecodeError):
-            raise ApiError(400, "The request body must be JSON.") from None
-        except RecursionError:  # deeper than the parser's stack: far past MAX_BODY_DEPTH
-            raise ApiError(400, TOO_DEEP) from None
-        if nesting_depth(payload) > MAX_BODY_DEPTH:
-            raise ApiError(400, TOO_DEEP)
+            raise ApiError(400, NOT_JSON) from None
         if not isinstance(payload, dict):
             raise ApiError(400, "The request body must be a JSON object.")
+        if isinstance(payload.get("messages"), list):
+            check_message_count(payload["messages"], self.engine.model_info["max_history_turns"])
         try:
             chat = ChatRequest.model_validate(payload)
         except ValidationError as error:

@@ -30,15 +30,23 @@ MAX_TEXT_BYTES = 8 * MB
 SMALL_BODY_BYTES = 1 * MB  # a body that declares itself this small is never made to wait for a large one's turn
 MAX_LARGE_BODIES = 8
 BATCH_BYTES = 1 * MB  # received bytes handed to the scanning thread at a time
+MAX_BODY_DEPTH = 32
+# JSON objects and arrays in a body: a conversation at the engine's limits holds some thousands (516 messages, a
+# content list and a few parts each). Parsed, each is a Python container the garbage collector walks: 60,000 made
+# a full collection that held every request up for seconds.
+MAX_CONTAINERS = 16_384
 MEDIA_KEYS = (b"url", b"video_url", b"image_url")
 HEADER_BYTES = 256  # the most of a string read to tell a data: URL's header ("data:video/mp4;base64,") from text
 STRING_END = re.compile(rb'["\\]')  # the end of a JSON string, or an escape inside it
 WHITESPACE = b" \t\n\r"
+NOT_BRACKETS = bytes(byte for byte in range(256) if byte not in b"{}[]")
 
 TEXT_TOO_LARGE = (
     f"The request's text (everything but its data: URLs) is larger than the limit of {MAX_TEXT_BYTES // MB} MB."
 )
 NOT_JSON = "The request body must be JSON."
+TOO_DEEP = f"The request body nests JSON deeper than {MAX_BODY_DEPTH} levels."
+TOO_MANY_CONTAINERS = f"The request body holds more than {MAX_CONTAINERS:,} JSON objects and arrays."
 LARGE_BODIES_BUSY = (
     "The server is receiving as many large requests as it takes at once right now; please try again in a minute."
 )
@@ -99,6 +107,8 @@ class BodyScanner:
         self._escaped: _Escaped | None = None
         self._lock = threading.Lock()
         self._discarded = False
+        self._depth = 0  # JSON containers open
+        self._containers = 0  # JSON containers opened so far
 
     def feed(self, data: bytes) -> None:
         with self._lock:
@@ -130,6 +140,7 @@ class BodyScanner:
     def _out(self, data: bytes, at: int) -> int:
         start = data.find(b'"', at)
         end = len(data) if start < 0 else start
+        self._count_containers(data[at:end])
         self.text += data[at:end]
         self._since_key = (self._since_key + data[at:end].translate(None, WHITESPACE)[:2])[:2]
         if start < 0:
@@ -141,6 +152,22 @@ class BodyScanner:
             self.text += b'"'
         self._key = None
         return start + 1
+
+    def _count_containers(self, structure: bytes) -> None:
+        """Follow the depth and count of JSON containers through text outside strings; BodyRefused past
+        MAX_BODY_DEPTH or MAX_CONTAINERS, before anything parses the body."""
+        opened = structure.count(b"{") + structure.count(b"[")
+        closed = structure.count(b"}") + structure.count(b"]")
+        if self._depth + opened <= MAX_BODY_DEPTH:
+            self._depth += opened - closed
+        else:  # it may go too deep within this piece: follow it bracket by bracket
+            for byte in structure.translate(None, NOT_BRACKETS):
+                self._depth += 1 if byte in b"{[" else -1
+                if self._depth > MAX_BODY_DEPTH:
+                    raise BodyRefused(400, TOO_DEEP)
+        self._containers += opened
+        if self._containers > MAX_CONTAINERS:
+            raise BodyRefused(400, TOO_MANY_CONTAINERS)
 
     def _in_string(self, data: bytes, at: int) -> int:
         if self._escape:  # the byte after a backslash is the escape's, never the string's end
