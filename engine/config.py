@@ -148,10 +148,20 @@ class EngineConfig:
     prefix_cache_bytes: int = 1 << 30
     frame_cache_bytes: int = 256 << 20  # sampled frames of recent uploads (follow-ups skip reading the file)
     max_queue: int = 64  # requests waiting for admission before submit answers "busy"
+    # Host bytes that admitted requests' frames, pixel values and soundtracks may hold together until their vision
+    # forward (engine/scheduling/admission.py: each estimated from its frame sampling before it is read); past it
+    # submit answers "busy". None: a quarter of the machine's memory (or of its container's limit).
+    admission_bytes: int | None = None
     max_running: int = 16  # requests decoding together (the memory plan may lower it on a GPU)
     max_question_chars: int = 4000
     max_question_tokens: int = 1024  # the question alone, in the model's tokens
     max_history_tokens: int = 8192  # every earlier question and answer together, in the model's tokens
+    # Checked before the history is tokenized, so that a body of megabytes is refused in microseconds: 8 characters
+    # a token is more than English (about 4.5) or code takes, so the token limit still decides for any real
+    # conversation. Turns: earlier (question, answer) pairs, each of which the chat template wraps in tokens the
+    # token limit does not count.
+    max_history_chars: int = 65536
+    max_history_turns: int = 128
     max_new_tokens: int = 4096  # the most a request may ask for
     # Device bytes the memory plan (engine/memory/plan.py) divides between requests. None: on a GPU the free
     # memory measured after loading, on a CPU no plan (requests unbounded by memory). Set it to share a GPU
@@ -214,6 +224,9 @@ LIMIT_ENV = {
     "max_question_chars": "EVS_MAX_QUESTION_CHARS",
     "max_question_tokens": "EVS_MAX_QUESTION_TOKENS",
     "max_history_tokens": "EVS_MAX_HISTORY_TOKENS",
+    "max_history_chars": "EVS_MAX_HISTORY_CHARS",
+    "max_history_turns": "EVS_MAX_HISTORY_TURNS",
+    "admission_bytes": "EVS_ADMISSION_BYTES",
     "max_new_tokens": "EVS_MAX_NEW_TOKENS",
 }
 # Variables renamed when reading a video stopped being called decoding: variable -> its old name, still read

@@ -22,7 +22,7 @@ from .config import (
     video_tokens,
     vit_patch_budget,
 )
-from .errors import QUEUE_FULL, RESTARTING, BusyError, InputError
+from .errors import RESTARTING, BusyError, InputError
 from .families.registry import family_for, video_geometry
 from .front.checks import check_markup, check_request, media_paths, model_markup
 from .front.metrics import Metrics
@@ -33,6 +33,7 @@ from .memory.plan import Plan, engine_plan
 from .prepare import Preparer
 from .prompt.audio import audio_token_count, soundtrack_rate_hz
 from .reading.pool import ReaderPool, default_size
+from .scheduling.admission import Admission, Ticket, default_admission_bytes, request_host_bytes
 from .scheduling.request import Request
 from .stream import Stream
 from .worker.loop import Worker
@@ -70,7 +71,7 @@ class Engine:
         rate = self.loaded.video_pruning_rate
         self._default_pruning_rate = DEFAULT_PRUNING_RATE if rate is None else rate
         self._ids = itertools.count(1)
-        self._admission = threading.BoundedSemaphore(self.config.max_queue)
+        self._admission = Admission(self.config.max_queue, self.config.admission_bytes or default_admission_bytes())
         self._closed = False
         self._submit_lock = threading.Lock()  # a submit never races shutdown past the closed check
         self._pause_lock = threading.Lock()
@@ -146,6 +147,7 @@ class Engine:
             # soundtrack is heard by default.
             "hears": self._hears,
             "max_media": self.max_media,  # videos and pictures one request may carry
+            "max_history_turns": self.config.max_history_turns,  # earlier questions a conversation may hold
             "is_tiny": loaded.is_tiny,
             "random_weights": loaded.random_weights,
             "about": loaded.about,
@@ -231,12 +233,20 @@ class Engine:
                 paths, question, params, history, self.config, self._frame_sampling_limits, self.max_media
             )
             self._check_text_tokens(question, history)
+            sampling = params.frame_sampling or self._default_frame_sampling
+            hear = self._hears and params.hear_soundtrack is not False
+            needed = request_host_bytes(
+                len(paths), sampling, self._soundtrack_rate_hz if hear else None, self.config.max_soundtrack_seconds
+            )
             with self._submit_lock:
                 if self._closed:
                     raise BusyError(RESTARTING)
-                if not self._admission.acquire(blocking=False):
-                    raise BusyError(QUEUE_FULL)
-                return self._accept(paths, question, params, history)
+                ticket = self._admission.take(needed)
+                try:
+                    return self._accept(paths, question, params, history, ticket)
+                except BaseException:
+                    ticket.close()
+                    raise
         except (InputError, BusyError) as error:
             self.metrics.refused(error)
             raise
@@ -268,7 +278,7 @@ class Engine:
                 f"{self.config.max_history_tokens:,}: please start a new conversation."
             )
 
-    def _accept(self, paths: list, question: str, params: GenerationParams, history) -> Stream:
+    def _accept(self, paths: list, question: str, params: GenerationParams, history, ticket: Ticket) -> Stream:
         stream = Stream(next(self._ids), on_end=self.metrics.ended)
         request = Request(
             stream=stream,
@@ -277,7 +287,7 @@ class Engine:
             history=history,
             params=params,
             frame_sampling=params.frame_sampling or self._default_frame_sampling,
-            admission=self._admission,
+            admission=ticket,
         )
         request.stats.pruning_rate = float(params.pruning_rate)
         request.stats.pruning_method = params.pruning_method

@@ -15,7 +15,7 @@ import torch
 
 from .config import GenerationParams
 from .detokenize import SplitDetokenizer
-from .errors import QUEUE_FULL, RESTARTING, SHUTTING_DOWN, BusyError, InputError, SessionEnded
+from .errors import RESTARTING, SHUTTING_DOWN, BusyError, InputError, SessionEnded
 from .front.checks import check_live_settings, check_request
 from .live.layout import LiveLayout
 from .live.session import CLOSED, LiveQuestion, LiveSession
@@ -154,8 +154,8 @@ class LiveSessions:
                     raise SessionEnded(SHUTTING_DOWN)
                 if session.ended:
                     raise SessionEnded(session.ended)
-                if not engine._admission.acquire(blocking=False):
-                    raise BusyError(QUEUE_FULL)
+                # A queue slot; no bytes: its frames are the session's, which the window bounds.
+                request.admission = engine._admission.take(0)
                 engine._worker.enqueue(request)  # a put on an unbounded queue: nothing to give the slot back for
         except InputError as error:
             engine.metrics.refused(error)
@@ -172,7 +172,6 @@ class LiveSessions:
             history=history,
             params=params,
             frame_sampling=session.sampling,
-            admission=engine._admission,
             live=LiveQuestion(session.id, groups, tail),
         )
         request.detokenizer = SplitDetokenizer(

@@ -17,7 +17,7 @@ import torch
 
 from .config import EngineConfig, FrameSampling
 from .detokenize import SplitDetokenizer
-from .errors import InputError
+from .errors import EXPIRED_VIDEO, InputError
 from .lru import ByteLRU
 from .memory.plan import Plan
 from .prompt.unpruned import MediumPrompt, UnprunedPrompt, unpruned_prompt
@@ -93,6 +93,17 @@ def soundtrack_status_line(verdict: str, seconds: float) -> str | None:
     if verdict == "cut":
         return f"heard the first {seconds:g} s of the soundtrack"
     return {"none": NO_SOUNDTRACK, "unreadable": UNREADABLE_SOUNDTRACK}.get(verdict)
+
+
+def held_bytes(media: list[Medium], prompt: UnprunedPrompt) -> int:
+    """Host bytes a prepared request holds until its vision forward: its media's frames and soundtracks (an
+    upload sent twice is one read), the processor's pixel values and each heard soundtrack's audio-tower input."""
+    read = sum(medium.nbytes for medium in {id(medium): medium for medium in media}.values())
+    processed = sum(
+        part.pixel_values.nbytes + (part.audio.features.nbytes if part.audio is not None else 0)
+        for part in prompt.media
+    )
+    return read + processed
 
 
 class Preparer:
@@ -184,6 +195,8 @@ class Preparer:
                 thinking=think_end is not None,
                 hear=hear,
             )
+            if request.admission is not None:  # what it holds now, in place of the estimate from its sampling
+                request.admission.settle(held_bytes(request.media, request.prompt))
             stats = request.stats
             stats.read_video_s = time.perf_counter() - start
             stats.read_wait_s = sum(m.read_wait_s for m, now in zip(request.media, read_now) if now)
@@ -242,10 +255,14 @@ class Preparer:
         serves a request without it (the frames are the same); one without serves only its like, so a request
         that does not hear has no soundtrack decoded for it (up to 600 s of one)."""
         file = Path(path)
-        hashable = file.is_file() and file.stat().st_size <= self.config.max_file_bytes
-        if not hashable:  # read_medium says what is wrong with it
-            return self._read(path, sampling, None, hear), True
-        key = (file_sha256(path), sampling, hear)
+        try:  # the cleaner may delete an old upload at any moment, between two of these steps too
+            hashable = file.is_file() and file.stat().st_size <= self.config.max_file_bytes
+            if not hashable:  # read_medium says what is wrong with it
+                return self._read(path, sampling, None, hear), True
+            digest = file_sha256(path)
+        except FileNotFoundError:
+            raise InputError(EXPIRED_VIDEO) from None
+        key = (digest, sampling, hear)
         if key in seen:
             return seen[key], False
         seen[key] = (medium := self._shared(path, sampling, hear, key))[0]

@@ -262,13 +262,17 @@ class ReplicatedEngine:
         replica, and their InputError arrives through the stream.
         """
         paths, params, history = self._admit(video, question, params, history, media)
-        with self._lock:
-            job = _Job(
-                Stream(next(self._ids), on_end=self.metrics.ended), str(paths[0]), question.strip(), params, history
-            )
-            if self._held is not None:
-                self._held.append(job)
-                return job.stream
+        try:
+            with self._lock:
+                job = _Job(
+                    Stream(next(self._ids), on_end=self.metrics.ended), str(paths[0]), question.strip(), params, history
+                )
+                if self._held is not None:
+                    self._held.append(job)
+                    return job.stream
+        except BaseException:  # no job holds the slot taken for it: it goes back
+            self._admission.release()
+            raise
         self._send([job])
         return job.stream
 
@@ -318,7 +322,18 @@ class ReplicatedEngine:
                     self._send(jobs)
 
     def _send(self, jobs: list[_Job]) -> None:
-        future = asyncio.run_coroutine_threadsafe(self._serve(jobs), self._loop)
+        """Start the call for `jobs`; their slots go back when it ends, or at once when it cannot start (the
+        client's loop has stopped), their streams failed."""
+        serving = self._serve(jobs)
+        try:
+            future = asyncio.run_coroutine_threadsafe(serving, self._loop)
+        except Exception:
+            log.exception("sending %d requests failed", len(jobs))
+            serving.close()
+            for job in jobs:
+                self._admission.release()
+                job.stream.fail(BusyError(RESTARTING))
+            return
         future.add_done_callback(lambda _: [self._admission.release() for _ in jobs])
 
     async def _serve(self, jobs: list[_Job]) -> None:
@@ -445,10 +460,14 @@ class ReplicatedEngine:
     def ask_live(self, session: str, question: str, history=(), params: GenerationParams | None = None) -> Stream:
         """A question about a live session, streamed from its replica as an upload's answer (LiveSession.ask)."""
         _, params, history = self._admit(f"live session {session}", question, params, history)
-        stream = Stream(next(self._ids), on_end=self.metrics.ended)
-        future = asyncio.run_coroutine_threadsafe(
-            self._serve_live(session, question.strip(), history, params, stream), self._loop
-        )
+        try:
+            stream = Stream(next(self._ids), on_end=self.metrics.ended)
+            future = asyncio.run_coroutine_threadsafe(
+                self._serve_live(session, question.strip(), history, params, stream), self._loop
+            )
+        except BaseException:  # nothing was sent: the slot taken for it goes back
+            self._admission.release()
+            raise
         future.add_done_callback(lambda _: self._admission.release())
         return stream
 

@@ -12,7 +12,7 @@ from gradio_client import Client
 from prometheus_client.parser import text_string_to_metric_families
 
 import ui
-from app import metrics_route
+from app import health_route, metrics_route
 from engine import Engine, EngineConfig, Stream
 from live_helpers import RecordedLive
 
@@ -77,7 +77,7 @@ def free_port() -> int:
 
 @contextmanager
 def launched_app(cache_dir: Path, model: str = "tiny-random", record_live: bool = False, **engine_settings):
-    """A demo on a free port around a tiny-model engine on CPU, with /metrics, the OpenAI routes, the /v1/live
+    """A demo on a free port around a tiny-model engine on CPU, with /healthz, /metrics, the OpenAI routes, the /v1/live
     WebSocket and the MCP server as app.py serves them; closed and shut down afterwards. record_live: the spy
     records its live sessions (SubmitSpy). engine_settings: EngineConfig fields (max_queue; read_timeout_s is also
     /v1/live's idle time, as in app.py)."""
@@ -88,6 +88,7 @@ def launched_app(cache_dir: Path, model: str = "tiny-random", record_live: bool 
     demo = ui.build_demo(spy, max_file_bytes=MAX_FILE_BYTES)
     try:
         routes = [
+            health_route(spy, False),
             metrics_route(spy),
             *ui.openai_routes(spy, MAX_FILE_BYTES),
             *ui.live_routes(spy, engine.config.max_video_source_pixels, engine.config.read_timeout_s),

@@ -1,6 +1,9 @@
 """Load: 16 concurrent gradio_client users for 3 rounds against one launched app, a third of them
 cancelling mid-stream (issue 11, item 6), with 2 live sessions beside them each round (issue 31): WebSocket
-clients of /v1/live streaming a clip at its own pace and asking about it.
+clients of /v1/live streaming a clip at its own pace and asking about it, and a round of hostile bodies (issue 39)
+sent to /v1/chat/completions beside them: a data: URL past the upload limit, a body past the body limit sent
+chunked, 2 MB of history, JSON nested 2 MB deep, a seed past the generator's range, and a large body whose client
+leaves halfway. Each gets its refusal and sentence, and the users lose nothing.
 
 One real demo (the tiny model on CPU, launched in this process by tests/app_harness.py) serves 16
 gradio_client users, each with its own Client (its own session), each asking about its own small clip.
@@ -23,7 +26,9 @@ What must hold:
 - a scrape of the app's /metrics counts every request of the three rounds by how it ended;
 - every live session gets every frame it was sent and answers its question with full stats, and once its
   socket closes the session is closed (its state freed by the worker); the engine's book of sessions keeps
-  the last closed ones until the next opening, so at most a round's LiveSession objects stay reachable.
+  the last closed ones until the next opening, so at most a round's LiveSession objects stay reachable;
+- every hostile body is refused with its status and sentence, and leaves no file behind (the temp folder check
+  above holds with them); the two that reach the engine (the history, the seed) are counted as refused.
 
 Sizing: the engine's admission queue (64) and Gradio's queue (64) both hold all 16 users, and 16 is the
 engine's max_running, so no user is answered "busy"; the test checks that precondition instead of
@@ -34,26 +39,33 @@ as a request that ran on.
 """
 
 import asyncio
+import base64
 import gc
 import json
+import socket
 import struct
 import threading
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
+import httpx
 import pytest
 import websockets
 from gradio_client import Client, handle_file
 from gradio_client.utils import Status
 
+import app_harness
 import ui.layout
 from app_harness import launched_app, outcomes, scrape_metrics, wait_until
 from engine import STATS_KEYS
+from engine.front.checks import BAD_SEED
 from engine.live.session import LiveSession
 from engine.reading.pool import default_size
 from engine.scheduling.request import Request
 from live_helpers import jpeg_frames
 from reader_processes import reader_children
+from ui.request_body import TOO_DEEP
 
 USERS = 16
 ROUNDS = 3
@@ -132,6 +144,66 @@ class LiveUsers(threading.Thread):
         self.results = asyncio.run(all_users())
 
 
+class HostileBodies(threading.Thread):
+    """The round's hostile bodies, one after another, each to /v1/chat/completions: `results` once joined, (what
+    was expected, what came back) for each."""
+
+    ENGINE_REFUSALS = 2  # the history and the seed reach Engine.submit, which counts its refusals
+
+    def __init__(self, url: str, video: Path):
+        super().__init__(daemon=True)
+        self.url, self.results = url, []
+        self.video = f"data:video/mp4;base64,{base64.b64encode(video.read_bytes()).decode()}"
+
+    def chat(self, question: str = "What moves?", history=(), url: str | None = None, **fields) -> bytes:
+        turns = [*history, (question, None)]
+        messages = []
+        for number, (asked, answered) in enumerate(turns):
+            medium = {"type": "video_url", "video_url": {"url": url or self.video}}
+            content = [medium, {"type": "text", "text": asked}] if number == 0 else asked
+            messages += [{"role": "user", "content": content}]
+            messages += [{"role": "assistant", "content": answered}] if answered is not None else []
+        return json.dumps({"model": "tiny-random", "messages": messages, "max_tokens": 4, **fields}).encode()
+
+    def run(self) -> None:
+        too_large = "data:video/mp4;base64," + "A" * (app_harness.MAX_FILE_BYTES * 4 // 3 + 400_000)
+        cases = [
+            (self.chat(url=too_large), False, (400, "The video is larger than the limit of 0.954 MB.")),
+            (
+                self.chat(history=[("q" * 5_000_000, "a")]),
+                True,
+                (413, "The request is larger than the limit of 2.27 MB."),
+            ),
+            (
+                self.chat(history=[("q" * 1_000_000, "a" * 1_000_000)]),
+                False,
+                (
+                    400,
+                    "The conversation so far is 2,000,000 characters long; the limit is 65,536: please start a new "
+                    "conversation.",
+                ),
+            ),
+            (b"[" * 2_000_000, False, (400, TOO_DEEP)),
+            (self.chat(seed=1 << 64, temperature=0.5), False, (400, BAD_SEED)),
+        ]
+        with httpx.Client(timeout=ROUND_TIMEOUT_S) as client:
+            for body, chunked, expected in cases:
+                content = (body[i : i + 65536] for i in range(0, len(body), 65536)) if chunked else body
+                response = client.post(
+                    f"{self.url}v1/chat/completions", content=content, headers={"content-type": "application/json"}
+                )
+                self.results.append((expected, (response.status_code, response.json()["error"]["message"])))
+        # A large body whose client leaves halfway: whatever it had sent is deleted (the temp folder check).
+        parts = urlsplit(self.url)
+        body = self.chat(question="q" * 1_100_000)
+        with socket.create_connection((parts.hostname, parts.port)) as connection:
+            head = (
+                f"POST /v1/chat/completions HTTP/1.1\r\nHost: {parts.hostname}\r\nContent-Length: {len(body)}\r\n\r\n"
+            )
+            connection.sendall(head.encode() + body[: len(body) // 2])
+            time.sleep(0.5)
+
+
 def temp_files(folder: Path) -> dict[str, int]:
     """Every file under the app's temp folder, relative path -> size."""
     return {str(p.relative_to(folder)): p.stat().st_size for p in folder.rglob("*") if p.is_file()}
@@ -171,13 +243,20 @@ class ReaderCount(threading.Thread):
 
 
 def run_round(
-    clients: list[Client], clips: list[Path], spy, round_number: int, others: set[int], live: LiveUsers
+    clients: list[Client],
+    clips: list[Path],
+    spy,
+    round_number: int,
+    others: set[int],
+    live: LiveUsers,
+    hostile: HostileBodies,
 ) -> list[dict]:
-    """All users ask at once, the live users stream beside them; the cancellers cancel once their first words
-    arrive. Returns the stats of the answers that completed, and checks the engine side of each request.
-    others: readers of other engines in this process."""
+    """All users ask at once, the live users stream beside them and the hostile bodies arrive; the cancellers cancel
+    once their first words arrive. Returns the stats of the answers that completed, and checks the engine side of
+    each request. others: readers of other engines in this process."""
     first_stream = len(spy.streams)
     live.start()
+    hostile.start()
     jobs = []
     for user, (client, video) in enumerate(zip(clients, clips)):
         tokens = CANCEL_TOKENS if user in CANCELLERS else ANSWER_TOKENS
@@ -233,6 +312,11 @@ def run_round(
         done, session = result
         assert set(STATS_KEYS) <= set(done["stats"]) and done["stats"]["ttft_s"] > 0
         assert session["frames_received"] == len(live.frames[user]), session  # every frame it was sent
+    hostile.join(ROUND_TIMEOUT_S)
+    assert not hostile.is_alive(), f"round {round_number}: a hostile body was never answered"
+    for expected, answered in hostile.results:
+        assert answered == expected, f"round {round_number}: a hostile body got {answered}"
+    assert len(hostile.results) == 5
     assert wait_until(lambda: spy.engine.running_requests == 0, timeout_s=30), "requests still running"
     readers = spy.engine.readers
     assert wait_until(lambda: reader_children() - others == readers.pids(), timeout_s=10), "a reader outside the pool"
@@ -277,7 +361,13 @@ def test_sixteen_users_three_rounds_with_cancels_stay_bounded(loaded_app, user_c
         for round_number in range(1, ROUNDS + 1):
             start = time.monotonic()
             stats = run_round(
-                clients, user_clips, spy, round_number, others, LiveUsers(live_url, live_frames, round_number)
+                clients,
+                user_clips,
+                spy,
+                round_number,
+                others,
+                LiveUsers(live_url, live_frames, round_number),
+                HostileBodies(running.url, user_clips[0]),
             )
             assert len(stats) == USERS - len(CANCELLERS)
             # The worker drops its last iteration's locals on its next idle step (every 0.1 s): wait for
@@ -328,7 +418,7 @@ def test_sixteen_users_three_rounds_with_cancels_stay_bounded(loaded_app, user_c
     served = outcomes(scrape_metrics(running.url))
     assert served == {
         "answered": (USERS - len(CANCELLERS) + LIVE_USERS) * ROUNDS,
-        "refused": 0,
+        "refused": HostileBodies.ENGINE_REFUSALS * ROUNDS,
         "cancelled": len(CANCELLERS) * ROUNDS,
         "failed": 0,
     }, served

@@ -13,6 +13,7 @@ import asyncio
 import io
 import json
 import os
+import re
 import signal
 import struct
 import subprocess
@@ -29,7 +30,7 @@ import websockets
 
 from assets.clips import write_clip
 from engine import Engine, EngineConfig, FrameSampling, GenerationParams, InputError
-from engine.errors import NO_VIDEO
+from engine.errors import NO_VIDEO, RESTARTING, BusyError
 from engine.reading.video import UNREADABLE, file_sha256
 from replicas import LIVE_SESSION_LOST, REPLICA_LOST, ReplicaLost, ReplicasUnavailable, ReplicatedEngine, SessionLost
 from replicas.routing import home_of, ranks
@@ -281,6 +282,32 @@ def test_cancel_reaches_the_replica(replicated, videos):
     # Had the long request stayed on its replica, it would still be decoding beside this one.
     short = replicated.submit(video, "What moves?", params(new_tokens=4)).result(TIMEOUT_S)
     assert short.stats["decode_batch_max"] == 1
+
+
+def test_a_fault_between_taking_a_slot_and_sending_gives_the_slot_back(replicated, videos, monkeypatch):
+    """More requests than the client has queue slots, each failing after its slot was taken: a fault making the
+    request's stream (it raises out of submit) and the client's call loop gone (each stream fails with the
+    restarting sentence). Every slot comes back: the next request is answered, where it was refused as busy
+    once the leaked slots had filled the queue."""
+    video = videos.take()
+    slots = replicated.config.max_queue * replicated.replica_count
+
+    def broken_stream(*args, **kwargs):
+        raise RuntimeError("a fault while the request is made")
+
+    with monkeypatch.context() as patched:
+        patched.setattr("replicas.client.Stream", broken_stream)
+        for _ in range(slots + 1):
+            with pytest.raises(RuntimeError, match="a fault"):
+                replicated.submit(video, "What moves?", params(new_tokens=2))
+    gone = asyncio.new_event_loop()
+    gone.close()
+    with monkeypatch.context() as patched:
+        patched.setattr(replicated, "_loop", gone)
+        for _ in range(slots + 1):
+            with pytest.raises(BusyError, match=re.escape(RESTARTING)):
+                replicated.submit(video, "What moves?", params(new_tokens=2)).result(TIMEOUT_S)
+    assert replicated.submit(video, "What moves?", params(new_tokens=2)).result(TIMEOUT_S).stats["generated_tokens"]
 
 
 def test_metrics_count_every_request_the_client_hands_out_exactly(replicated, videos, tmp_path):

@@ -80,6 +80,10 @@ def request_params(
 def _number(value, kind: type, default):
     if value is None:
         return default
+    if kind is int and isinstance(value, int):  # exact: a float has 53 bits, a seed may have 64
+        return value
+    if kind is int and isinstance(value, str) and value.strip().lstrip("+-").isdigit():
+        return int(value)
     number = float(value)
     return int(round(number)) if kind is int else number
 
@@ -118,8 +122,10 @@ async def follow(
     """Submit one request per params about the same uploads (media: one path, or several in order) and
     yield (request index, event) as events arrive.
 
-    burst: submit them inside `engine.paused()`, in a thread, so that the worker takes them in one
-    iteration: each upload is read once and encoded by one ViT forward, and the prompts decode together.
+    Submitting runs in a thread, never on the event loop: `submit` tokenizes the question and history, which
+    other users' requests must not wait for. burst: submit them inside `engine.paused()`, so that the worker takes
+    them in one iteration: each upload is read once and encoded by one ViT forward, and the prompts decode
+    together.
     Raises InputError for the user's mistake (no upload, an upload swept away, the engine's checks), and
     whatever else a request failed with. However the iteration ends (finished, failed, cancelled, closed),
     unfinished requests are cancelled on the way out.
@@ -128,14 +134,12 @@ async def follow(
     streams: dict[int, Stream] = {}
     submitting: asyncio.Future | None = None
     try:
-        if burst:
-            submitting = asyncio.ensure_future(
-                asyncio.to_thread(_submit_burst, engine, streams, paths, question, params_list, history)
-            )
-            # shield: a cancelled caller must not abandon the thread's later submissions (see finally)
-            await asyncio.shield(submitting)
-        else:
-            _submit_all(engine, streams, paths, question, params_list, history)
+        submit = _submit_burst if burst else _submit_all
+        submitting = asyncio.ensure_future(
+            asyncio.to_thread(submit, engine, streams, paths, question, params_list, history)
+        )
+        # shield: a cancelled caller must not abandon the thread's later submissions (see finally)
+        await asyncio.shield(submitting)
         async with contextlib.aclosing(merged(streams)) as events:
             async for index, event, error in events:
                 if error is not None:

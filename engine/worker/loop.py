@@ -113,9 +113,15 @@ class Worker(threading.Thread):
                 return
         arrived.extend(self._drain_inbox())
         for request in arrived:
-            if request is not None:
+            if request is None:
+                continue
+            try:
                 if request.live is None:
                     request.feature_keys = self.runner.vision.feature_keys(request)
+            except Exception:  # a bug: this request fails, its slot and bytes go back, the others are served
+                log.exception("request %d failed", request.id)
+                request.abort(internal_error())
+            else:
                 self.scheduler.add(request)
 
     def _drain_inbox(self) -> list[Request | None]:
@@ -145,6 +151,7 @@ class Worker(threading.Thread):
             try:
                 self.runner.prune(request)
                 events.pruned(request, self.temporal_patch)
+                request.drop_pixels()  # its features are in hand: frames and pixels need not wait for the answer
             except Exception:
                 log.exception("request %d failed", request.id)
                 self._end([request], internal_error)
