@@ -148,7 +148,10 @@ class HostileBodies(threading.Thread):
     """The round's hostile bodies, one after another, each to /v1/chat/completions: `results` once joined, (what
     was expected, what came back) for each."""
 
-    ENGINE_REFUSALS = 2  # the history and the seed reach Engine.submit, which counts its refusals
+    # Each is counted as refused in /metrics, once: the history and the seed by Engine.submit, the other four by
+    # the route, which refused them before the engine saw them (the one whose client left among them: a 400).
+    ENGINE_REFUSALS = 2
+    FRONT_DOOR_REFUSALS = 4
 
     def __init__(self, url: str, video: Path):
         super().__init__(daemon=True)
@@ -240,6 +243,15 @@ class ReaderCount(threading.Thread):
     def run(self) -> None:
         while not self.stopped.wait(0.05):
             self.most = max(self.most, len(reader_children() - self.others))
+
+
+def refusals_by_where(samples: dict[tuple, float]) -> dict[str, float]:
+    """evs_refusals_total of a scrape, summed over the reasons, by where."""
+    where: dict[str, float] = {}
+    for (name, labels), value in samples.items():
+        if name == "evs_refusals_total":
+            where[dict(labels)["where"]] = where.get(dict(labels)["where"], 0) + value
+    return where
 
 
 def run_round(
@@ -418,7 +430,12 @@ def test_sixteen_users_three_rounds_with_cancels_stay_bounded(loaded_app, user_c
     served = outcomes(scrape_metrics(running.url))
     assert served == {
         "answered": (USERS - len(CANCELLERS) + LIVE_USERS) * ROUNDS,
-        "refused": HostileBodies.ENGINE_REFUSALS * ROUNDS,
+        "refused": (HostileBodies.ENGINE_REFUSALS + HostileBodies.FRONT_DOOR_REFUSALS) * ROUNDS,
         "cancelled": len(CANCELLERS) * ROUNDS,
         "failed": 0,
     }, served
+    refusals = refusals_by_where(scrape_metrics(running.url))
+    assert refusals == {
+        "engine": HostileBodies.ENGINE_REFUSALS * ROUNDS,
+        "front_door": HostileBodies.FRONT_DOOR_REFUSALS * ROUNDS,
+    }, refusals
