@@ -27,13 +27,9 @@ def config(tiny_cache_dir, **limits) -> EngineConfig:
 
 
 def free_slots(engine: Engine) -> int:
-    """The admission slots free now: taken one by one until none is left, then all given back."""
-    taken = 0
-    while engine._admission.acquire(blocking=False):
-        taken += 1
-    for _ in range(taken):
-        engine._admission.release()
-    return taken
+    """The admission queue slots free now."""
+    admission = engine._admission
+    return admission.max_queue - admission.queued
 
 
 class Held:
