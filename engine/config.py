@@ -148,6 +148,9 @@ class EngineConfig:
     prefix_cache_bytes: int = 1 << 30
     frame_cache_bytes: int = 256 << 20  # sampled frames of recent uploads (follow-ups skip reading the file)
     max_queue: int = 64  # requests waiting for admission before submit answers "busy"
+    # Requests one client (a browser tab, a gradio_client, an API caller's address) may have waiting or being
+    # answered at once (engine/front/shares.py): one sweep's worth, so that one client cannot fill the queue.
+    max_client_requests: int = 16
     max_running: int = 16  # requests decoding together (the memory plan may lower it on a GPU)
     max_question_chars: int = 4000
     max_question_tokens: int = 1024  # the question alone, in the model's tokens
@@ -210,6 +213,7 @@ LIMIT_ENV = {
     "read_memory_bytes": "EVS_READ_MEMORY_BYTES",
     "max_soundtrack_seconds": "EVS_MAX_SOUNDTRACK_SECONDS",
     "max_queue": "EVS_MAX_QUEUE",
+    "max_client_requests": "EVS_MAX_CLIENT_REQUESTS",
     "max_running": "EVS_MAX_RUNNING",
     "max_question_chars": "EVS_MAX_QUESTION_CHARS",
     "max_question_tokens": "EVS_MAX_QUESTION_TOKENS",

@@ -26,6 +26,7 @@ from .errors import QUEUE_FULL, RESTARTING, BusyError, InputError
 from .families.registry import family_for, video_geometry
 from .front.checks import check_markup, check_request, media_paths, model_markup
 from .front.metrics import Metrics
+from .front.shares import ClientShare, ClientShares
 from .live.session import LiveSession
 from .live_sessions import LiveSessions
 from .loading.load import load_model
@@ -71,6 +72,7 @@ class Engine:
         self._default_pruning_rate = DEFAULT_PRUNING_RATE if rate is None else rate
         self._ids = itertools.count(1)
         self._admission = threading.BoundedSemaphore(self.config.max_queue)
+        self._shares = ClientShares(self.config.max_client_requests)
         self._closed = False
         self._submit_lock = threading.Lock()  # a submit never races shutdown past the closed check
         self._pause_lock = threading.Lock()
@@ -215,14 +217,17 @@ class Engine:
         params: GenerationParams | None = None,
         history: list[tuple[str, str]] | tuple = (),
         media: Sequence[str | Path] | None = None,
+        client: str | None = None,
     ) -> Stream:
         """Queue a question about uploads; returns at once with the request's Stream. video: one upload; media:
         several (videos and still pictures, in the order the prompt shows them; a follow-up sends the same
         ones, a new one appended); give one of the two. Without params, the defaults at the checkpoint's own
-        pruning rate (model_info["default_pruning_rate"]).
+        pruning rate (model_info["default_pruning_rate"]). client: who asks (a browser tab's session, an API
+        caller's address), which may have at most max_client_requests under way; None takes no share.
 
         Raises InputError for a bad question, parameters or too many media, and BusyError when the queue is
-        full; problems with an upload itself (unreadable, too long, too large) arrive through the stream.
+        full or the client holds its share; problems with an upload itself (unreadable, too long, too large)
+        arrive through the stream.
         """
         try:
             params = params or GenerationParams(pruning_rate=self._default_pruning_rate)
@@ -234,9 +239,11 @@ class Engine:
             with self._submit_lock:
                 if self._closed:
                     raise BusyError(RESTARTING)
+                share = self._shares.take(client)
                 if not self._admission.acquire(blocking=False):
+                    share.release()
                     raise BusyError(QUEUE_FULL)
-                return self._accept(paths, question, params, history)
+                return self._accept(paths, question, params, history, share)
         except (InputError, BusyError):
             self.metrics.refused()
             raise
@@ -268,8 +275,12 @@ class Engine:
                 f"{self.config.max_history_tokens:,}: please start a new conversation."
             )
 
-    def _accept(self, paths: list, question: str, params: GenerationParams, history) -> Stream:
-        stream = Stream(next(self._ids), on_end=self.metrics.ended)
+    def _accept(self, paths: list, question: str, params: GenerationParams, history, share: ClientShare) -> Stream:
+        def ended(stream: Stream) -> None:
+            share.release()
+            self.metrics.ended(stream)
+
+        stream = Stream(next(self._ids), on_end=ended)
         request = Request(
             stream=stream,
             media_paths=[str(path) for path in paths],

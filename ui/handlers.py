@@ -57,6 +57,16 @@ def upload_paths(uploads) -> list[str]:
     return [item[0] if isinstance(item, (list, tuple)) else item for item in uploads if item]
 
 
+def client_of(request: gr.Request | None) -> str | None:
+    """Who asks, for the client's share of the queue (engine/front/shares.py): the tab's or gradio_client's
+    session, else the caller's address; None for a Python caller that passes no request."""
+    if request is None:
+        return None
+    if request.session_hash:
+        return f"session {request.session_hash}"
+    return f"address {request.client.host}" if request.client else None
+
+
 def not_an_mcp_tool(fn):
     """Keep a public API endpoint out of Gradio's MCP tool list.
 
@@ -118,6 +128,7 @@ class Handlers:
         pruning_method: str | None = None,
         compare_methods: bool = False,
         media: list | None = None,
+        request: gr.Request = None,
     ) -> AsyncIterator[tuple]:
         """The `/ask` API endpoint: streams (answer, stats, figures, frames); see ui/__init__.py.
 
@@ -145,7 +156,13 @@ class Handlers:
         yield "", {"status": chosen.status}, figures_json, frames
         uploads = upload_paths(video) + upload_paths(media)
         async for index, event in follow(
-            self.engine, uploads, question, params_list, history_pairs(history), burst=len(params_list) > 1
+            self.engine,
+            uploads,
+            question,
+            params_list,
+            history_pairs(history),
+            burst=len(params_list) > 1,
+            client=client_of(request),
         ):
             runs[index].apply(event)
             if index != len(runs) - 1:
@@ -190,6 +207,7 @@ class Handlers:
         enable_thinking: bool,
         hear_soundtrack: bool,
         turns: list,
+        request: gr.Request = None,
     ) -> AsyncIterator[tuple]:
         """The browser's Ask: streams updates of CHAT_OUTPUTS (chat view, status, numbers, pictures).
 
@@ -237,7 +255,9 @@ class Handlers:
             chat=chat_view(), question="", status=status(), **compare_cards(), compare_pictures=None, compare_summary=""
         )
         history = [(q, a) for q, a, _ in turns]
-        async for index, event in follow(self.engine, paths, question, params_list, history, burst=comparing):
+        async for index, event in follow(
+            self.engine, paths, question, params_list, history, burst=comparing, client=client_of(request)
+        ):
             runs[index].apply(event)
             is_chosen = index == len(runs) - 1
             if event.kind == "evs":

@@ -23,6 +23,7 @@ from engine.front.checks import too_many_media
 from engine.front.door import follow, request_params
 from engine.front.serving import Serving
 from ui.gradio_errors import raises_gradio_errors
+from ui.handlers import client_of
 from ui.runs import RunView
 from ui.video_inputs import VideoPolicy, local_files
 
@@ -56,6 +57,7 @@ class VideoQuestionTool:
         hear_soundtrack: bool | None = None,
         pruning_method: str | None = None,
         media: list[str] | None = None,
+        request: gr.Request = None,
     ) -> str:
         """Answer a question about a video with a vision-language model that first drops the video tokens
         that barely change between frames (Efficient Video Sampling, EVS).
@@ -87,7 +89,8 @@ class VideoQuestionTool:
         local = await local_files(urls, self.policy)
         try:
             run = RunView.of(params)
-            async for _, event in follow(self.engine, [str(file.path) for file in local], question, [params], []):
+            paths = [str(file.path) for file in local]
+            async for _, event in follow(self.engine, paths, question, [params], [], client=client_of(request)):
                 run.apply(event)
             thinking = {"thinking": run.thinking} if params.enable_thinking else {}
             return json.dumps({"answer": run.answer, **thinking, "stats": run.stats or {}})

@@ -114,9 +114,11 @@ async def follow(
     history: Sequence[tuple[str, str]] = (),
     *,
     burst: bool = False,
+    client: str | None = None,
 ) -> AsyncIterator[tuple[int, Event]]:
     """Submit one request per params about the same uploads (media: one path, or several in order) and
-    yield (request index, event) as events arrive.
+    yield (request index, event) as events arrive. client: who asks (engine/front/shares.py), each request
+    counted in its share.
 
     burst: submit them inside `engine.paused()`, in a thread, so that the worker takes them in one
     iteration: each upload is read once and encoded by one ViT forward, and the prompts decode together.
@@ -130,12 +132,12 @@ async def follow(
     try:
         if burst:
             submitting = asyncio.ensure_future(
-                asyncio.to_thread(_submit_burst, engine, streams, paths, question, params_list, history)
+                asyncio.to_thread(_submit_burst, engine, streams, paths, question, params_list, history, client)
             )
             # shield: a cancelled caller must not abandon the thread's later submissions (see finally)
             await asyncio.shield(submitting)
         else:
-            _submit_all(engine, streams, paths, question, params_list, history)
+            _submit_all(engine, streams, paths, question, params_list, history, client)
         async with contextlib.aclosing(merged(streams)) as events:
             async for index, event, error in events:
                 if error is not None:
@@ -154,10 +156,11 @@ def _submit_burst(
     question: str,
     params_list: Sequence[GenerationParams],
     history: Sequence[tuple[str, str]],
+    client: str | None,
 ) -> None:
     """_submit_all while admission is held; returns once all are prepared. Blocks: run it in a thread."""
     with engine.paused():
-        _submit_all(engine, streams, paths, question, params_list, history)
+        _submit_all(engine, streams, paths, question, params_list, history, client)
 
 
 def _submit_all(
@@ -167,11 +170,12 @@ def _submit_all(
     question: str,
     params_list: Sequence[GenerationParams],
     history: Sequence[tuple[str, str]],
+    client: str | None,
 ) -> None:
     """One request per params, each stream filled in as it is submitted (a refusal halfway still leaves
     the caller what to cancel)."""
     for index, params in enumerate(params_list):
-        streams[index] = engine.submit(media=paths, question=question, params=params, history=history)
+        streams[index] = engine.submit(media=paths, question=question, params=params, history=history, client=client)
 
 
 def cancel_unfinished(streams: Mapping[int, Stream]) -> None:
