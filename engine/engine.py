@@ -4,6 +4,7 @@ import contextlib
 import itertools
 import logging
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -199,6 +200,12 @@ class Engine:
     def healthy(self) -> bool:
         """False once the worker thread has died: the engine can no longer answer."""
         return self._worker.is_alive()
+
+    @property
+    def stalled_s(self) -> float:
+        """Seconds since the worker thread last finished a turn of its loop: at most about 0.1 s when idle, the
+        longest iteration (a prefill) when busy, and growing without bound on a device that hangs."""
+        return time.monotonic() - self._worker.turned_at
 
     @property
     def running_requests(self) -> int:
