@@ -160,6 +160,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "starts a local Ray cluster, or joins the one RAY_ADDRESS names [EVS_REPLICAS]",
     )
     parser.add_argument(
+        "--replica-deadline-s",
+        type=float,
+        default=_env("EVS_REPLICA_DEADLINE_S", default="20"),
+        help="with --replicas: seconds a replica may send nothing (replicas say they are alive every 2 s while "
+        "they work) before its questions end with 'please ask again' and it fails its health check; longer than "
+        "the longest prefill on the device [EVS_REPLICA_DEADLINE_S]",
+    )
+    parser.add_argument(
         "--video-readers",
         type=int,
         default=_env("EVS_VIDEO_READERS", default=None),
@@ -169,6 +177,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.replicas < 1:
         parser.error("--replicas must be at least 1")
+    if not args.replica_deadline_s > 0:
+        parser.error("--replica-deadline-s must be above 0")
     if args.video_readers is not None and args.video_readers < 1:
         parser.error("--video-readers must be at least 1")
     if args.max_file_mb <= 0:
@@ -271,7 +281,9 @@ def build_engine(args: argparse.Namespace, device: str, max_file_bytes: int) -> 
         from replicas import ReplicasUnavailable, ReplicatedEngine  # imports Ray, so only on this path
 
         try:
-            return ReplicatedEngine(config, replicas=args.replicas, warm_up_clip=WARMUP_CLIP)
+            return ReplicatedEngine(
+                config, replicas=args.replicas, warm_up_clip=WARMUP_CLIP, deadline_s=args.replica_deadline_s
+            )
         except ReplicasUnavailable as error:
             _fail(one_line(error), EXIT_DEVICE_UNAVAILABLE)
 

@@ -152,6 +152,9 @@ class EngineConfig:
     # forward (engine/scheduling/admission.py: each estimated from its frame sampling before it is read); past it
     # submit answers "busy". None: a quarter of the machine's memory (or of its container's limit).
     admission_bytes: int | None = None
+    # Requests one client (a browser tab, a gradio_client, an API caller's address) may have waiting or being
+    # answered at once (engine/front/shares.py): one sweep's worth, so that one client cannot fill the queue.
+    max_client_requests: int = 16
     max_running: int = 16  # requests decoding together (the memory plan may lower it on a GPU)
     max_question_chars: int = 4000
     max_question_tokens: int = 1024  # the question alone, in the model's tokens
@@ -220,6 +223,7 @@ LIMIT_ENV = {
     "read_memory_bytes": "EVS_READ_MEMORY_BYTES",
     "max_soundtrack_seconds": "EVS_MAX_SOUNDTRACK_SECONDS",
     "max_queue": "EVS_MAX_QUEUE",
+    "max_client_requests": "EVS_MAX_CLIENT_REQUESTS",
     "max_running": "EVS_MAX_RUNNING",
     "max_question_chars": "EVS_MAX_QUESTION_CHARS",
     "max_question_tokens": "EVS_MAX_QUESTION_TOKENS",

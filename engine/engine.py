@@ -4,6 +4,7 @@ import contextlib
 import itertools
 import logging
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from .errors import RESTARTING, BusyError, InputError
 from .families.registry import family_for, video_geometry
 from .front.checks import check_markup, check_request, media_paths, model_markup
 from .front.metrics import Metrics
+from .front.shares import ClientShare, ClientShares
 from .live.session import LiveSession
 from .live_sessions import LiveSessions
 from .loading.load import load_model
@@ -72,6 +74,7 @@ class Engine:
         self._default_pruning_rate = DEFAULT_PRUNING_RATE if rate is None else rate
         self._ids = itertools.count(1)
         self._admission = Admission(self.config.max_queue, self.config.admission_bytes or default_admission_bytes())
+        self._shares = ClientShares(self.config.max_client_requests)
         self._closed = False
         self._submit_lock = threading.Lock()  # a submit never races shutdown past the closed check
         self._pause_lock = threading.Lock()
@@ -201,6 +204,12 @@ class Engine:
         return self._worker.is_alive()
 
     @property
+    def stalled_s(self) -> float:
+        """Seconds since the worker thread last finished a turn of its loop: at most about 0.1 s when idle, the
+        longest iteration (a prefill) when busy, and growing without bound on a device that hangs."""
+        return time.monotonic() - self._worker.turned_at
+
+    @property
     def running_requests(self) -> int:
         return len(self._worker.scheduler.running)
 
@@ -217,14 +226,17 @@ class Engine:
         params: GenerationParams | None = None,
         history: list[tuple[str, str]] | tuple = (),
         media: Sequence[str | Path] | None = None,
+        client: str | None = None,
     ) -> Stream:
         """Queue a question about uploads; returns at once with the request's Stream. video: one upload; media:
         several (videos and still pictures, in the order the prompt shows them; a follow-up sends the same
         ones, a new one appended); give one of the two. Without params, the defaults at the checkpoint's own
-        pruning rate (model_info["default_pruning_rate"]).
+        pruning rate (model_info["default_pruning_rate"]). client: who asks (a browser tab's session, an API
+        caller's address), which may have at most max_client_requests under way; None takes no share.
 
         Raises InputError for a bad question, parameters or too many media, and BusyError when the queue is
-        full; problems with an upload itself (unreadable, too long, too large) arrive through the stream.
+        full or the client holds its share; problems with an upload itself (unreadable, too long, too large)
+        arrive through the stream.
         """
         try:
             params = params or GenerationParams(pruning_rate=self._default_pruning_rate)
@@ -241,11 +253,17 @@ class Engine:
             with self._submit_lock:
                 if self._closed:
                     raise BusyError(RESTARTING)
-                ticket = self._admission.take(needed)
+                share = self._shares.take(client)
                 try:
-                    return self._accept(paths, question, params, history, ticket)
+                    ticket = self._admission.take(needed)
+                except BaseException:
+                    share.release()
+                    raise
+                try:
+                    return self._accept(paths, question, params, history, ticket, share)
                 except BaseException:
                     ticket.close()
+                    share.release()
                     raise
         except (InputError, BusyError) as error:
             self.metrics.refused(error)
@@ -278,8 +296,14 @@ class Engine:
                 f"{self.config.max_history_tokens:,}: please start a new conversation."
             )
 
-    def _accept(self, paths: list, question: str, params: GenerationParams, history, ticket: Ticket) -> Stream:
-        stream = Stream(next(self._ids), on_end=self.metrics.ended)
+    def _accept(
+        self, paths: list, question: str, params: GenerationParams, history, ticket: Ticket, share: ClientShare
+    ) -> Stream:
+        def ended(stream: Stream) -> None:
+            share.release()
+            self.metrics.ended(stream)
+
+        stream = Stream(next(self._ids), on_end=ended)
         request = Request(
             stream=stream,
             media_paths=[str(path) for path in paths],

@@ -5,6 +5,8 @@ Ray's object store does not depend on how engine.stream's classes are defined on
 
 Messages a replica yields, in order, for one call:
     {"kind": "hello", "replica": str, "pid": int, "node": str}      once, first: who is answering
+    {"kind": "alive"}                                                 every TICK_S without another message, while
+                                                                      the replica's engine worker turns
     {"index": i, "kind": "status" | "thinking" | "text", "text": str}
     {"index": i, "kind": "evs", "evs": {...EvsPicture fields...}}
     {"index": i, "kind": "done", "stats": dict, "token_ids": list[int], "logits": ndarray | None}
@@ -17,6 +19,7 @@ from engine.errors import BusyError, InputError, SessionEnded, SessionLost
 from engine.stream import Event, EvsPicture
 
 HELLO = "hello"
+ALIVE = "alive"
 ERROR = "error"
 
 TEXT_KINDS = ("status", "thinking", "text")  # the events that carry only text

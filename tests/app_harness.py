@@ -21,12 +21,14 @@ MAX_VIDEO_S = 4.0
 
 
 class SubmitSpy:
-    """The real engine, keeping every stream it hands out so tests can see cancellation; with record_live, every
-    live session it opens as a `RecordedLive` (tests/live_helpers.py), which keeps the frames pushed to it."""
+    """The real engine, keeping every stream it hands out so tests can see cancellation, and what each was asked
+    (`asked`: submit's keyword arguments, history among them); with record_live, every live session it opens as a
+    `RecordedLive` (tests/live_helpers.py), which keeps the frames pushed to it."""
 
     def __init__(self, engine: Engine, record_live: bool = False):
         self.engine, self.record_live = engine, record_live
         self.streams: list[Stream] = []
+        self.asked: list[dict] = []
         self.live_sessions: list[RecordedLive] = []
 
     @property
@@ -57,6 +59,7 @@ class SubmitSpy:
 
     def submit(self, *args, **kwargs) -> Stream:
         stream = self.engine.submit(*args, **kwargs)
+        self.asked.append(kwargs)
         self.streams.append(stream)
         return stream
 

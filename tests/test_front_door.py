@@ -66,7 +66,8 @@ def through_the_page(app, video: Path | None, question: str, rate: float, method
             False,
             False,
             False,
-            [],
+            [],  # turns
+            [],  # asked_media
         ):
             pass
 

@@ -30,6 +30,11 @@ What must hold:
 - every hostile body is refused with its status and sentence, and leaves no file behind (the temp folder check
   above holds with them); the two that reach the engine (the history, the seed) are counted as refused.
 
+Then a round behind 2 replicas (replicas/, Ray Serve, issue 46): 8 gradio_client users, a third cancelling, and
+one replica stopped (SIGSTOP) while answers stream. Every cancel ends its request; every other user has a full
+answer, or the "ask again" sentence within the progress deadline and then, asking again, a full answer from the
+replica still running: no request is lost or left hanging.
+
 Sizing: the engine's admission queue (64) and Gradio's queue (64) both hold all 16 users, and 16 is the
 engine's max_running, so no user is answered "busy"; the test checks that precondition instead of
 accepting busy answers. Clips are 2-2.5 s at 160x120 or 128x96 (4 sampled frames, 2 temporal groups)
@@ -40,6 +45,7 @@ as a request that ran on.
 
 import asyncio
 import base64
+import contextlib
 import gc
 import json
 import socket
@@ -439,3 +445,97 @@ def test_sixteen_users_three_rounds_with_cancels_stay_bounded(loaded_app, user_c
         "engine": HostileBodies.ENGINE_REFUSALS * ROUNDS,
         "front_door": HostileBodies.FRONT_DOOR_REFUSALS * ROUNDS,
     }, refusals
+
+
+REPLICA_USERS = 8
+REPLICA_CANCELLERS = frozenset(range(1, REPLICA_USERS, 3))  # 1, 4, 7
+REPLICA_ANSWER_TOKENS = 300  # long enough to be mid-answer when the replica stops
+
+
+def test_a_round_behind_two_replicas_with_cancels_and_a_stopped_replica_loses_nothing(tiny_cache_dir, user_clips):
+    """8 users at once through the app on 2 replicas; the cancellers cancel at their first words; once every other
+    user has its first words, the replica answering one of them is stopped (SIGSTOP). Each user ends with a full
+    answer, at once or after being told to ask again (within 30 s: the progress deadline is 20 s), and each cancel
+    ends its request; every request the app handed out has ended, and none is running."""
+    import os
+    import signal
+
+    from app_harness import SubmitSpy, free_port
+    from engine import EngineConfig
+    from replicas import REPLICA_LOST, ReplicatedEngine
+
+    config = EngineConfig(model="tiny-random", device="cpu", cache_dir=tiny_cache_dir)
+    replicated = ReplicatedEngine(config, replicas=2, num_cpus=2, quiet=True, app_name="load")
+    spy = SubmitSpy(replicated)
+    demo = ui.build_demo(spy, max_file_bytes=10_000_000)
+    stopped_pid = None
+    try:
+        _, url, _ = demo.launch(
+            prevent_thread_lock=True,
+            server_name="127.0.0.1",
+            server_port=free_port(),
+            quiet=True,
+            **ui.launch_kwargs(10_000_000),
+        )
+        clients = [Client(url, verbose=False) for _ in range(REPLICA_USERS)]
+        clips = user_clips[:REPLICA_USERS]
+
+        def ask(user: int):
+            tokens = CANCEL_TOKENS if user in REPLICA_CANCELLERS else REPLICA_ANSWER_TOKENS
+            question = f"What happens here? (user {user})"
+            return clients[user].submit(
+                handle_file(str(clips[user])), question, 0.5, max_new_tokens=tokens, api_name="/ask"
+            )
+
+        jobs = [ask(user) for user in range(REPLICA_USERS)]
+        waiting = set(range(REPLICA_USERS))
+        deadline = time.monotonic() + ROUND_TIMEOUT_S
+        while waiting and time.monotonic() < deadline:
+            for user in list(waiting):
+                if jobs[user].done() or any(update[0] for update in jobs[user].outputs()):
+                    if user in REPLICA_CANCELLERS:
+                        jobs[user].cancel()
+                    waiting.discard(user)
+            time.sleep(0.02)
+        assert not waiting, f"users {sorted(waiting)} never saw their first words"
+        # The replica answering the first request still under way that was not cancelled.
+        under_way = [s for s in spy.streams if not s.finished and not s.cancelled]
+        assert under_way, "every answer ended before the stop: the stop would test nothing"
+        where = replicated.placement(under_way[0].request_id)
+        stopped_pid = where.pid
+        os.kill(stopped_pid, signal.SIGSTOP)
+        stopped = time.monotonic()
+
+        told, answered = [], {}
+        for user, job in enumerate(jobs):
+            if user in REPLICA_CANCELLERS:
+                continue
+            try:
+                _, stats, _, _ = job.result(timeout=ROUND_TIMEOUT_S)
+            except Exception as error:
+                assert REPLICA_LOST in str(error), f"user {user}: {error!r}"
+                told.append((user, time.monotonic() - stopped))
+                continue
+            answered[user] = stats
+        assert told, "no user was answered by the stopped replica"
+        assert all(seconds < 30 for _, seconds in told), told
+        for user, _ in told:  # asking again reaches the replica still running
+            _, answered[user], _, _ = ask(user).result(timeout=ROUND_TIMEOUT_S)
+            assert answered[user]["replica"] != where.replica
+        assert sorted(answered) == sorted(set(range(REPLICA_USERS)) - REPLICA_CANCELLERS)
+        assert all(stats["generated_tokens"] == REPLICA_ANSWER_TOKENS for stats in answered.values())
+        for user in REPLICA_CANCELLERS:
+            assert wait_until(jobs[user].done, timeout_s=30) and jobs[user].status().code == Status.CANCELLED
+
+        assert wait_until(lambda: all(s.finished for s in spy.streams), timeout_s=30), "a request never ended"
+        assert sum(s.cancelled for s in spy.streams) == len(REPLICA_CANCELLERS)
+        assert wait_until(lambda: replicated.running_requests == 0, timeout_s=30)
+        print(f"told to ask again: {told}; answered: {len(answered)} users")
+        for client in clients:
+            client.close()
+    finally:
+        demo.close()
+        if stopped_pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(stopped_pid, signal.SIGKILL)  # Serve replaces it; nothing of it may linger
+        replicated.shutdown()

@@ -542,7 +542,7 @@ def test_ask_called_without_sampling_uses_the_engines_device_defaults(clip):
     class Recording(GpuLikeEngine):
         submitted: list = []
 
-        def submit(self, video=None, question=None, params=None, history=(), media=None):
+        def submit(self, video=None, question=None, params=None, history=(), media=None, client=None):
             self.submitted.append(params)
             raise InputError("recorded")
 

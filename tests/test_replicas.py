@@ -4,12 +4,16 @@ the module, checked against a single in-process Engine.
 Same answers as one engine (token ids, logits, the EVS picture); a video always reaches its home replica
 and its follow-up hits that replica's prefix cache; videos spread over both replicas; a burst stays one
 ViT forward; a busy home spills to the other replica; videos sent as bytes; bad input gets the engine's
-sentence; the UI works unchanged on top; cancel reaches the replica; killing a replica's process
-mid-answer fails only its requests, with one sentence. Without Ray: the routing rule, and the
-single-engine path never importing Ray. About a minute on 2 cores, most of it starting the cluster.
+sentence; the UI works unchanged on top; cancel reaches the replica at once, through the Engine API and the
+app's Stop; two bursts about one video spill to the other replica rather than be refused; killing a replica's
+process mid-answer fails only its requests, with one sentence; a stopped (SIGSTOP) replica's caller is told within
+the progress deadline while its video's next question goes to the other replica. Without Ray: the routing rule,
+and the single-engine path never importing Ray. A few minutes on 2 cores, most of it starting the cluster and
+waiting for the faults to be noticed.
 """
 
 import asyncio
+import contextlib
 import io
 import json
 import os
@@ -41,6 +45,8 @@ FRAME_SAMPLING = FrameSampling(fps=4.0, max_frames=8, max_pixels_per_frame=160 *
 KINDS = ("moving_object", "pan", "scene_cut", "static")
 TIMEOUT_S = 120
 SPILL_AFTER = 2
+BURST_QUEUE = 8  # each replica's engine queue: two bursts of 6 about one video need both replicas
+LONG_TOKENS = 1500  # an answer long enough to cancel mid-stream (about 4 s of the tiny model on 2 cores)
 WARM_UP_CLIP = REPO / "assets" / "examples" / "shape_moving.mp4"  # app.py's; each replica answers it first
 
 
@@ -59,12 +65,22 @@ def test_home_is_stable_and_only_a_removed_replicas_videos_move():
     assert all(moved[d] == homes[d] for d in digests if homes[d] != "b")
 
 
-def test_a_busy_home_spills_to_everyone():
+def test_a_home_without_room_for_the_whole_call_spills_to_the_most_room():
+    """Load in requests, as the engine counts its queue: a burst is one call of several requests."""
     digest = "f" * 64
     home = home_of(digest, ["r1", "r2"])
-    assert ranks(digest, ["r2", "r1"], home_queue=3, spill_after=4) == [[home], ["r1", "r2"]]
-    assert ranks(digest, ["r2", "r1"], home_queue=4, spill_after=4) == [["r1", "r2"]]
-    assert ranks(None, ["r2", "r1"], home_queue=None, spill_after=4) == [["r1", "r2"]]
+    other = "r2" if home == "r1" else "r1"
+    assert ranks(digest, {"r1": 0, "r2": 0}, size=6, capacity=8, spill_after=16) == [[home], [other]]
+    # A second burst of 6 while the home has 6 under way: its engine queue (8) cannot take it, the other can.
+    assert ranks(digest, {home: 6, other: 0}, size=6, capacity=8, spill_after=16) == [[other], [home]]
+    assert ranks(digest, {home: 6, other: 0}, size=1, capacity=8, spill_after=16) == [[home], [other]]
+    assert ranks(digest, {home: 4, other: 0}, size=1, capacity=64, spill_after=4) == [[other], [home]]
+    assert ranks(None, {"r1": 3, "r2": 1}, size=1, capacity=8, spill_after=16) == [["r2"], ["r1"]]
+    # A replica that did not answer a probe goes last, even as the video's home.
+    assert ranks(digest, {home: 0, other: 5}, size=1, capacity=8, spill_after=16, unresponsive={home}) == [
+        [other],
+        [home],
+    ]
 
 
 def test_an_upload_over_the_limit_is_refused_before_it_is_read(clip):
@@ -82,7 +98,13 @@ def test_the_single_engine_path_never_imports_ray():
 # --- a local cluster of 2 replicas -------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def config(tiny_cache_dir) -> EngineConfig:
-    return EngineConfig(model="tiny-random", device="cpu", cache_dir=tiny_cache_dir, frame_sampling=FRAME_SAMPLING)
+    return EngineConfig(
+        model="tiny-random",
+        device="cpu",
+        cache_dir=tiny_cache_dir,
+        frame_sampling=FRAME_SAMPLING,
+        max_queue=BURST_QUEUE,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -141,6 +163,11 @@ class Videos:
     def pair(self) -> list[Path]:
         """Two fresh clips, one on each replica."""
         return [self.take(replica) for replica in self.replica_ids]
+
+    def refresh(self, replica_ids: list[str]) -> None:
+        """The replicas changed (one was replaced): homes from now on are over these."""
+        self.replica_ids = replica_ids
+        self.unused = {replica: [] for replica in replica_ids}
 
 
 @pytest.fixture(scope="module")
@@ -222,13 +249,13 @@ def test_bad_videos_get_the_engines_sentence(replicated, tmp_path):
         replicated.submit(junk, "  ", params())
 
 
-def test_the_ui_serves_through_the_replicas_unchanged(replicated, videos):
-    from gradio_client import Client, handle_file
-
+@pytest.fixture(scope="module")
+def replicated_app(replicated):
+    """The page, /ask, /sweep and the OpenAI routes launched on the replicas, as app.py launches them; its URL."""
     import ui
     from app_harness import free_port
 
-    video, max_file_bytes = videos.take(), 10_000_000
+    max_file_bytes = 10_000_000
     demo = ui.build_demo(replicated, max_file_bytes=max_file_bytes)
     try:
         _, url, _ = demo.launch(
@@ -239,21 +266,54 @@ def test_the_ui_serves_through_the_replicas_unchanged(replicated, videos):
             app_kwargs={"routes": ui.openai_routes(replicated, max_file_bytes)},
             **ui.launch_kwargs(max_file_bytes),
         )
-        client = Client(url, verbose=False)
-        # Gradio copies the upload to its own folder: another path, the same bytes, the same home.
-        answer, stats, figures, _ = client.predict(
-            handle_file(str(video)), "What moves?", 0.7, max_new_tokens=6, compare=True, api_name="/ask"
-        )
-        assert answer and stats["replica"] == videos.home[video] == stats["compare"]["stats"]["replica"]
-        assert set(figures) == {"tokens_per_group", "dissimilarity"}
-        # The sweep (on a video not encoded yet) is one burst, paused(): one call, one ViT forward.
-        table, _, _ = client.predict(
-            handle_file(str(videos.take())), "What changes?", "0, 0.5, 0.9", max_new_tokens=4, api_name="/sweep"
-        )
-        vit_column = table["headers"].index(next(h for h in table["headers"] if "ViT forward" in h))
-        assert [row[vit_column] for row in table["data"]] == [3, 3, 3]
+        yield url
     finally:
         demo.close()
+
+
+def test_the_ui_serves_through_the_replicas_unchanged(replicated_app, videos):
+    from gradio_client import Client, handle_file
+
+    video = videos.take()
+    client = Client(replicated_app, verbose=False)
+    # Gradio copies the upload to its own folder: another path, the same bytes, the same home.
+    answer, stats, figures, _ = client.predict(
+        handle_file(str(video)), "What moves?", 0.7, max_new_tokens=6, compare=True, api_name="/ask"
+    )
+    assert answer and stats["replica"] == videos.home[video] == stats["compare"]["stats"]["replica"]
+    assert set(figures) == {"tokens_per_group", "dissimilarity"}
+    # The sweep (on a video not encoded yet) is one burst, paused(): one call, one ViT forward.
+    table, _, _ = client.predict(
+        handle_file(str(videos.take())), "What changes?", "0, 0.5, 0.9", max_new_tokens=4, api_name="/sweep"
+    )
+    vit_column = table["headers"].index(next(h for h in table["headers"] if "ViT forward" in h))
+    assert [row[vit_column] for row in table["data"]] == [3, 3, 3]
+
+
+def test_stop_in_the_app_frees_the_slot_at_once(replicated_app, replicated, videos):
+    """The page's Stop is gradio_client's job.cancel(): the request's slot is free long before its answer would
+    have ended (9.0 s behind replicas when the cancel waited for a quiet moment between tokens, 0.05 s on one
+    engine). Compared with the whole answer's time in the same run, not a fixed number of seconds."""
+    from gradio_client import Client, handle_file
+
+    from app_harness import wait_until
+
+    client = Client(replicated_app, verbose=False)
+    video = handle_file(str(videos.take()))
+    started = time.monotonic()
+    answer, stats, _, _ = client.predict(video, "Talk.", 0.5, max_new_tokens=LONG_TOKENS, api_name="/ask")
+    whole_s = time.monotonic() - started
+    assert stats["generated_tokens"] == LONG_TOKENS
+    assert wait_until(lambda: replicated.running_requests == 0, timeout_s=30)
+    job = client.submit(video, "Talk for a long time.", 0.5, max_new_tokens=LONG_TOKENS, api_name="/ask")
+    assert wait_until(lambda: any(update[0] for update in job.outputs()), timeout_s=TIMEOUT_S)
+    assert replicated.running_requests == 1
+    stopped = time.monotonic()
+    job.cancel()
+    assert wait_until(lambda: replicated.running_requests == 0, timeout_s=TIMEOUT_S)
+    freed_s = time.monotonic() - stopped
+    print(f"Stop freed the slot in {freed_s:.2f} s; the whole answer took {whole_s:.2f} s")
+    assert freed_s < whole_s / 3, (freed_s, whole_s)
 
 
 def test_more_replicas_than_gpus_is_one_sentence_and_leaves_the_others_serving(replicated, config, videos):
@@ -273,12 +333,30 @@ def wait_for_text(replicated, stream, timeout_s: float = TIMEOUT_S):
     raise AssertionError("the stream ended before any text")
 
 
-def test_cancel_reaches_the_replica(replicated, videos):
+def test_a_cancel_reaches_the_replica_at_once_and_no_piece_follows_it(replicated, videos):
+    """A 1,500-token answer cancelled after 3 pieces: the stream ends at once, with at most a few pieces already on
+    their way before the cancel (561 to 985 pieces came after it, for 3.4 to 4.3 s, when the client looked at its
+    cancel flags only between quiet moments); and the replica has dropped the request."""
     video = videos.take()
-    long = replicated.submit(video, "Tell me everything.", params(new_tokens=4000))
-    wait_for_text(replicated, long)
+    started = time.monotonic()
+    whole = replicated.submit(video, "Tell me everything.", params(new_tokens=LONG_TOKENS)).result(TIMEOUT_S)
+    whole_s = time.monotonic() - started
+    assert whole.stats["generated_tokens"] == LONG_TOKENS
+    long = replicated.submit(video, "Tell me everything again.", params(new_tokens=LONG_TOKENS))
+    events, pieces = iter(long), 0
+    for event in events:
+        pieces += event.kind == "text"
+        if pieces == 3:
+            break
+    cancelled = time.monotonic()
     long.cancel()
-    assert long.result(TIMEOUT_S).cancelled
+    after = [event.kind for event in events]
+    ended_s = time.monotonic() - cancelled
+    pieces_after = after.count("text")
+    print(f"cancel ended the stream in {ended_s:.3f} s, {pieces_after} pieces after it; whole answer {whole_s:.2f} s")
+    assert after[-1] == "done" and after.count("text") <= 20
+    assert long.result().cancelled
+    assert ended_s < whole_s / 4, (ended_s, whole_s)
     # Had the long request stayed on its replica, it would still be decoding beside this one.
     short = replicated.submit(video, "What moves?", params(new_tokens=4)).result(TIMEOUT_S)
     assert short.stats["decode_batch_max"] == 1
@@ -379,6 +457,23 @@ def test_a_busy_home_sends_the_next_request_to_the_other_replica(replicated, vid
     assert back.stats["replica"] == home
 
 
+def test_two_bursts_about_one_video_fill_both_replicas_and_none_is_refused(replicated, videos):
+    """Two bursts of 6 about one video, max_queue 8 on each of 2 replicas: the second cannot fit beside the first
+    on the video's home, so it goes whole to the other replica (8 answered and 4 refused busy when the router
+    counted calls, a burst being one call, while the engine counts requests). Then one burst of 12 (overlapping
+    pauses add up): more than one replica's queue, so it goes as two calls."""
+    for sizes in ([6, 6], [12]):
+        video = videos.take()
+        streams = []
+        for size in sizes:
+            with replicated.paused():
+                streams += [replicated.submit(video, f"Question {i}?", params(new_tokens=4)) for i in range(size)]
+        answers = [stream.result(TIMEOUT_S) for stream in streams]  # a BusyError would be raised here
+        assert all(answer.stats["generated_tokens"] == 4 for answer in answers)
+        assert {answer.stats["replica"] for answer in answers} == set(videos.replica_ids), sizes
+        assert wait_until_idle(replicated)
+
+
 def test_a_killed_replica_fails_only_its_requests(replicated, videos):
     doomed_video, other_video = videos.pair()
     doomed = replicated.submit(doomed_video, "Tell me everything.", params(new_tokens=4000))
@@ -395,6 +490,50 @@ def test_a_killed_replica_fails_only_its_requests(replicated, videos):
     # The next question on the lost replica's video is answered (by the survivor, or by the replacement).
     again = replicated.submit(doomed_video, "What moves?", params()).result(TIMEOUT_S)
     assert again.stats["generated_tokens"] == 8 and again.stats["replica"] != where.replica
+
+
+def wait_for_replicas(replicated, videos, timeout_s: float = 240.0) -> None:
+    """Both replicas running again (a replaced one has started and answered its warm-up), and the test videos'
+    homes counted over them."""
+    from ray import serve
+    from ray.serve.schema import DeploymentStatus
+
+    from replicas.deployment import DEPLOYMENT_NAME
+
+    def healthy() -> bool:
+        deployment = serve.status().applications[replicated.app_name].deployments[DEPLOYMENT_NAME]
+        return deployment.status == DeploymentStatus.HEALTHY and deployment.replica_states.get("RUNNING") == 2
+
+    deadline = time.monotonic() + timeout_s
+    while not healthy():
+        assert time.monotonic() < deadline, "the replicas did not come back"
+        time.sleep(0.5)
+    videos.refresh(replicated.replicas())
+
+
+def test_a_stopped_replica_tells_its_caller_and_its_videos_go_elsewhere_meanwhile(replicated, videos):
+    """A replica stopped (SIGSTOP) three tokens into an answer: its caller reads the "ask again" sentence within the
+    progress deadline (20 s; 188.6 s before, when only Ray's health check noticed), and a question about the same
+    video sent meanwhile is answered by the other replica, before the caller is told."""
+    wait_for_replicas(replicated, videos)  # the replica killed in the test before is back
+    video = videos.take()
+    long = replicated.submit(video, "Tell me everything.", params(new_tokens=4000))
+    where = wait_for_text(replicated, long)
+    os.kill(where.pid, signal.SIGSTOP)
+    stopped = time.monotonic()
+    try:
+        meanwhile = replicated.submit(video, "What moves?", params()).result(TIMEOUT_S)
+        answered_s = time.monotonic() - stopped
+        with pytest.raises(ReplicaLost, match=f"^{REPLICA_LOST}$"):
+            long.result(TIMEOUT_S)
+        told_s = time.monotonic() - stopped
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(where.pid, signal.SIGKILL)  # Serve replaces it either way; nothing of it may linger
+    print(f"the caller was told after {told_s:.1f} s; the question meanwhile was answered after {answered_s:.1f} s")
+    assert meanwhile.stats["generated_tokens"] == 8 and meanwhile.stats["replica"] != where.replica
+    assert answered_s < told_s
+    assert told_s < 30  # the issue's bound: the deadline (20 s) or the health check (about 21 s), whichever first
 
 
 # --- live sessions: pinned to the replica that holds their state ---------------------------------------

@@ -22,6 +22,7 @@ from engine.front.door import follow, request_params
 from engine.front.json_text import json_text
 from engine.front.serving import Serving
 from ui.gradio_errors import raises_gradio_errors
+from ui.handlers import client_of
 from ui.runs import RunView
 from ui.video_inputs import VideoPolicy, local_files
 
@@ -55,6 +56,7 @@ class VideoQuestionTool:
         hear_soundtrack: bool | None = None,
         pruning_method: str | None = None,
         media: list[str] | None = None,
+        request: gr.Request = None,
     ) -> str:
         """Answer a question about a video with a vision-language model that first drops the video tokens
         that barely change between frames (Efficient Video Sampling, EVS).
@@ -86,7 +88,8 @@ class VideoQuestionTool:
         local = await local_files(urls, self.policy)
         try:
             run = RunView.of(params)
-            async for _, event in follow(self.engine, [str(file.path) for file in local], question, [params], []):
+            paths = [str(file.path) for file in local]
+            async for _, event in follow(self.engine, paths, question, [params], [], client=client_of(request)):
                 run.apply(event)
             thinking = {"thinking": run.thinking} if params.enable_thinking else {}
             return json_text({"answer": run.answer, **thinking, "stats": run.stats or {}})

@@ -302,6 +302,7 @@ class ChatCompletions:
                 question=chosen.question,
                 params=params,
                 history=chosen.history,
+                client=f"address {request.client.host}" if request.client else None,
             )
         except BaseException as error:
             release()

@@ -118,9 +118,11 @@ async def follow(
     history: Sequence[tuple[str, str]] = (),
     *,
     burst: bool = False,
+    client: str | None = None,
 ) -> AsyncIterator[tuple[int, Event]]:
     """Submit one request per params about the same uploads (media: one path, or several in order) and
-    yield (request index, event) as events arrive.
+    yield (request index, event) as events arrive. client: who asks (engine/front/shares.py), each request
+    counted in its share.
 
     Submitting runs in a thread, never on the event loop: `submit` tokenizes the question and history, which
     other users' requests must not wait for. burst: submit them inside `engine.paused()`, so that the worker takes
@@ -136,7 +138,7 @@ async def follow(
     try:
         submit = _submit_burst if burst else _submit_all
         submitting = asyncio.ensure_future(
-            asyncio.to_thread(submit, engine, streams, paths, question, params_list, history)
+            asyncio.to_thread(submit, engine, streams, paths, question, params_list, history, client)
         )
         # shield: a cancelled caller must not abandon the thread's later submissions (see finally)
         await asyncio.shield(submitting)
@@ -158,10 +160,11 @@ def _submit_burst(
     question: str,
     params_list: Sequence[GenerationParams],
     history: Sequence[tuple[str, str]],
+    client: str | None,
 ) -> None:
     """_submit_all while admission is held; returns once all are prepared. Blocks: run it in a thread."""
     with engine.paused():
-        _submit_all(engine, streams, paths, question, params_list, history)
+        _submit_all(engine, streams, paths, question, params_list, history, client)
 
 
 def _submit_all(
@@ -171,11 +174,12 @@ def _submit_all(
     question: str,
     params_list: Sequence[GenerationParams],
     history: Sequence[tuple[str, str]],
+    client: str | None,
 ) -> None:
     """One request per params, each stream filled in as it is submitted (a refusal halfway still leaves
     the caller what to cancel)."""
     for index, params in enumerate(params_list):
-        streams[index] = engine.submit(media=paths, question=question, params=params, history=history)
+        streams[index] = engine.submit(media=paths, question=question, params=params, history=history, client=client)
 
 
 def cancel_unfinished(streams: Mapping[int, Stream]) -> None:

@@ -8,6 +8,7 @@ results from each request's Stream.
 import logging
 import queue
 import threading
+import time
 
 import torch
 
@@ -60,6 +61,9 @@ class Worker(threading.Thread):
         self._stopping = threading.Event()
         self.admitting = threading.Event()  # cleared by Engine.paused() to line up a burst
         self.admitting.set()
+        # time.monotonic() at the end of the loop's latest turn: every 0.1 s at most when idle, after every
+        # iteration when busy; a device that hangs stops it (Engine.stalled_s).
+        self.turned_at = time.monotonic()
 
     # --- called from other threads -------------------------------------------------------------
     def enqueue(self, request: Request) -> None:
@@ -83,6 +87,7 @@ class Worker(threading.Thread):
                     log.exception("engine iteration failed")
                     self.runner.drop_batch()
                     self._end(self.scheduler.past_queue(), internal_error)
+                self.turned_at = time.monotonic()
         self._end([*self.scheduler, *self._drain_inbox()], shutting_down)
 
     def step(self) -> None:
