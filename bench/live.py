@@ -20,12 +20,11 @@ import numpy as np
 from engine import Engine
 
 from .live_ttft import ttft_into_stream
-from .live_work import LIVE_FPS, LiveWork, frames_of, recording
+from .live_work import LIVE_FPS, PACE_S, LiveWork, frames_of, recording
 from .markdown import cell, table
 from .targets import met_cell
 
 REAL_TIME_LAG_S = 1.0  # p95 lag under this, no frame dropped and the pushers on time: a session kept in real time
-PACE_S = 1 / LIVE_FPS  # a pusher that pushes a frame later than this after its capture time has not kept pace
 RATES = (0.0, 0.7)
 
 
@@ -164,7 +163,9 @@ def markdown(live: dict, targets: list[dict] = ()) -> str:
         )
         + f"\n\nTTFT {last:g} s in / {first:g} s in: {cell(ratios['ttft_last_over_first'], 2)} (range "
         f"{cell(low, 2)}–{cell(high, 2)}). Pushed at capture pace while asked: the latest push came "
-        f"{cell(ttft['worst_lateness_s'])} s after its capture time; {ttft['frames_dropped']} frames dropped.\n\n"
+        f"{cell(ttft['worst_lateness_s'])} s after its capture time; {ttft['frames_dropped']} frames dropped"
+        + ("." if ttft["paced"] else ": the stream fell behind its pace, so its TTFTs meet no target.")
+        + "\n\n"
         + table(
             [
                 "q",

@@ -12,6 +12,7 @@ from assets.clips import write_clip
 from engine import FrameSampling, GenerationParams
 
 LIVE_FPS = 2.0  # the sessions' sampling, and the recording's rate: every frame is sampled
+PACE_S = 1 / LIVE_FPS  # a pusher that pushes a frame later than this after its capture time has not kept pace
 X264_FAST = {"preset": "ultrafast", "crf": "23", "threads": "0"}  # the recordings are input, not the subject
 
 

@@ -4,9 +4,10 @@ bench/gpu_check.py).
 Each target is a figure of one scenario held to a limit. A target row records the figure, how many runs it is the
 median of, its spread where it has one (the live TTFTs: a ratio of medians, with the range the quartiles allow),
 and whether it was met: the figure meets the limit, and so does the far end of its spread, so that a figure the
-noise reaches across is not called met. Each scenario's table prints the verdicts of its own rows in a "met"
-column (`met_cell`); the targets table prints every one; the commands exit 1 when one is missed (`exit_status`)
-unless told not to (--no-fail-on-targets), naming each miss either way.
+noise reaches across is not called met, and the run measured what the target asks (a live stream that fell behind
+its capture pace did not: its row says why, as "unfit"). Each scenario's table prints the verdicts of its own rows
+in a "met" column (`met_cell`); the targets table prints every one; the commands exit 1 when one is missed
+(`exit_status`) unless told not to (--no-fail-on-targets), naming each miss either way.
 """
 
 import sys
@@ -79,13 +80,16 @@ def target_row(
     scenario: str,
     where: dict | None = None,
     spread: tuple[float, float] | None = None,
+    unfit: str | None = None,
 ) -> dict:
     """One target's verdict. measure: what the figure is, in words; runs: what it is the median of; limits: the
     --target overrides; scenario and where: the report section and the fields of the row it belongs to there;
-    spread: (low, high) the noise allows, or None."""
+    spread: (low, high) the noise allows, or None; unfit: why the run did not measure what the target asks (then
+    it is missed whatever the figure), or None."""
     target = TARGETS[key]
     limit = limits.get(key, target.limit)
     far = None if spread is None else (spread[1] if target.sign == "<=" else spread[0])
+    reached = target.meets(measured, limit) and unfit is None
     return {
         "key": key,
         "measure": measure,
@@ -94,8 +98,9 @@ def target_row(
         "measured": measured,
         "spread": None if spread is None else list(spread),
         "runs": runs,
-        "met": target.meets(measured, limit) and (far is None or target.meets(far, limit)),
-        "inside_spread": target.meets(measured, limit) and far is not None and not target.meets(far, limit),
+        "met": reached and (far is None or target.meets(far, limit)),
+        "inside_spread": reached and far is not None and not target.meets(far, limit),
+        "unfit": unfit,
         "scenario": scenario,
         "where": where or {},
     }
@@ -168,6 +173,7 @@ def live_target_rows(live: dict, limits: dict[str, float]) -> list[dict]:
     upload at the last moment (each with the spread its quartiles allow), sessions at q = 0.7 over q = 0."""
     ttft, ratios = live["ttft"], live["ratios"]
     first, last = ttft["moments"][0], ttft["moments"][-1]
+    unfit = None if ttft["paced"] else "the stream fell behind its capture pace"
     questions = f"median of {first['questions']} and {last['questions']} questions"
     where = {"seconds": last["seconds"]}
     return [
@@ -180,6 +186,7 @@ def live_target_rows(live: dict, limits: dict[str, float]) -> list[dict]:
             "live",
             where,
             ratios["ttft_last_over_first_spread"],
+            unfit,
         ),
         target_row(
             "live_over_upload",
@@ -190,6 +197,7 @@ def live_target_rows(live: dict, limits: dict[str, float]) -> list[dict]:
             "live",
             where,
             last["live_over_upload_spread"],
+            unfit,
         ),
         target_row(
             "live_sessions_gain",
@@ -221,6 +229,8 @@ def met_cell(rows: list[dict], scenario: str, row: dict) -> str:
 def verdict(row: dict) -> str:
     if row["met"]:
         return "yes"
+    if row["unfit"]:
+        return f"**no** ({row['unfit']})"
     return "**no** (inside its spread)" if row["inside_spread"] else "**no**"
 
 
@@ -245,7 +255,7 @@ def exit_status(rows: list[dict], prog: str, fail_on_targets: bool) -> int:
     """Names every missed target on stderr; 1 when one was missed and fail_on_targets, else 0."""
     missed = [row for row in rows if not row["met"]]
     for row in missed:
-        why = ", inside its spread" if row["inside_spread"] else ""
+        why = f", {row['unfit']}" if row["unfit"] else ", inside its spread" if row["inside_spread"] else ""
         print(
             f"{prog}: target missed: {row['key']}: {row['measure']}: {cell(row['measured'], 3)}, "
             f"target {row['target']}{why}",

@@ -23,7 +23,7 @@ from bench.decoding_hook import FAILED, SKIPPED
 from bench.live import PACE_S, REAL_TIME_LAG_S
 from bench.live_work import LIVE_FPS
 from bench.summary import burst_summary
-from bench.targets import TARGETS, exit_status, parse_limits, target_row
+from bench.targets import TARGETS, exit_status, parse_limits, target_row, verdict
 from bench.users import pipelined_ideal_s
 from bench.workload import FRAME_SAMPLING, QUESTION, QUICK, make_clips
 from engine import Engine, EngineConfig, GenerationParams
@@ -189,9 +189,17 @@ def test_every_target_is_checked_where_its_figure_is_printed(quick_run, saved):
         target = TARGETS[row["key"]]
         assert row["limit"] == (0 if row["key"] == "short_read_s" else target.limit)
         ends = [row["measured"]] + (row["spread"] or [])
-        assert row["met"] == all(target.meets(end, row["limit"]) for end in ends), row
+        paced = saved["live"]["ttft"]["paced"] or row["key"] not in ("live_ttft_growth", "live_over_upload")
+        assert row["unfit"] == (None if paced else "the stream fell behind its capture pace"), row
+        assert row["met"] == (paced and all(target.meets(end, row["limit"]) for end in ends)), row
         assert row["runs"] and (row["spread"] is None or row["spread"][0] <= row["measured"] <= row["spread"][1])
-        shown = "**no** (inside its spread)" if row["inside_spread"] else said(row["met"])
+        shown = (
+            f"**no** ({row['unfit']})"
+            if row["unfit"]
+            else "**no** (inside its spread)"
+            if row["inside_spread"]
+            else said(row["met"])
+        )
         assert printed_rows(stdout, row["measure"])[0][-1] == shown
     verdict = {(row["key"], tuple(sorted(row["where"].items()))): row["met"] for row in rows}
     largest = max(QUICK.users)
@@ -212,8 +220,10 @@ def test_live_questions_are_asked_into_a_stream_at_its_pace_against_uploads_of_i
     live, work = saved["live"], QUICK.live
     ttft, moments = live["ttft"], live["ttft"]["moments"]
     assert [row["seconds"] for row in moments] == list(work.moments_s)
-    # asked while the stream was pushed at its capture pace: no push a frame interval late, none dropped
-    assert 0 <= ttft["worst_lateness_s"] <= 1 / LIVE_FPS and ttft["frames_dropped"] == 0
+    # whether the stream kept its capture pace (no push a frame interval late, none dropped) is the machine's doing:
+    # it is recorded, and a stream that fell behind meets no live TTFT target (test_every_target_is_checked...)
+    assert ttft["worst_lateness_s"] >= 0 and ttft["frames_dropped"] >= 0
+    assert ttft["paced"] == (ttft["worst_lateness_s"] <= 1 / LIVE_FPS and ttft["frames_dropped"] == 0)
     for row in moments:
         assert row["questions"] == work.questions and row["uploads"] == work.uploads
         for key in ("ttft", "upload_ttft"):
@@ -312,7 +322,7 @@ def test_the_peer_decodes_in_process_the_engines_frames_into_the_engines_prompt(
     assert torch.equal(inputs["video_grid_thw"], own["video_grid_thw"])
 
 
-def test_target_limits_from_the_command_line_and_verdicts_against_a_spread():
+def test_target_limits_from_the_command_line_and_verdicts_against_a_spread(capsys):
     assert parse_limits(["burst_over_ideal=1.2", "pruning_share=0.01"]) == {
         "burst_over_ideal": 1.2,
         "pruning_share": 0.01,
@@ -328,6 +338,11 @@ def test_target_limits_from_the_command_line_and_verdicts_against_a_spread():
     assert missed["target"] == ">= 0.5 (--target)"
     assert exit_status([met, missed], "bench", True) == 0
     assert exit_status([met, reached], "bench", True) == 1 and exit_status([reached], "bench", False) == 0
+    # a figure inside its target from a run that did not measure what the target asks is missed, saying why
+    late = target_row("live_ttft_growth", "growth", 1.0, "median of 9", {}, "live", None, (0.9, 1.1), "behind")
+    assert not late["met"] and not late["inside_spread"] and verdict(late) == "**no** (behind)"
+    assert exit_status([met, late], "bench", True) == 1
+    assert "bench: target missed: live_ttft_growth: growth: 1.000, target <= 1.2, behind" in capsys.readouterr().err
 
 
 def user(ttft_s: float, done_s: float, tokens: int = 5) -> UserTiming:
