@@ -44,7 +44,8 @@ class LiveGroup:
     """One temporal group of a live stream, from its frames to its kept features.
 
     index: its place in the stream (0: the first group). times_s: its frames' capture times, seconds after the
-    stream's first frame. pushed_at: time.perf_counter() when its last frame was pushed. pixel_values (P, C) and
+    stream's first frame. pushed_at: time.perf_counter() when its last frame was handed to `push` (before the HF
+    processor ran on it: the lag counts the processor's time on the pushing thread). pixel_values (P, C) and
     grid_thw_patches (3,): the vision tower's input; grid_hw: (h, w) in LLM tokens. picture: (H, W, 3) uint8, its
     first frame as the model sees it (scaled to the session's max_pixels_per_frame), for the pruning picture.
     The worker sets features, then kept (the features' rows EVS kept), retention (h*w,) bool and
@@ -150,6 +151,7 @@ class LiveSession:
         at once: a frame is sampled by its capture time at the session's fps, or not, and when the engine is
         behind a due frame is dropped (stats: frames_dropped). InputError for a frame or time that is wrong, or
         a session that has ended."""
+        pushed_at = time.perf_counter()  # the lag's start: the processor below is part of what a group waits for
         frame = check_frame(frame, self._max_source_pixels, self._min_side)
         with self._lock:
             if self._ended:
@@ -176,7 +178,7 @@ class LiveSession:
             index = counts.groups_formed
             counts.groups_formed += 1
         try:  # the processor, outside the lock: the worker may read meanwhile
-            group = self._group(index, frames)
+            group = self._group(index, frames, pushed_at)
         except Exception:
             log.exception("live session %d: preparing group %d failed", self.id, index)
             self.end(FAILED)
@@ -187,7 +189,7 @@ class LiveSession:
             self._pending[index] = group
         self._wake()
 
-    def _group(self, index: int, frames: list[tuple[np.ndarray, float]]) -> LiveGroup:
+    def _group(self, index: int, frames: list[tuple[np.ndarray, float]], pushed_at: float) -> LiveGroup:
         """The group's pixels, made by the HF processor as an upload's are (sized by the session's sampling)."""
         times = [time_s for _, time_s in frames]
         pictures = np.stack([resized(frame, self.sampling.max_pixels_per_frame) for frame, _ in frames])
@@ -209,7 +211,7 @@ class LiveSession:
         return LiveGroup(
             index,
             times,
-            time.perf_counter(),
+            pushed_at,
             pixels.pixel_values,
             pixels.grid_thw_patches,
             pixels.grid_thw[1:],
@@ -251,8 +253,8 @@ class LiveSession:
         decided so far, before and after causal EVS); kv_tokens_held (every token in the state now: the prefix, each
         held group's text and kept video), video_tokens_held (the kept video tokens of them) and window_tokens (the
         most kv_tokens_held may be, but for a newest group larger than it alone); lag_s: {"p50", "p95"} seconds
-        from a group's last frame pushed to the group in the state, over the last minute (None before any);
-        pruning_rate; closed."""
+        from the `push` call of a group's last frame (the HF processor's time on the pushing thread included) to the
+        group in the state, over the last minute (None before any); pruning_rate; closed."""
         with self._lock:
             counts = self._counts
             self._forget_old_lags(time.perf_counter())
