@@ -2,8 +2,8 @@
 
 Every flag has an environment twin (the flag wins): EVS_MODEL, EVS_DEVICE, EVS_HOST (or GRADIO_SERVER_NAME),
 EVS_PORT (or GRADIO_SERVER_PORT), EVS_MAX_FILE_MB, EVS_STRICT_MODEL=1, EVS_TEMP_MAX_AGE_S, EVS_TEMP_CLEAN_S,
-EVS_FETCH_VIDEO_URLS=1, EVS_LIVE_URLS=1, EVS_REPLICAS; the limits of engine/config.py LIMIT_ENV (EVS_MAX_QUEUE, ...)
-have variables only. The old names --temp-sweep-s / EVS_TEMP_SWEEP_S still work for one release.
+EVS_TEMP_MAX_MB, EVS_FETCH_VIDEO_URLS=1, EVS_LIVE_URLS=1, EVS_REPLICAS; the limits of engine/config.py LIMIT_ENV
+(EVS_MAX_QUEUE, ...) have variables only. The old names --temp-sweep-s / EVS_TEMP_SWEEP_S still work for one release.
 
 Start-up: check the host first (a GPU that torch cannot use, or --device cuda without one, ends the start
 with one line), load the model once (falling back to the offline tiny-trained, with a banner saying why in
@@ -53,6 +53,8 @@ CPU_PARAMETER_LIMIT = 1_000_000_000
 # Gradio keeps uploads and generated images forever unless told otherwise, and uploads reach --max-file-mb each.
 TEMP_MAX_AGE_S = 3600
 TEMP_CLEAN_S = 1800
+# ... and bounded in bytes: twenty uploads of the largest size; past it the oldest files go first.
+TEMP_MAX_MB = 4096
 MB = 1 << 20  # --max-file-mb's unit
 
 log = logging.getLogger("app")
@@ -123,6 +125,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=_env("EVS_TEMP_CLEAN_S", "EVS_TEMP_SWEEP_S", default=str(TEMP_CLEAN_S)),
         help="how often old temporary files are looked for [EVS_TEMP_CLEAN_S]",
     )
+    parser.add_argument(
+        "--temp-max-mb",
+        type=float,
+        default=_env("EVS_TEMP_MAX_MB", default=str(TEMP_MAX_MB)),
+        help="uploads and generated images together hold at most this many MB; past it the oldest are deleted "
+        "first [EVS_TEMP_MAX_MB]",
+    )
     # --temp-sweep-s and EVS_TEMP_SWEEP_S: the names before "clean", still read for one release, not in --help.
     parser.add_argument(
         "--temp-sweep-s", type=int, dest="temp_clean_s", default=argparse.SUPPRESS, help=argparse.SUPPRESS
@@ -151,6 +160,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "starts a local Ray cluster, or joins the one RAY_ADDRESS names [EVS_REPLICAS]",
     )
     parser.add_argument(
+        "--replica-deadline-s",
+        type=float,
+        default=_env("EVS_REPLICA_DEADLINE_S", default="20"),
+        help="with --replicas: seconds a replica may send nothing (replicas say they are alive every 2 s while "
+        "they work) before its questions end with 'please ask again' and it fails its health check; longer than "
+        "the longest prefill on the device [EVS_REPLICA_DEADLINE_S]",
+    )
+    parser.add_argument(
         "--video-readers",
         type=int,
         default=_env("EVS_VIDEO_READERS", default=None),
@@ -160,12 +177,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.replicas < 1:
         parser.error("--replicas must be at least 1")
+    if not args.replica_deadline_s > 0:
+        parser.error("--replica-deadline-s must be above 0")
     if args.video_readers is not None and args.video_readers < 1:
         parser.error("--video-readers must be at least 1")
     if args.max_file_mb <= 0:
         parser.error("--max-file-mb must be above 0")
-    if args.temp_max_age_s <= 0 or args.temp_clean_s <= 0:
-        parser.error("--temp-max-age-s and --temp-clean-s must be above 0")
+    if args.temp_max_age_s <= 0 or args.temp_clean_s <= 0 or args.temp_max_mb <= 0:
+        parser.error("--temp-max-age-s, --temp-clean-s and --temp-max-mb must be above 0")
     return args
 
 
@@ -262,7 +281,9 @@ def build_engine(args: argparse.Namespace, device: str, max_file_bytes: int) -> 
         from replicas import ReplicasUnavailable, ReplicatedEngine  # imports Ray, so only on this path
 
         try:
-            return ReplicatedEngine(config, replicas=args.replicas, warm_up_clip=WARMUP_CLIP)
+            return ReplicatedEngine(
+                config, replicas=args.replicas, warm_up_clip=WARMUP_CLIP, deadline_s=args.replica_deadline_s
+            )
         except ReplicasUnavailable as error:
             _fail(one_line(error), EXIT_DEVICE_UNAVAILABLE)
 
@@ -423,7 +444,7 @@ def main(argv: list[str] | None = None) -> int:
             live_urls=args.live_urls,
             limits=limits,
         )
-        cleaner = ui.start_cleaner(demo, args.temp_clean_s, args.temp_max_age_s)
+        cleaner = ui.start_cleaner(demo, args.temp_clean_s, args.temp_max_age_s, int(args.temp_max_mb * MB))
         launch_kwargs = ui.launch_kwargs(max_file_bytes)
         app_kwargs = dict(launch_kwargs.pop("app_kwargs", None) or {})
         # FastAPI(routes=...) puts these ahead of every route Gradio adds.

@@ -8,6 +8,7 @@ throughput: the ratio should be >= 1).
 from .bursts import BurstRun
 from .markdown import cell, table
 from .summary import burst_summary
+from .targets import met_cell
 
 
 def concurrency_rows(
@@ -39,7 +40,8 @@ def concurrency_rows(
     return rows
 
 
-def markdown(rows: list[dict]) -> str:
+def markdown(rows: list[dict], targets: list[dict] = ()) -> str:
+    """The table, with the throughput target's verdict on each pruned row (targets: the run's target rows)."""
     body = [
         [
             row["concurrency"],
@@ -50,9 +52,10 @@ def markdown(rows: list[dict]) -> str:
             cell(row["requests_per_s"], 2),
             cell(row["output_tokens_per_s"], 1),
             cell(row["requests_per_s_over_q0"], 2),
+            met_cell(targets, "concurrency", row),
         ]
         for row in rows
     ]
     return table(
-        ["concurrency", "q", "TTFT p50 s", "TTFT p99 s", "TPOT ms", "req/s", "output tok/s", "req/s / q=0"], body
+        ["concurrency", "q", "TTFT p50 s", "TTFT p99 s", "TPOT ms", "req/s", "output tok/s", "req/s / q=0", "met"], body
     )

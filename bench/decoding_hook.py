@@ -3,8 +3,8 @@
 bench/decoding.py provides `decoding_scenario(quick: bool, keep: Path | None) -> dict` (32 frames read from a
 generated 2-minute 1080p long-GOP H.264 file, made in `keep` unless it is there already). Until that module exists the
 report says the scenario was skipped; when it raises, the report says it failed (and `python -m bench` exits 1 after
-saving everything else). If the module also provides `markdown(result) -> str`, that is its table; otherwise one
-key/value table.
+saving everything else). If the module also provides `markdown(result, targets) -> str`, that is its table;
+otherwise one key/value table.
 """
 
 import importlib
@@ -31,10 +31,10 @@ def decoding_results(quick: bool, keep=None) -> dict:
         return {FAILED: f"{type(error).__name__}: {error}"}
 
 
-def markdown(result: dict) -> str:
+def markdown(result: dict, targets: list[dict] = ()) -> str:
     if SKIPPED in result or FAILED in result:
         return "\n".join(f"{key}: {value}" for key, value in result.items())
     own = getattr(importlib.import_module(MODULE), "markdown", None)
     if own is not None:
-        return own(result)
+        return own(result, targets)
     return table(["measure", "value"], [[key, value] for key, value in result.items()])

@@ -1,5 +1,6 @@
 """Runs every scenario of `python -m bench` and assembles the report (a JSON-ready dict; times in seconds)."""
 
+import os
 import tempfile
 import time
 from dataclasses import asdict
@@ -16,28 +17,42 @@ from .decoding_hook import decoding_results
 from .follow_up import follow_up_rows
 from .live import live_scenario
 from .reading import reading_rows
-from .targets import target_rows
+from .targets import bench_target_rows
 from .ttft_by_rate import ttft_by_rate
 from .users import peer_record, users_rows
 from .vision_skip import FULL as FULL_SKIP
 from .vision_skip import QUICK as QUICK_SKIP
-from .vision_skip import goal_rows, kind_rows, share_rows
+from .vision_skip import kind_rows, share_rows
 from .vit_batching import vit_batching
 from .workload import QUESTION, Workload, make_clips, params
 
 NO_CACHES = dict(feature_cache_bytes=0, prefix_cache_bytes=0, frame_cache_bytes=0)
 
 
+LOADS: list[float] = []  # the load average over the last minute as each scenario started, then at the end
+
+
 def log(message: str) -> None:
+    """Say which scenario starts, and note how busy the machine is then (LOADS)."""
+    LOADS.append(os.getloadavg()[0])
     print(f"[bench {time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
-def run(work: Workload, device: str, mode: str, command: str, keep: Path | None = None) -> dict:
+def run(
+    work: Workload,
+    device: str,
+    mode: str,
+    command: str,
+    keep: Path | None = None,
+    limits: dict[str, float] | None = None,
+) -> dict:
     """Every scenario on `work`: caches off (each request reads, encodes and prefills for itself) except
     for the follow-up, which measures them. mode: "full" or "quick"; command: the command line, recorded;
-    keep: a folder to make the long-GOP file in (or reuse it from) instead of a temporary one."""
+    keep: a folder to make the long-GOP file in (or reuse it from) instead of a temporary one; limits: targets
+    held to other limits than the issues' (--target)."""
     started = datetime.now(UTC)
     start = time.perf_counter()
+    LOADS.clear()
     report: dict = {"command": command, "mode": mode, "started_at": started.isoformat(timespec="seconds")}
     with tempfile.TemporaryDirectory() as folder:
         clips = make_clips(Path(folder), work.clip_count)
@@ -76,7 +91,7 @@ def run(work: Workload, device: str, mode: str, command: str, keep: Path | None 
                 work.repeats,
             )
         report["users"] = users_rows(grid, served, work.users, work.burst_rates)
-        report["peer"] = peer_record(served, work.new_tokens)
+        report["peer"] = {**peer_record(served, work.new_tokens), "decoder": peer.DECODER}
         report["concurrency"] = concurrency_rows(grid, work.concurrency, work.burst_rates)
         log("follow-up vs cold")
         with Engine(EngineConfig(model=work.model, device=device, frame_sampling=work.frame_sampling)) as engine:
@@ -94,20 +109,14 @@ def run(work: Workload, device: str, mode: str, command: str, keep: Path | None 
         log("vision: three kinds of clip with and without exact reuse and skipping still patches")
         skip_work = QUICK_SKIP if mode == "quick" else FULL_SKIP
         kinds = kind_rows(device, Path(folder), skip_work)
-        report["vision_skip"] = {"kinds": kinds, "goals": goal_rows(kinds), "share": []}
+        report["vision_skip"] = {"kinds": kinds, "share": []}
         if mode == "full":
             log("vision: the ViT's share of prefill on real checkpoints' shapes (towers cut, seconds scaled)")
             report["vision_skip"]["share"] = share_rows(device, Path(folder), skip_work)
         log("video reading")
         report["decoding"] = decoding_results(mode == "quick", long_file.parent)
-    report["targets"] = target_rows(
-        report["users"],
-        report["concurrency"],
-        report["reading"],
-        report["decoding"],
-        report["live"],
-        report["vision_skip"],
-    )
+    report["targets"] = bench_target_rows(report, work.repeats, limits or {})
     report["workload"] = {**asdict(work), "clips": "224x224, 8 fps, 4-4.75 s, distinct per user"}
     report["duration_s"] = time.perf_counter() - start
+    report["environment"]["machine"]["load_averages"] = [*LOADS, os.getloadavg()[0]]
     return report

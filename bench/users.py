@@ -11,6 +11,7 @@ at a time every user's prefill delays the users after it, so the ideal here coun
 from .bursts import BurstRun
 from .markdown import cell, table
 from .summary import burst_summary
+from .targets import met_cell
 
 
 def pipelined_ideal_s(single: dict, users: int) -> float:
@@ -48,7 +49,8 @@ def users_rows(
     return rows
 
 
-def markdown(rows: list[dict]) -> str:
+def markdown(rows: list[dict], targets: list[dict] = ()) -> str:
+    """The table, with the burst targets' verdicts on their row (targets: the run's target rows)."""
     body = [
         [
             row["pruning_rate"],
@@ -62,6 +64,7 @@ def markdown(rows: list[dict]) -> str:
             cell(row["peer_wall_s"]),
             cell(row["ttft_engine_over_peer"], 2),
             cell(row["wall_engine_over_peer"], 2),
+            met_cell(targets, "users", row),
         ]
         for row in rows
     ]
@@ -78,6 +81,7 @@ def markdown(rows: list[dict]) -> str:
             "peer wall s",
             "TTFT engine/peer",
             "wall engine/peer",
+            "met",
         ],
         body,
     )

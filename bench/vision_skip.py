@@ -29,6 +29,8 @@ from engine import Engine, EngineConfig, FrameSampling, GenerationParams
 from engine.checkpoints.random_weights import checkpoint_spec
 
 from .markdown import cell, table
+from .targets import markdown as targets_markdown
+from .targets import met_cell, vision_target_rows
 from .workload import QUESTION, params
 
 KINDS = {"screen recording": "slides", "still camera": "still_camera", "handheld pan": "handheld"}
@@ -38,13 +40,6 @@ KIND_RATE = 0.7
 SHARE_RATES = (0.0, 0.7, 0.9)
 RECORDER = {"crf": "23", "preset": "medium", "threads": "1"}  # x264 as a recorder stores it
 NO_CACHES = dict(feature_cache_bytes=0, prefix_cache_bytes=0, frame_cache_bytes=0)
-# The issue's goals at q = 0.7 (reuse + skip against without): a screen recording's encoded share and TTFT, a
-# still camera's ViT seconds, a pan's TTFT.
-GOALS = {
-    "screen recording": (("encoded_share", 0.2), ("ttft_ratio", 0.6)),
-    "still camera": (("vit_ratio", 0.5),),
-    "handheld pan": (("ttft_ratio", 1.02),),
-}
 
 
 @dataclass(frozen=True)
@@ -122,7 +117,7 @@ def kind_rows(device: str, folder: Path, work: SkipWork) -> list[dict]:
                 _median_run(engine, path, _params(KIND_RATE, False, work), 1)
             for way, reuse, skip in WAYS:
                 stats = _median_run(engines[reuse], path, _params(KIND_RATE, skip, work), work.repeats)
-                rows.append(_kind_row(label, way, stats))
+                rows.append(_kind_row(label, way, stats, work.repeats))
     for row in rows:
         first = next(other for other in rows if other["kind"] == row["kind"] and other["way"] == WAYS[0][0])
         row["ttft_ratio"] = row["ttft_s"] / first["ttft_s"]
@@ -130,10 +125,11 @@ def kind_rows(device: str, folder: Path, work: SkipWork) -> list[dict]:
     return rows
 
 
-def _kind_row(label: str, way: str, stats: dict) -> dict:
+def _kind_row(label: str, way: str, stats: dict, runs: int) -> dict:
     return {
         "kind": label,
         "way": way,
+        "runs": runs,
         "pruning_rate": KIND_RATE,
         "vision_patches_encoded": stats["vision_patches_encoded"],
         "vision_patches_total": stats["vision_patches_total"],
@@ -144,26 +140,6 @@ def _kind_row(label: str, way: str, stats: dict) -> dict:
         "prefill_s": stats["prefill_s"],
         "ttft_s": stats["ttft_s"],
     }
-
-
-def goal_rows(rows: list[dict]) -> list[dict]:
-    """The issue's goals against the "reuse + skip" rows."""
-    out = []
-    for kind, goals in GOALS.items():
-        row = next((r for r in rows if r["kind"] == kind and r["way"] == WAYS[-1][0]), None)
-        if row is None:
-            continue
-        for key, limit in goals:
-            value = row[key]
-            out.append(
-                {
-                    "measure": f"{kind}, reuse + skip at q = {KIND_RATE}: {key.replace('_', ' ')}",
-                    "target": f"<= {limit}",
-                    "measured": value,
-                    "met": value is not None and value <= limit,
-                }
-            )
-    return out
 
 
 def reduced_spec(shape: Shape, folder: Path) -> Path:
@@ -233,7 +209,8 @@ def share_rows(device: str, folder: Path, work: SkipWork, shapes: tuple[Shape, .
     return rows
 
 
-def kinds_markdown(rows: list[dict]) -> str:
+def kinds_markdown(rows: list[dict], targets: list[dict] = ()) -> str:
+    """The clip kinds' table, with its targets' verdicts (targets: the run's target rows)."""
     return table(
         [
             "clip",
@@ -245,6 +222,7 @@ def kinds_markdown(rows: list[dict]) -> str:
             "TTFT s",
             "ViT ×",
             "TTFT ×",
+            "met",
         ],
         [
             [
@@ -257,6 +235,7 @@ def kinds_markdown(rows: list[dict]) -> str:
                 cell(row["ttft_s"]),
                 cell(row["vit_ratio"], 2),
                 cell(row["ttft_ratio"], 2),
+                met_cell(targets, "vision_skip", row),
             ]
             for row in rows
         ],
@@ -293,9 +272,10 @@ def share_markdown(rows: list[dict]) -> str:
     )
 
 
-def markdown(result: dict) -> str:
-    """`python -m bench`'s section: the clip kinds (at q = 0.7) and, in full mode, the ViT's share."""
-    parts = [f"At q = {KIND_RATE}:\n\n" + kinds_markdown(result["kinds"])]
+def markdown(result: dict, targets: list[dict] = ()) -> str:
+    """`python -m bench`'s section: the clip kinds (at q = 0.7, with their targets' verdicts) and, in full mode, the
+    ViT's share."""
+    parts = [f"At q = {KIND_RATE}:\n\n" + kinds_markdown(result["kinds"], targets)]
     if result["share"]:
         parts.append("The ViT's share of prefill, still camera clip:\n\n" + share_markdown(result["share"]))
     return "\n\n".join(parts)
@@ -313,10 +293,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as folder:
         if args.part in ("kinds", "all"):
             result["kinds"] = kind_rows(args.device, Path(folder), work)
-            result["goals"] = goal_rows(result["kinds"])
-            print(kinds_markdown(result["kinds"]) + "\n", flush=True)
-            for goal in result["goals"]:
-                print(f"{goal['measure']}: {cell(goal['measured'], 2)} ({goal['target']}, met: {goal['met']})")
+            result["targets"] = vision_target_rows(result["kinds"], {})
+            print(kinds_markdown(result["kinds"], result["targets"]) + "\n", flush=True)
+            print(targets_markdown(result["targets"]), flush=True)
         if args.part in ("share", "all"):
             shapes = (Shape("Qwen/Qwen3-VL-2B-Instruct", 1, 1),) if args.quick else None
             result["share"] = share_rows(args.device, Path(folder), work, shapes)

@@ -6,7 +6,7 @@ from pathlib import Path
 from assets.clips import write_clip
 from engine import FrameSampling, GenerationParams
 
-from .live import LiveWork
+from .live_work import LiveWork
 
 QUESTION = "What happens in this video?"
 FOLLOW_UP_QUESTION = "And then?"
@@ -86,7 +86,9 @@ QUICK = Workload(
         session_s=4,
         max_sessions=2,
         new_tokens=8,
-        repeats=1,
+        questions=3,
+        uploads=2,
+        tail_s=20,
     ),
 )
 

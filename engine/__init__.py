@@ -32,7 +32,7 @@ detokenize). docs/architecture.md says the same at length.
 
 from .config import EngineConfig, FrameSampling, GenerationParams
 from .engine import Engine
-from .errors import BusyError, InputError
+from .errors import BusyError, InputError, SessionEnded
 from .live.session import LiveSession
 from .stats import STATS_KEYS
 from .stream import Answer, Event, EvsPicture, Stream
@@ -49,5 +49,6 @@ __all__ = [
     "InputError",
     "LiveSession",
     "STATS_KEYS",
+    "SessionEnded",
     "Stream",
 ]

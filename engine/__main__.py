@@ -185,18 +185,64 @@ def moments(text: str) -> list[float]:
     return seconds
 
 
-def print_answer(stream: Stream) -> None:
-    """An answer's text as it streams (thinking and status lines on stderr), then its stats on one line."""
+class Console:
+    """The command line's stdout and stderr, which a terminal shows as one: written by the thread that prints
+    answers and, with --live, by the one that plays the feed (its status lines). A line that comes while an
+    answer (or its thinking) is part-written waits until that line ends, so an answer is never split by one
+    ("bl[The stream ended.]" then "ue")."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._mid_line = False
+        self._held: list[tuple[str, bool]] = []  # (line, to stderr)
+
+    def piece(self, text: str, to_stderr: bool = False) -> None:
+        """Part of a line (an answer as it streams): the line stays open."""
+        with self._lock:
+            print(text, end="", file=sys.stderr if to_stderr else sys.stdout, flush=True)
+            self._mid_line = self._mid_line or bool(text)
+
+    def end_line(self, to_stderr: bool = False, always: bool = False) -> None:
+        """End the open line (always: write a line end even when none is open, as an empty answer's), then write
+        the status lines that waited for it."""
+        with self._lock:
+            if self._mid_line or always:
+                print(file=sys.stderr if to_stderr else sys.stdout, flush=True)
+            self._mid_line = False
+            for line, held_to_stderr in self._held:
+                print(line, file=sys.stderr if held_to_stderr else sys.stdout, flush=True)
+            self._held.clear()
+
+    def line(self, text: str, to_stderr: bool = False) -> None:
+        """A whole line: written now, unless a line is open (then it waits for end_line)."""
+        with self._lock:
+            if self._mid_line:
+                self._held.append((text, to_stderr))
+            else:
+                print(text, file=sys.stderr if to_stderr else sys.stdout, flush=True)
+
+
+def print_answer(stream: Stream, console: Console | None = None) -> None:
+    """An answer's text as it streams (thinking and status lines on stderr, the thinking's line ended before the
+    answer begins), then its stats as indented JSON."""
+    console = console or Console()
+    thinking = False
     for event in stream:
         if event.kind == "text":
-            print(event.text, end="", flush=True)
+            if thinking:
+                console.end_line(to_stderr=True)
+                thinking = False
+            console.piece(event.text)
         elif event.kind == "thinking":
-            print(event.text, end="", file=sys.stderr, flush=True)
+            console.piece(event.text, to_stderr=True)
+            thinking = thinking or bool(event.text)
         elif event.kind == "status":
-            print(f"[{event.text}]", file=sys.stderr, flush=True)
+            console.line(f"[{event.text}]", to_stderr=True)
         elif event.kind == "done":
-            print()
-            print(json.dumps(event.stats, indent=2))
+            if thinking:  # the model thought to its last token: no answer
+                console.end_line(to_stderr=True)
+            console.end_line(always=True)  # the answer's line, empty or not
+            console.line(json.dumps(event.stats, indent=2))
 
 
 def live_source(text: str) -> str | Path:
@@ -214,18 +260,20 @@ def play_live(engine: Engine, args: argparse.Namespace, params, source: str | Pa
         feed = LiveStream.under_limits(source, sampling, engine.config)
     answers: queue.Queue = queue.Queue()
     refused = []
+    console = Console()
 
     def printer() -> None:
         while (item := answers.get()) is not None:
             moment_s, at_s, answer = item
-            print(f"[{moment_s:g} s, the stream at {at_s:g} s] {args.question}", flush=True)
+            console.line(f"[{moment_s:g} s, the stream at {at_s:g} s] {args.question}")
             try:
                 if isinstance(answer, InputError):
                     raise answer
-                print_answer(answer)
+                print_answer(answer, console)
             except InputError as error:
                 refused.append(error)
-                print(f"error: {error}", file=sys.stderr, flush=True)
+                console.end_line()  # an answer cut short by its error
+                console.line(f"error: {error}", to_stderr=True)
 
     printing = threading.Thread(target=printer, name="evs-live-answers")
     printing.start()
@@ -238,7 +286,7 @@ def play_live(engine: Engine, args: argparse.Namespace, params, source: str | Pa
                 asked_at,
                 lambda: live.ask(args.question, params=params),
                 lambda *item: answers.put(item),
-                lambda line: print(f"[{line}]", file=sys.stderr),
+                lambda line: console.line(f"[{line}]", to_stderr=True),
                 as_fast_as_possible=args.as_fast_as_possible,
             )
             answers.put(None)

@@ -148,10 +148,23 @@ class EngineConfig:
     prefix_cache_bytes: int = 1 << 30
     frame_cache_bytes: int = 256 << 20  # sampled frames of recent uploads (follow-ups skip reading the file)
     max_queue: int = 64  # requests waiting for admission before submit answers "busy"
+    # Host bytes that admitted requests' frames, pixel values and soundtracks may hold together until their vision
+    # forward (engine/scheduling/admission.py: each estimated from its frame sampling before it is read); past it
+    # submit answers "busy". None: a quarter of the machine's memory (or of its container's limit).
+    admission_bytes: int | None = None
+    # Requests one client (a browser tab, a gradio_client, an API caller's address) may have waiting or being
+    # answered at once (engine/front/shares.py): one sweep's worth, so that one client cannot fill the queue.
+    max_client_requests: int = 16
     max_running: int = 16  # requests decoding together (the memory plan may lower it on a GPU)
     max_question_chars: int = 4000
     max_question_tokens: int = 1024  # the question alone, in the model's tokens
     max_history_tokens: int = 8192  # every earlier question and answer together, in the model's tokens
+    # Checked before the history is tokenized, so that a body of megabytes is refused in microseconds: 8 characters
+    # a token is more than English (about 4.5) or code takes, so the token limit still decides for any real
+    # conversation. Turns: earlier (question, answer) pairs, each of which the chat template wraps in tokens the
+    # token limit does not count.
+    max_history_chars: int = 65536
+    max_history_turns: int = 128
     max_new_tokens: int = 4096  # the most a request may ask for
     # Device bytes the memory plan (engine/memory/plan.py) divides between requests. None: on a GPU the free
     # memory measured after loading, on a CPU no plan (requests unbounded by memory). Set it to share a GPU
@@ -159,9 +172,9 @@ class EngineConfig:
     memory_budget_bytes: int | None = None
     prefill_token_budget: int = 2048  # prompt tokens prefilled per iteration between decode steps (>= 1 prompt)
     # Live sessions (Engine.open_live, docs/live.md): how many may be open at once (the memory plan may allow
-    # fewer on a GPU), and the most kept video tokens each one's state holds before its oldest groups leave it.
-    # None: the planned video tokens of one request (the device's default frame sampling), so that a session
-    # costs what an upload does.
+    # fewer on a GPU), and the most tokens each one's state holds (its KV: the groups' text counted with their kept
+    # video) before its oldest groups leave it. None: the planned video tokens of one request (the device's
+    # default frame sampling), so that a session costs no more than an upload does.
     max_live_sessions: int = 4
     live_window_tokens: int | None = None
     # A temporal group whose pixels equal the previous group's is not encoded: its tokens take the previous group's
@@ -219,10 +232,14 @@ LIMIT_ENV = {
     "read_memory_bytes": "EVS_READ_MEMORY_BYTES",
     "max_soundtrack_seconds": "EVS_MAX_SOUNDTRACK_SECONDS",
     "max_queue": "EVS_MAX_QUEUE",
+    "max_client_requests": "EVS_MAX_CLIENT_REQUESTS",
     "max_running": "EVS_MAX_RUNNING",
     "max_question_chars": "EVS_MAX_QUESTION_CHARS",
     "max_question_tokens": "EVS_MAX_QUESTION_TOKENS",
     "max_history_tokens": "EVS_MAX_HISTORY_TOKENS",
+    "max_history_chars": "EVS_MAX_HISTORY_CHARS",
+    "max_history_turns": "EVS_MAX_HISTORY_TURNS",
+    "admission_bytes": "EVS_ADMISSION_BYTES",
     "max_new_tokens": "EVS_MAX_NEW_TOKENS",
 }
 # Variables renamed when reading a video stopped being called decoding: variable -> its old name, still read

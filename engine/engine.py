@@ -4,6 +4,7 @@ import contextlib
 import itertools
 import logging
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -22,10 +23,11 @@ from .config import (
     video_tokens,
     vit_patch_budget,
 )
-from .errors import QUEUE_FULL, RESTARTING, BusyError, InputError
+from .errors import RESTARTING, BusyError, InputError
 from .families.registry import family_for, video_geometry
 from .front.checks import check_markup, check_request, media_paths, model_markup
 from .front.metrics import Metrics
+from .front.shares import ClientShare, ClientShares
 from .live.session import LiveSession
 from .live_sessions import LiveSessions
 from .loading.load import load_model
@@ -33,6 +35,7 @@ from .memory.plan import Plan, engine_plan
 from .prepare import Preparer
 from .prompt.audio import audio_token_count, soundtrack_rate_hz
 from .reading.pool import ReaderPool, default_size
+from .scheduling.admission import Admission, Ticket, default_admission_bytes, request_host_bytes
 from .scheduling.request import Request
 from .stream import Stream
 from .worker.loop import Worker
@@ -70,7 +73,8 @@ class Engine:
         rate = self.loaded.video_pruning_rate
         self._default_pruning_rate = DEFAULT_PRUNING_RATE if rate is None else rate
         self._ids = itertools.count(1)
-        self._admission = threading.BoundedSemaphore(self.config.max_queue)
+        self._admission = Admission(self.config.max_queue, self.config.admission_bytes or default_admission_bytes())
+        self._shares = ClientShares(self.config.max_client_requests)
         self._closed = False
         self._submit_lock = threading.Lock()  # a submit never races shutdown past the closed check
         self._pause_lock = threading.Lock()
@@ -148,6 +152,7 @@ class Engine:
             # Whether GenerationParams.skip_still_patches does anything: the vision tower encodes part of a group.
             "skips_still_patches": self.family.skips_still_patches,
             "max_media": self.max_media,  # videos and pictures one request may carry
+            "max_history_turns": self.config.max_history_turns,  # earlier questions a conversation may hold
             "is_tiny": loaded.is_tiny,
             "random_weights": loaded.random_weights,
             "about": loaded.about,
@@ -201,6 +206,12 @@ class Engine:
         return self._worker.is_alive()
 
     @property
+    def stalled_s(self) -> float:
+        """Seconds since the worker thread last finished a turn of its loop: at most about 0.1 s when idle, the
+        longest iteration (a prefill) when busy, and growing without bound on a device that hangs."""
+        return time.monotonic() - self._worker.turned_at
+
+    @property
     def running_requests(self) -> int:
         return len(self._worker.scheduler.running)
 
@@ -217,14 +228,17 @@ class Engine:
         params: GenerationParams | None = None,
         history: list[tuple[str, str]] | tuple = (),
         media: Sequence[str | Path] | None = None,
+        client: str | None = None,
     ) -> Stream:
         """Queue a question about uploads; returns at once with the request's Stream. video: one upload; media:
         several (videos and still pictures, in the order the prompt shows them; a follow-up sends the same
         ones, a new one appended); give one of the two. Without params, the defaults at the checkpoint's own
-        pruning rate (model_info["default_pruning_rate"]).
+        pruning rate (model_info["default_pruning_rate"]). client: who asks (a browser tab's session, an API
+        caller's address), which may have at most max_client_requests under way; None takes no share.
 
         Raises InputError for a bad question, parameters or too many media, and BusyError when the queue is
-        full; problems with an upload itself (unreadable, too long, too large) arrive through the stream.
+        full or the client holds its share; problems with an upload itself (unreadable, too long, too large)
+        arrive through the stream.
         """
         try:
             params = params or GenerationParams(pruning_rate=self._default_pruning_rate)
@@ -233,14 +247,28 @@ class Engine:
                 paths, question, params, history, self.config, self._frame_sampling_limits, self.max_media
             )
             self._check_text_tokens(question, history)
+            sampling = params.frame_sampling or self._default_frame_sampling
+            hear = self._hears and params.hear_soundtrack is not False
+            needed = request_host_bytes(
+                len(paths), sampling, self._soundtrack_rate_hz if hear else None, self.config.max_soundtrack_seconds
+            )
             with self._submit_lock:
                 if self._closed:
                     raise BusyError(RESTARTING)
-                if not self._admission.acquire(blocking=False):
-                    raise BusyError(QUEUE_FULL)
-                return self._accept(paths, question, params, history)
-        except (InputError, BusyError):
-            self.metrics.refused()
+                share = self._shares.take(client)
+                try:
+                    ticket = self._admission.take(needed)
+                except BaseException:
+                    share.release()
+                    raise
+                try:
+                    return self._accept(paths, question, params, history, ticket, share)
+                except BaseException:
+                    ticket.close()
+                    share.release()
+                    raise
+        except (InputError, BusyError) as error:
+            self.metrics.refused(error)
             raise
 
     def _check_text_tokens(self, question: str, history: list[tuple[str, str]]) -> None:
@@ -270,8 +298,14 @@ class Engine:
                 f"{self.config.max_history_tokens:,}: please start a new conversation."
             )
 
-    def _accept(self, paths: list, question: str, params: GenerationParams, history) -> Stream:
-        stream = Stream(next(self._ids), on_end=self.metrics.ended)
+    def _accept(
+        self, paths: list, question: str, params: GenerationParams, history, ticket: Ticket, share: ClientShare
+    ) -> Stream:
+        def ended(stream: Stream) -> None:
+            share.release()
+            self.metrics.ended(stream)
+
+        stream = Stream(next(self._ids), on_end=ended)
         request = Request(
             stream=stream,
             media_paths=[str(path) for path in paths],
@@ -279,7 +313,7 @@ class Engine:
             history=history,
             params=params,
             frame_sampling=params.frame_sampling or self._default_frame_sampling,
-            admission=self._admission,
+            admission=ticket,
         )
         request.stats.pruning_rate = float(params.pruning_rate)
         request.stats.pruning_method = params.pruning_method

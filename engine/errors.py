@@ -15,9 +15,20 @@ class BusyError(InputError):
     """The admission queue is full; the user should try again shortly."""
 
 
+class SessionEnded(InputError):
+    """A live session has ended (closed, the engine shutting down, a fault on the server): it takes nothing more,
+    and a new one must be opened to go on. The message is the sentence saying why."""
+
+
+class SessionLost(BusyError, SessionEnded):
+    """Behind the replicas: the replica holding a live session is gone (or never held it), and the session with
+    it; a new one can be opened at once, on a replica that is up."""
+
+
 RESTARTING = "The server is restarting; please try again in a minute."
 QUEUE_FULL = "The server is busy with other videos right now; please try again in a minute."
 SHUTTING_DOWN = "The engine is shutting down."
+LIVE_SESSION_LOST = "The server restarted the part of it that held this live session; please open a new one to go on."
 # What a user reads for a bug: the log has the traceback.
 SERVER_FAULT = "Something went wrong on the server; please try again."
 NO_VIDEO = "Please upload a video or a picture."

@@ -6,19 +6,25 @@ LiveSession (engine/live/session.py).
 """
 
 import dataclasses
+import functools
 import itertools
 import threading
+import time
 
 import torch
 
 from .config import GenerationParams
 from .detokenize import SplitDetokenizer
-from .errors import QUEUE_FULL, RESTARTING, SHUTTING_DOWN, BusyError, InputError
+from .errors import RESTARTING, SHUTTING_DOWN, BusyError, InputError, SessionEnded
 from .front.checks import check_live_settings, check_request
 from .live.layout import LiveLayout
-from .live.session import LiveQuestion, LiveSession
+from .live.session import CLOSED, LiveQuestion, LiveSession
 from .scheduling.request import Request
 from .stream import Event, Stream
+
+# How long open_live waits, at the limit, for a closed session's state to be freed (the worker frees it at its next
+# step: within milliseconds, unless a long forward is running or the machine is busy) before refusing.
+FREEING_WAIT_S = 5.0
 
 
 class LiveSessions:
@@ -30,13 +36,13 @@ class LiveSessions:
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._open: list[LiveSession] = []
-        self._layouts: dict[int, LiveLayout] = {}
         self._closed = False
 
     @property
     def window_tokens(self) -> int:
-        """The most kept video tokens a session's state holds: EngineConfig.live_window_tokens, else a request's
-        planned video tokens."""
+        """The most tokens a session's state holds, its groups' text counted with their kept video (so that a still
+        screen, whose groups keep no video token, is bounded too): EngineConfig.live_window_tokens, else a
+        request's planned video tokens."""
         engine = self._engine
         return engine.config.live_window_tokens or engine.planned_video_tokens
 
@@ -46,6 +52,18 @@ class LiveSessions:
         return self._engine.memory_plan.max_live_sessions
 
     def open(self, params: GenerationParams) -> LiveSession:
+        """A new session (Engine.open_live), counted in /metrics as opened, or refused (its InputError or
+        BusyError raised); when it ends, as closed by its user or lost (ended by the server)."""
+        metrics = self._engine.metrics
+        try:
+            session = self._open_session(params)
+        except InputError:
+            metrics.live_session("refused")
+            raise
+        metrics.live_session("opened")
+        return session
+
+    def _open_session(self, params: GenerationParams) -> LiveSession:
         engine = self._engine
         check_live_settings(params, engine.config, engine.frame_sampling_limits)
         sampling = params.frame_sampling or engine.default_frame_sampling
@@ -58,37 +76,53 @@ class LiveSessions:
             engine.system_prompt,
             family.temporal_patch / sampling.fps,
         )
+        deadline = time.monotonic() + FREEING_WAIT_S
+        while (session := self._new_session(params, sampling, layout, deadline)) is None:
+            # A closed session counts until the worker has freed its state (at its next step): wait for one.
+            closing = next((session for session in self._open if session.ended and not session.state_freed), None)
+            if closing is not None:
+                closing.wait_freed(max(0.0, deadline - time.monotonic()))
+        engine._worker.runner.live.open(session, layout)
+        return session
+
+    def _new_session(self, params, sampling, layout: LiveLayout, deadline: float) -> LiveSession | None:
+        """A new session counted among the open ones, or None where one that is closed has yet to have its state
+        freed before `deadline`; BusyError when the engine is shutting down or as many are open as it takes."""
+        engine = self._engine
         with self._lock:
             if self._closed:
                 raise BusyError(RESTARTING)
-            self._open = [session for session in self._open if not session.ended]
+            self._open = [session for session in self._open if not session.state_freed]
             if len(self._open) >= self.max_sessions:
-                engine.metrics.refused()
+                if any(session.ended for session in self._open) and time.monotonic() < deadline:
+                    return None
                 raise BusyError(
                     f"This server already has {self.max_sessions} live sessions open, as many as it "
                     "takes; close one or try again later."
                 )
             session = LiveSession(
                 next(self._ids),
-                loaded,
-                family,
+                engine.loaded,
+                engine.family,
                 params,
                 sampling,
                 engine.config.max_video_source_pixels,
                 self.window_tokens,
-                ask=self._ask,
+                ask=functools.partial(self._ask, layout),
                 wake=engine._worker.wake,
+                on_end=lambda why: engine.metrics.live_session("closed" if why == CLOSED else "lost"),
             )
             self._open.append(session)
-            self._layouts = {s.id: self._layouts[s.id] for s in self._open if s.id in self._layouts}
-            self._layouts[session.id] = layout
-        engine._worker.runner.live.open(session, layout)
-        return session
+            return session
 
-    def _ask(self, session: LiveSession, question: str, history, params: GenerationParams, groups: int) -> Stream:
+    def _ask(
+        self, layout: LiveLayout, session: LiveSession, question: str, history, params: GenerationParams, groups: int
+    ) -> Stream:
         """The engine's side of LiveSession.ask: checked as a request is, then to the worker, which forks the
         session's state once its first `groups` groups are in it. The rate, the method (causal EVS) and the frame
-        sampling are the session's."""
+        sampling are the session's. Every check comes before the admission slot is taken; the slot is taken and
+        the request enqueued under the lock shutdown takes, so that nothing is enqueued after the worker's last
+        look at its inbox and nothing raised in between keeps the slot."""
         engine = self._engine
         params = dataclasses.replace(
             params,
@@ -97,6 +131,7 @@ class LiveSessions:
             frame_sampling=session.sampling,
         )
         try:
+            session.check_askable(groups)
             history = check_request(
                 [f"live session {session.id}"],
                 question,
@@ -107,30 +142,36 @@ class LiveSessions:
                 max_media=1,
             )
             engine._check_text_tokens(question, history)
-            if not engine._admission.acquire(blocking=False):
-                raise BusyError(QUEUE_FULL)
-        except InputError:
-            engine.metrics.refused()
-            raise
-        thinking = params.enable_thinking and engine._think_end is not None
-        tail = self._layouts[session.id].tail(question.strip(), history, thinking)
-        try:  # its row holds at most the window, the question and the answer (the plan counts it as a request)
+            thinking = params.enable_thinking and engine._think_end is not None
+            tail = layout.tail(question.strip(), history, thinking)
+            # its row holds at most the window (every token of the state), the question and the answer
             engine.memory_plan.check_fits(
                 session.window_tokens, session.window_tokens + tail.numel(), params.max_new_tokens
             )
-        except InputError:
-            engine._admission.release()
-            engine.metrics.refused()
+            request = self._request(session, question, history, params, groups, tail, thinking)
+            with engine._submit_lock:
+                if engine._closed:
+                    raise SessionEnded(SHUTTING_DOWN)
+                if session.ended:
+                    raise SessionEnded(session.ended)
+                # A queue slot; no bytes: its frames are the session's, which the window bounds.
+                request.admission = engine._admission.take(0)
+                engine._worker.enqueue(request)  # a put on an unbounded queue: nothing to give the slot back for
+        except InputError as error:
+            engine.metrics.refused(error)
             raise
-        stream = Stream(next(engine._ids), on_end=engine.metrics.ended)
+        return request.stream
+
+    def _request(self, session: LiveSession, question: str, history, params, groups: int, tail, thinking) -> Request:
+        """The question as a request for the worker, its stream and stats begun."""
+        engine = self._engine
         request = Request(
-            stream=stream,
+            stream=Stream(next(engine._ids), on_end=engine.metrics.ended),
             media_paths=[],
             question=question.strip(),
             history=history,
             params=params,
             frame_sampling=session.sampling,
-            admission=engine._admission,
             live=LiveQuestion(session.id, groups, tail),
         )
         request.detokenizer = SplitDetokenizer(
@@ -143,9 +184,8 @@ class LiveSessions:
         stats.soundtrack = "none" if engine.model_info["hears"] else "unsupported"
         stats.audio_tokens, stats.audio_seconds = 0, 0.0
         stats.read_video_s = stats.read_wait_s = stats.read_s = 0.0
-        stream.push(Event("status", "waiting for the GPU"))
-        engine._worker.enqueue(request)
-        return stream
+        request.stream.push(Event("status", "waiting for the GPU"))
+        return request
 
     def shutdown(self) -> None:
         """End every session: pushing or asking answers the shutdown's sentence."""

@@ -19,6 +19,10 @@ class ByteLRU:
     def __len__(self) -> int:
         return len(self._entries)
 
+    def keys(self) -> list[Hashable]:
+        """The keys held, least recently used first."""
+        return list(self._entries)
+
     def get(self, key: Hashable) -> Any | None:
         entry = self._entries.get(key)
         if entry is None:

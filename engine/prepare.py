@@ -19,12 +19,12 @@ import pruning
 
 from .config import EngineConfig, FrameSampling
 from .detokenize import SplitDetokenizer
-from .errors import InputError
+from .errors import EXPIRED_VIDEO, InputError
 from .lru import ByteLRU
 from .memory.plan import Plan
 from .prompt.units import encode_plan
 from .prompt.unpruned import MediumPrompt, UnprunedPrompt, unpruned_prompt
-from .reading.media import Medium, is_video, read_medium
+from .reading.media import Medium, is_video, read_medium, too_small
 from .reading.pool import ReaderPool
 from .reading.video import file_sha256
 from .scheduling.request import Request
@@ -96,6 +96,17 @@ def soundtrack_status_line(verdict: str, seconds: float) -> str | None:
     if verdict == "cut":
         return f"heard the first {seconds:g} s of the soundtrack"
     return {"none": NO_SOUNDTRACK, "unreadable": UNREADABLE_SOUNDTRACK}.get(verdict)
+
+
+def held_bytes(media: list[Medium], prompt: UnprunedPrompt) -> int:
+    """Host bytes a prepared request holds until its vision forward: its media's frames and soundtracks (an
+    upload sent twice is one read), the processor's pixel values and each heard soundtrack's audio-tower input."""
+    read = sum(medium.nbytes for medium in {id(medium): medium for medium in media}.values())
+    processed = sum(
+        part.pixel_values.nbytes + (part.audio.features.nbytes if part.audio is not None else 0)
+        for part in prompt.media
+    )
+    return read + processed
 
 
 class Preparer:
@@ -200,6 +211,8 @@ class Preparer:
                 )
                 for medium in request.prompt.media
             ]
+            if request.admission is not None:  # what it holds now, in place of the estimate from its sampling
+                request.admission.settle(held_bytes(request.media, request.prompt))
             stats = request.stats
             stats.vision_patches_total = sum(medium.pixel_values.shape[0] for medium in request.prompt.media)
             stats.vision_patches_encoded = 0
@@ -260,10 +273,14 @@ class Preparer:
         serves a request without it (the frames are the same); one without serves only its like, so a request
         that does not hear has no soundtrack decoded for it (up to 600 s of one)."""
         file = Path(path)
-        hashable = file.is_file() and file.stat().st_size <= self.config.max_file_bytes
-        if not hashable:  # read_medium says what is wrong with it
-            return self._read(path, sampling, None, hear), True
-        key = (file_sha256(path), sampling, hear)
+        try:  # the cleaner may delete an old upload at any moment, between two of these steps too
+            hashable = file.is_file() and file.stat().st_size <= self.config.max_file_bytes
+            if not hashable:  # read_medium says what is wrong with it
+                return self._read(path, sampling, None, hear), True
+            digest = file_sha256(path)
+        except FileNotFoundError:
+            raise InputError(EXPIRED_VIDEO) from None
+        key = (digest, sampling, hear)
         if key in seen:
             return seen[key], False
         seen[key] = (medium := self._shared(path, sampling, hear, key))[0]
@@ -298,8 +315,9 @@ class Preparer:
                 del self._reading[key]
 
     def _read(self, path: str, sampling: FrameSampling, digest: str | None, hear: bool) -> Medium:
+        """The upload read; a still picture with a side under one token refused (too_small)."""
         config = self.config
-        return read_medium(
+        medium = read_medium(
             path,
             sampling,
             max_seconds=config.max_video_seconds,
@@ -314,3 +332,8 @@ class Preparer:
             max_soundtrack_seconds=config.max_soundtrack_seconds,
             max_picture_pixels=config.max_picture_pixels,
         )
+        if not is_video(medium) and (
+            why := too_small("The picture", *medium.stored_size, self.family.token_side(self.loaded.processor))
+        ):
+            raise InputError(why)
+        return medium

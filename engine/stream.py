@@ -77,7 +77,10 @@ _END = object()
 @dataclass
 class Stream:
     """Handle the caller keeps for one submitted request. on_end: called once, with the stream, when it
-    ends (done or error), before its readers see the end; the engine's metrics count requests there."""
+    ends (done or error), before its readers see the end; the engine's metrics count requests there.
+
+    Once cancelled, a stream takes no more pieces (status, pictures, thinking, text): only the done event that
+    ends it, or an error."""
 
     request_id: int
     on_end: Callable[["Stream"], None] | None = None
@@ -85,6 +88,7 @@ class Stream:
     _cancelled: threading.Event = field(default_factory=threading.Event)
     _finished: threading.Event = field(default_factory=threading.Event)
     _listeners: list = field(default_factory=list)
+    _on_cancel: list = field(default_factory=list)  # callbacks waiting for cancel(), each called once
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _text: list[str] = field(default_factory=list)
     _thinking: list[str] = field(default_factory=list)
@@ -96,6 +100,8 @@ class Stream:
     # --- worker side -------------------------------------------------------------------------
     def push(self, event: Event) -> None:
         if self.finished:  # the request already ended; nothing may follow its last event
+            return
+        if self.cancelled and event.kind != "done":  # the reader has let go: a piece now would go unread
             return
         if event.kind == "text":
             self._text.append(event.text)
@@ -121,6 +127,8 @@ class Stream:
             self.on_end(self)
         self._deliver(_END)
         self._finished.set()
+        with self._lock:
+            self._on_cancel.clear()  # an ended stream is never cancelled: its watchers need not be kept
 
     def _deliver(self, item: object) -> None:
         with self._lock:
@@ -153,8 +161,27 @@ class Stream:
         return self._stats
 
     def cancel(self) -> None:
-        """Ask the engine to drop this request; it leaves the batch at the next step."""
-        self._cancelled.set()
+        """Ask the engine to drop this request; it leaves the batch at the next step. Whoever watches it
+        (when_cancelled) is told at once, on this thread."""
+        with self._lock:
+            if self._cancelled.is_set():
+                return
+            self._cancelled.set()
+            watchers, self._on_cancel = self._on_cancel, []
+        for callback in watchers:
+            callback(self)
+
+    def when_cancelled(self, callback: Callable[["Stream"], None]) -> None:
+        """Call callback(stream) once, when the reader cancels it (at once if it already has); never after the
+        stream has ended. The callback runs on the cancelling thread and must not block: a replica's client
+        wakes its event loop with it (replicas/client.py)."""
+        with self._lock:
+            if self.finished:
+                return
+            if not self._cancelled.is_set():
+                self._on_cancel.append(callback)
+                return
+        callback(self)
 
     def __iter__(self) -> Iterator[Event]:
         while True:

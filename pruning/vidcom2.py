@@ -59,7 +59,7 @@ def kernel_similarity(unit: torch.Tensor, centre: torch.Tensor) -> torch.Tensor:
     """sum over KERNEL_WIDTHS a of exp(-|unit - centre|^2 / (2a)): unit (..., C), centre broadcastable to it;
     returns (...) float32, from 0 (far) to len(KERNEL_WIDTHS) (the centre itself)."""
     distance_sq = (unit - centre).square().sum(dim=-1)
-    return sum(torch.exp(-distance_sq / (2 * width)) for width in KERNEL_WIDTHS)
+    return torch.stack([torch.exp(-distance_sq / (2 * width)) for width in KERNEL_WIDTHS]).sum(dim=0)
 
 
 def vidcom2_scores(features: torch.Tensor, grid_thw) -> tuple[torch.Tensor, torch.Tensor]:

@@ -10,9 +10,10 @@ a real `engine.stream.Stream` at once, and a background event loop feeds it from
 streaming response. Cancelling the stream cancels the call, which cancels the request on its replica.
 Read-only properties (`model_info`, `default_frame_sampling`, ...) are fetched once from a replica.
 
-When a replica dies mid-answer, its requests end with REPLICA_LOST (a BusyError: the UI shows it, the
-OpenAI route answers 429, a retry is right); a call that fails before its replica said hello never
-started there, and is sent once more to a live replica.
+When a replica dies mid-answer, or sends nothing for the progress deadline (a stopped or hung process),
+its requests end with REPLICA_LOST (a BusyError: the UI shows it, the OpenAI route answers 429, a retry is
+right); a call that fails before its replica said hello never started there, and is sent once more to a live
+replica. Cancelling a stream reaches its call at once (replicas/calls.py), whatever the message rate.
 """
 
 import asyncio
@@ -28,53 +29,44 @@ from pathlib import Path
 
 import ray
 from ray import serve
-from ray.exceptions import RayActorError
-from ray.serve.exceptions import RequestCancelledError
 
 from engine.config import EngineConfig, FrameSampling, FrameSamplingLimits, GenerationParams
-from engine.errors import QUEUE_FULL, RESTARTING, SERVER_FAULT, SHUTTING_DOWN, BusyError, InputError
+from engine.errors import (
+    LIVE_SESSION_LOST,
+    QUEUE_FULL,
+    RESTARTING,
+    SERVER_FAULT,
+    SHUTTING_DOWN,
+    BusyError,
+    InputError,
+    SessionLost,
+)
 from engine.front.checks import check_live_settings, check_request, media_paths
 from engine.front.metrics import Metrics
+from engine.front.shares import ClientShare, ClientShares
 from engine.memory.plan import Plan
-from engine.stats import Stats
-from engine.stream import Event, Stream
+from engine.stream import Stream
 
+from .calls import REPLICA_LOST, Placement, ReplicaLost, end_cancelled, fail_unfinished, read_call
+from .cluster import ReplicasUnavailable, connect, deploy
 from .deployment import DEPLOYMENT_NAME, engine_app
 from .live import RemoteLiveSession
 from .routing import DEFAULT_SPILL_AFTER
 from .videos import VideoSender
-from .wire import ERROR, HELLO, LIVE_SESSION_LOST, SessionLost, error_from_wire, event_from_wire
+from .wire import ERROR, error_from_wire
 
 log = logging.getLogger(__name__)
 
-REPLICA_LOST = "The server restarted part of its capacity; please ask again."
 # Replicas route a call by its one upload's digest; several in one question are served by a single engine.
 SEVERAL_MEDIA = "This server answers about one video or picture at a time; please ask about them one by one."
 DEFAULT_APP_NAME = "evs"
-REPO_ROOT = Path(__file__).resolve().parent.parent
-# How often a waiting call looks at its streams' cancel flags (seconds): Stream.cancel() only sets a
-# flag, as the engine's worker reads it each step.
-CANCEL_POLL_S = 0.1
+# A call with no message for this long (seconds) is on a replica that stopped: its requests end with
+# REPLICA_LOST. Replicas send ALIVE every 2 s while their engine works, so it need only outlast the longest
+# single engine iteration (a prefill); --replica-deadline-s / EVS_REPLICA_DEADLINE_S.
+DEFAULT_DEADLINE_S = 20.0
 # Bytes of shipped videos kept in the object store for follow-up questions (when videos go as bytes).
 SHIPPED_VIDEO_CACHE_BYTES = 2 << 30
 LIVE_OPEN_TIMEOUT_S = 60.0
-
-
-class ReplicaLost(BusyError):
-    """The replica answering this request died; asking again reaches a live one."""
-
-
-class ReplicasUnavailable(RuntimeError):
-    """The replicas could not be started (too few GPUs, a model that does not load); one sentence."""
-
-
-@dataclass(frozen=True)
-class Placement:
-    """Where a request is being answered: the Serve replica id, its process id, its Ray node id."""
-
-    replica: str
-    pid: int
-    node: str
 
 
 @dataclass
@@ -117,17 +109,21 @@ class ReplicatedEngine:
         quiet: bool = False,
         warm_up_clip: str | Path | None = None,
         app_name: str = DEFAULT_APP_NAME,
+        deadline_s: float = DEFAULT_DEADLINE_S,
     ):
         if not isinstance(replicas, int) or replicas < 1:
             raise ValueError(f"replicas must be a whole number of at least 1, not {replicas!r}")
+        if not deadline_s > 0:
+            raise ValueError(f"deadline_s must be above 0, not {deadline_s!r}")
         self.config = config or EngineConfig()
         self.replica_count = replicas
         self.app_name = app_name
+        self.deadline_s = float(deadline_s)
         self._deployed = False  # this object deployed its Serve app (and removes it)
         address = address or os.environ.get("RAY_ADDRESS") or None
         self._connected = not ray.is_initialized()  # this object connected to Ray (and disconnects)
         if self._connected:
-            ray.init(**_init_options(address, num_cpus, quiet))
+            connect(address, num_cpus, quiet)  # ReplicasUnavailable: nothing was started
         # A cluster this object started is this app's alone: shutdown stops Serve and Ray with it.
         self._own_cluster = self._connected and address is None
         try:
@@ -137,6 +133,7 @@ class ReplicatedEngine:
             raise
         self._ids = itertools.count(1)
         self._admission = threading.BoundedSemaphore(self.config.max_queue * replicas)
+        self._shares = ClientShares(self.config.max_client_requests)
         self._lock = threading.Lock()
         self._closed = False
         self._held: list[_Job] | None = None  # jobs submitted inside paused(), sent on its exit
@@ -171,14 +168,11 @@ class ReplicatedEngine:
             gpus=gpus,
             cpus_per_replica=cpus_per_replica or 1,
             spill_after=spill_after,
+            deadline_s=self.deadline_s,
             warm_up_clip=warm_up_clip,
         )
         self._deployed = True
-        try:
-            handle = serve.run(app, name=self.app_name, route_prefix=None)
-        except Exception as error:
-            why = _deploy_failure(self.app_name, error)
-            raise ReplicasUnavailable(f"The engine replicas did not start: {why}") from None
+        handle = deploy(app, self.app_name, DEPLOYMENT_NAME, replicas)
         self.handle = handle  # unary calls (a live session's); answers stream through _calls
         self._calls = handle.options(stream=True)
         self._about = handle.describe.remote().result()
@@ -244,30 +238,39 @@ class ReplicatedEngine:
         params: GenerationParams | None = None,
         history: list[tuple[str, str]] | tuple = (),
         media: Sequence[str | Path] | None = None,
+        client: str | None = None,
     ) -> Stream:
-        """Engine.submit's contract: returns at once; InputError / BusyError for what is wrong now,
-        everything about the video itself through the stream.
+        """Engine.submit's contract: returns at once; InputError / BusyError for what is wrong now (the client's
+        share counted here, over every replica), everything about the video itself through the stream.
 
         The checks here are Engine.submit's that need only the config (the same sentences, at once);
         the ones that need the model's tokenizer (question and history length in tokens) run on the
         replica, and their InputError arrives through the stream.
         """
-        paths, params, history = self._admit(video, question, params, history, media)
-        with self._lock:
-            job = _Job(
-                Stream(next(self._ids), on_end=self.metrics.ended), str(paths[0]), question.strip(), params, history
-            )
-            if self._held is not None:
-                self._held.append(job)
-                return job.stream
+        paths, params, history, share = self._admit(video, question, params, history, media, client)
+
+        def ended(stream: Stream) -> None:
+            share.release()
+            self.metrics.ended(stream)
+
+        try:
+            with self._lock:
+                job = _Job(Stream(next(self._ids), on_end=ended), str(paths[0]), question.strip(), params, history)
+                if self._held is not None:
+                    self._held.append(job)
+                    return job.stream
+        except BaseException:  # no job holds the slot and the share taken for it: they go back
+            self._admission.release()
+            share.release()
+            raise
         self._send([job])
         return job.stream
 
     def _admit(
-        self, video, question: str, params: GenerationParams | None, history, media=None
-    ) -> tuple[list, GenerationParams, list]:
-        """(upload paths, params, history) of a request checked as Engine.submit checks it, with an admission slot
-        taken; the refusal counted and raised otherwise."""
+        self, video, question: str, params: GenerationParams | None, history, media=None, client: str | None = None
+    ) -> tuple[list, GenerationParams, list, ClientShare]:
+        """(upload paths, params, history, the client's share) of a request checked as Engine.submit checks it, with
+        an admission slot and a place in the client's share taken; the refusal counted and raised otherwise."""
         try:
             params = params or GenerationParams()
             paths = media_paths(video, media)
@@ -279,19 +282,22 @@ class ReplicatedEngine:
             with self._lock:
                 if self._closed:
                     raise BusyError(RESTARTING)
+                share = self._shares.take(client)
                 if not self._admission.acquire(blocking=False):
+                    share.release()
                     raise BusyError(QUEUE_FULL)
-        except (InputError, BusyError):
-            self.metrics.refused()
+        except (InputError, BusyError) as error:
+            self.metrics.refused(error)
             raise
-        return paths, params, history
+        return paths, params, history, share
 
     @contextlib.contextmanager
     def paused(self, timeout_s: float = 120.0):
         """Engine.paused's contract: requests submitted inside the block start together. Here they are
         sent on exit, one call per video, so each video's requests reach its replica as one burst that
-        replica serves with one read of the video and one ViT forward. (timeout_s is accepted for the same
-        signature; nothing here waits.)"""
+        replica serves with one read of the video and one ViT forward; a burst larger than one replica's
+        queue (max_queue: overlapping pauses add up) goes as several calls, which the router places where
+        there is room. (timeout_s is accepted for the same signature; nothing here waits.)"""
         with self._lock:
             outer = self._held is not None
             if not outer:
@@ -305,11 +311,24 @@ class ReplicatedEngine:
                 by_video: dict[str, list[_Job]] = {}
                 for job in held:
                     by_video.setdefault(job.video, []).append(job)
+                most = self.config.max_queue
                 for jobs in by_video.values():
-                    self._send(jobs)
+                    for start in range(0, len(jobs), most):
+                        self._send(jobs[start : start + most])
 
     def _send(self, jobs: list[_Job]) -> None:
-        future = asyncio.run_coroutine_threadsafe(self._serve(jobs), self._loop)
+        """Start the call for `jobs`; their slots go back when it ends, or at once when it cannot start (the
+        client's loop has stopped), their streams failed."""
+        serving = self._serve(jobs)
+        try:
+            future = asyncio.run_coroutine_threadsafe(serving, self._loop)
+        except Exception:
+            log.exception("sending %d requests failed", len(jobs))
+            serving.close()
+            for job in jobs:
+                self._admission.release()
+                job.stream.fail(BusyError(RESTARTING))
+            return
         future.add_done_callback(lambda _: [self._admission.release() for _ in jobs])
 
     async def _serve(self, jobs: list[_Job]) -> None:
@@ -322,82 +341,26 @@ class ReplicatedEngine:
                 digest = await asyncio.to_thread(self._videos.digest, jobs[0].video)
                 video = await asyncio.to_thread(self._videos.payload, jobs[0].video, digest)
             except InputError as error:
-                _fail_unfinished(streams, error)
+                fail_unfinished(streams, error)
                 return
             requests = [{"question": j.question, "params": j.params, "history": j.history} for j in jobs]
             for _attempt in range(2):
                 response = self._calls.answer.remote(digest=digest, video=video, requests=requests)
-                started = await self._call(response, streams)
+                started = await read_call(response, streams, self.deadline_s, self._placed(streams))
                 if started or all(s.finished or s.cancelled for s in streams):
                     break
                 log.warning("a replica died before starting a call; sending it again")
             else:
-                _fail_unfinished(streams, ReplicaLost(REPLICA_LOST))
+                fail_unfinished(streams, ReplicaLost(REPLICA_LOST))
         except asyncio.CancelledError:  # shutdown
-            _fail_unfinished(streams, RuntimeError(SHUTTING_DOWN))
+            fail_unfinished(streams, RuntimeError(SHUTTING_DOWN))
             raise
         except Exception:  # a bug here: the streams still end, with a sentence
             log.exception("serving a call failed")
-            _fail_unfinished(streams, RuntimeError(SERVER_FAULT))
+            fail_unfinished(streams, RuntimeError(SERVER_FAULT))
         finally:
             self._open.pop(task, None)
-            _end_cancelled(streams)
-
-    async def _call(self, response, streams: list[Stream]) -> bool:
-        """One deployment call (`response`, the streaming handle's answer to it), its messages pushed to
-        `streams`. Returns whether a replica started on it (said hello); False only when it failed before that,
-        so that sending it again is safe.
-
-        The call's last ending message (done or error) is held until the call has ended on its replica:
-        a caller that asks again as soon as its answer is complete then finds that replica's queue
-        without it (Ray Serve counts a call against its replica until the replica's generator returns).
-        """
-        placement = None
-        last = None  # (stream, message) of the call's last ending message, until the call ends
-
-        def deliver(stream: Stream, message: dict) -> None:
-            if message["kind"] == ERROR:
-                stream.fail(error_from_wire(message))
-            else:
-                stream.push(event_from_wire(message))
-
-        try:
-            while True:
-                message = await _next_unless_cancelled(response, streams)
-                if message is None:
-                    break
-                if message["kind"] == HELLO:
-                    placement = Placement(message["replica"], message["pid"], message["node"])
-                    self._remember(streams, placement)
-                    continue
-                stream = streams[message["index"]]
-                ends = message["kind"] in ("done", ERROR)
-                if ends and all(other.finished for other in streams if other is not stream):
-                    last = (stream, message)
-                else:
-                    deliver(stream, message)
-        except (_Cancelled, asyncio.CancelledError) as cancelled:
-            response.cancel()  # the replica's generator is cancelled, and cancels its engine requests
-            if isinstance(cancelled, asyncio.CancelledError):
-                raise
-            return True
-        except RequestCancelledError:
-            return True
-        except RayActorError:
-            if placement is None:
-                return False
-            if last is not None:  # its answer was complete: only the call's end was lost
-                deliver(*last)
-                last = None
-            log.warning("replica %s (pid %d) died with requests in flight", placement.replica, placement.pid)
-            _fail_unfinished(streams, ReplicaLost(REPLICA_LOST))
-            return True
-        finally:
-            if last is not None:  # a complete answer (or its error) is delivered whatever ended the call
-                deliver(*last)
-        # A call that ended without ending a request is a bug on the replica's side.
-        _fail_unfinished(streams, RuntimeError(SERVER_FAULT))
-        return True
+            end_cancelled(streams)
 
     # --- live sessions (replicas/live.py) --------------------------------------------------------------
     def open_live(self, params: GenerationParams | None = None) -> RemoteLiveSession:
@@ -428,17 +391,22 @@ class ReplicatedEngine:
             else:
                 raise full or BusyError(RESTARTING)
         except (InputError, BusyError):
-            self.metrics.refused()
+            self.metrics.live_session("refused")
             raise
+        self.metrics.live_session("opened")
         return RemoteLiveSession(self, reply["session"], reply["replica"], params, self.config.max_video_source_pixels)
 
     def ask_live(self, session: str, question: str, history=(), params: GenerationParams | None = None) -> Stream:
         """A question about a live session, streamed from its replica as an upload's answer (LiveSession.ask)."""
-        _, params, history = self._admit(f"live session {session}", question, params, history)
-        stream = Stream(next(self._ids), on_end=self.metrics.ended)
-        future = asyncio.run_coroutine_threadsafe(
-            self._serve_live(session, question.strip(), history, params, stream), self._loop
-        )
+        _, params, history, _ = self._admit(f"live session {session}", question, params, history)
+        try:
+            stream = Stream(next(self._ids), on_end=self.metrics.ended)
+            future = asyncio.run_coroutine_threadsafe(
+                self._serve_live(session, question.strip(), history, params, stream), self._loop
+            )
+        except BaseException:  # nothing was sent: the slot taken for it goes back
+            self._admission.release()
+            raise
         future.add_done_callback(lambda _: self._admission.release())
         return stream
 
@@ -447,23 +415,30 @@ class ReplicatedEngine:
         self._open[task] = 1
         try:
             response = self._calls.live_ask.remote(session=session, question=question, history=history, params=params)
-            if not await self._call(response, [stream]):  # failed before its replica said hello: that one is gone
-                _fail_unfinished([stream], SessionLost(LIVE_SESSION_LOST))
+            if not await read_call(
+                response, [stream], self.deadline_s, self._placed([stream])
+            ):  # failed before its replica said hello: that one is gone
+                fail_unfinished([stream], SessionLost(LIVE_SESSION_LOST))
         except asyncio.CancelledError:  # shutdown
-            _fail_unfinished([stream], RuntimeError(SHUTTING_DOWN))
+            fail_unfinished([stream], RuntimeError(SHUTTING_DOWN))
             raise
         except Exception:
             log.exception("a live question failed")
-            _fail_unfinished([stream], RuntimeError(SERVER_FAULT))
+            fail_unfinished([stream], RuntimeError(SERVER_FAULT))
         finally:
             self._open.pop(task, None)
-            _end_cancelled([stream])
+            end_cancelled([stream])
 
-    def _remember(self, streams: list[Stream], placement: Placement) -> None:
-        for stream in streams:
-            self._placements[stream.request_id] = placement
-        while len(self._placements) > 4096:
-            self._placements.popitem(last=False)
+    def _placed(self, streams: list[Stream]):
+        """What read_call tells once the call's replica said hello: where these streams are answered."""
+
+        def remember(placement: Placement) -> None:
+            for stream in streams:
+                self._placements[stream.request_id] = placement
+            while len(self._placements) > 4096:
+                self._placements.popitem(last=False)
+
+        return remember
 
     # --- the end ----------------------------------------------------------------------------------
     def shutdown(self) -> None:
@@ -516,73 +491,3 @@ class ReplicatedEngine:
 
     def __exit__(self, *exc) -> None:
         self.shutdown()
-
-
-class _Cancelled(Exception):
-    """Every stream of a call was cancelled by its reader."""
-
-
-async def _next_unless_cancelled(response, streams: list[Stream]) -> dict | None:
-    """The call's next message (None at its end); raises _Cancelled once every unfinished stream
-    has been cancelled by its reader."""
-    pending = asyncio.ensure_future(response.__anext__())
-    # Once abandoned, its outcome (often RequestCancelledError) is nobody's: read it so asyncio does not log it.
-    pending.add_done_callback(lambda task: task.cancelled() or task.exception())
-    try:
-        while True:
-            done, _ = await asyncio.wait({pending}, timeout=CANCEL_POLL_S)
-            if done:
-                try:
-                    return pending.result()
-                except StopAsyncIteration:
-                    return None
-            unfinished = [stream for stream in streams if not stream.finished]
-            if unfinished and all(stream.cancelled for stream in unfinished):
-                raise _Cancelled
-    finally:
-        if not pending.done():
-            pending.cancel()
-
-
-def _fail_unfinished(streams: list[Stream], error: Exception) -> None:
-    for stream in streams:
-        if not stream.finished:
-            stream.fail(error)
-
-
-def _end_cancelled(streams: list[Stream]) -> None:
-    """A cancelled request ends as the engine ends one: a done event, with stats not measured."""
-    for stream in streams:
-        if stream.cancelled and not stream.finished:
-            stream.push(Event("done", stats=Stats().as_dict()))
-
-
-def _init_options(address: str | None, num_cpus: int | None, quiet: bool) -> dict:
-    """ray.init's arguments: join `address`, or start a local cluster whose workers import this repo."""
-    options = {"log_to_driver": not quiet, "include_dashboard": False}
-    if address is not None:
-        return {**options, "address": address}
-    # The replicas unpickle EngineConfig and import engine/ and replicas/ from this checkout, whatever
-    # the directory the app was started from.
-    python_path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    return {
-        **options,
-        "address": "local",
-        "num_cpus": num_cpus,
-        "runtime_env": {"env_vars": {"PYTHONPATH": python_path}},
-    }
-
-
-def _deploy_failure(app_name: str, error: BaseException) -> str:
-    """Why the replicas did not start, in one line: the replica's own exception (the last line of the
-    deployment's status message, which ends with the constructor's traceback), else Serve's error."""
-    try:
-        message = serve.status().applications[app_name].deployments[DEPLOYMENT_NAME].message
-    except Exception:
-        message = ""
-    return _last_line(message) if message.strip() else _last_line(error)
-
-
-def _last_line(error: BaseException | str) -> str:
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    return lines[-1] if lines else type(error).__name__

@@ -12,6 +12,7 @@ import dataclasses
 import logging
 import os
 import threading
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import ray
@@ -21,21 +22,27 @@ from ray.serve.config import RequestRouterConfig
 from ray.serve.schema import LoggingConfig
 
 from engine import Engine, EngineConfig, LiveSession
+from engine.errors import LIVE_SESSION_LOST, SessionLost
 from engine.front.door import cancel_unfinished, merged, request_params
 from engine.stream import Stream
 
 from .router import VideoAffinityRouter
 from .videos import VideoFiles
-from .wire import HELLO, LIVE_SESSION_LOST, SessionLost, error_to_wire, event_to_wire
+from .wire import ALIVE, HELLO, error_to_wire, event_to_wire
 
 log = logging.getLogger(__name__)
 
 DEPLOYMENT_NAME = "EngineReplica"
-# Serve asks each replica's check_health this often (seconds); a replica that fails it, or whose actor
-# died, is replaced. Its in-flight requests fail at once when the process dies; the period only bounds
-# how soon a replacement starts.
-HEALTH_CHECK_PERIOD_S = 5.0
-HEALTH_CHECK_TIMEOUT_S = 60.0
+# Serve asks each replica's check_health this often (seconds), and takes a check not answered within the
+# timeout as failed; three failures in a row (Serve's own threshold) and the replica is replaced, its calls
+# ending with the client's "ask again" sentence. check_health answers at once unless the engine is past
+# repair, so a stopped or hung process is found in about 3 x (period + timeout) = 21 s, and a stalled engine
+# worker (a hung device) about 3 periods after its stall passes the progress deadline.
+HEALTH_CHECK_PERIOD_S = 2.0
+HEALTH_CHECK_TIMEOUT_S = 5.0
+# Without another message for this long (seconds), a call sends ALIVE, while the engine's worker turns: the
+# client's progress deadline (replicas/client.py) then measures a replica that stopped, not a long wait.
+TICK_S = 2.0
 WARM_UP_QUESTION = "Which way does the shape move?"
 WARM_UP_NEW_TOKENS = 8
 WARM_UP_TIMEOUT_S = 600.0
@@ -52,12 +59,23 @@ class EngineReplica:
     cpu_threads: torch's intra-op threads here (the replica's CPU share); None leaves torch's default.
     warm_up_clip: a video answered once before Serve sends this replica any request, so that no user
     pays its cold start, a replacement replica's included (skipped where the file is not on this node).
+    deadline_s: the progress deadline: an engine worker that has not turned for this long fails the health check.
     """
 
-    def __init__(self, config: EngineConfig, cpu_threads: int | None = None, warm_up_clip: str | None = None):
+    def __init__(
+        self,
+        config: EngineConfig,
+        cpu_threads: int | None = None,
+        warm_up_clip: str | None = None,
+        deadline_s: float = 20.0,
+    ):
         if cpu_threads:
             torch.set_num_threads(cpu_threads)
         self.engine = Engine(config)
+        self.deadline_s = deadline_s
+        device = self.engine.loaded.device
+        # Probed on a stream of its own: on the worker's it would wait behind a long prefill's kernels.
+        self._probe_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         if warm_up_clip and Path(warm_up_clip).is_file():
             # A replica that cannot answer this cannot answer users: failing here fails the start.
             params = request_params(self.engine, max_new_tokens=WARM_UP_NEW_TOKENS)
@@ -84,24 +102,35 @@ class EngineReplica:
 
     def check_health(self) -> None:
         """Serve's health check: raising makes Serve replace this replica. The engine's worker keeps
-        serving after a failed iteration, so a dead worker thread, or a device that no longer runs a
-        one-element kernel (a sticky CUDA error fails every later iteration), is past repair here."""
+        serving after a failed iteration, so a dead worker thread, a worker that has not turned within the
+        progress deadline (a hung device), or a device that no longer runs a one-element kernel (a sticky
+        CUDA error fails every later iteration) is past repair here."""
         if not self.engine.healthy:
             raise RuntimeError("the engine's worker thread has stopped")
-        device = self.engine.loaded.device
-        if device.type == "cuda":
-            probe = torch.ones(1, device=device) + 1
-            torch.cuda.current_stream(device).synchronize()
-            if probe.item() != 2:
-                raise RuntimeError("the GPU returned a wrong result")
+        if (stalled_s := self.engine.stalled_s) > self.deadline_s:
+            raise RuntimeError(f"the engine's worker has not moved for {stalled_s:.0f} s")
+        if self._probe_stream is not None:
+            with torch.cuda.stream(self._probe_stream):
+                probe = torch.ones(1, device=self.engine.loaded.device) + 1
+                self._probe_stream.synchronize()
+                if probe.item() != 2:
+                    raise RuntimeError("the GPU returned a wrong result")
+
+    def _turning(self) -> bool:
+        """Whether the engine's worker has turned within the last tick: what ALIVE vouches for."""
+        return self.engine.stalled_s < TICK_S
 
     async def answer(self, digest: str, video: dict, requests: list[dict]):
         """Stream the answers to `requests` (each {"question", "params", "history"}) about one video.
 
         digest: the video's sha256 hex (the router's key); video: {"path"} or {"ref", "suffix"}
         (replicas/videos.py). Several requests are submitted inside `Engine.paused()`, so they share one
-        read of the video and one ViT forward, as a local engine's burst does.
+        read of the video and one ViT forward, as a local engine's burst does. ALIVE between messages.
         """
+        async for message in ticking(self._answer(digest, video, requests), self._turning, TICK_S):
+            yield message
+
+    async def _answer(self, digest: str, video: dict, requests: list[dict]):
         yield {"kind": HELLO, "replica": self.name, "pid": self.pid, "node": self.node}
         streams: dict[int, Stream] = {}
         failed: list[tuple[int, BaseException]] = []
@@ -172,7 +201,11 @@ class EngineReplica:
             return error_to_wire(0, error)
 
     async def live_ask(self, session: str, question: str, history: list, params):
-        """LiveSession.ask, streamed as `answer` streams an upload's request (index 0)."""
+        """LiveSession.ask, streamed as `answer` streams an upload's request (index 0), ALIVE between messages."""
+        async for message in ticking(self._live_ask(session, question, history, params), self._turning, TICK_S):
+            yield message
+
+    async def _live_ask(self, session: str, question: str, history: list, params):
         yield {"kind": HELLO, "replica": self.name, "pid": self.pid, "node": self.node}
         streams: dict[int, Stream] = {}
         try:
@@ -219,6 +252,33 @@ class EngineReplica:
 _burst_lock = threading.Lock()
 
 
+async def ticking(messages: AsyncIterator[dict], alive: Callable[[], bool], period_s: float) -> AsyncIterator[dict]:
+    """`messages` as they come, and {"kind": ALIVE} after every `period_s` without one, when alive(). Closing this
+    closes `messages` (a cancelled call cancels its requests there)."""
+    pending = None
+    try:
+        while True:
+            if pending is None:
+                pending = asyncio.ensure_future(messages.__anext__())
+            done, _ = await asyncio.wait({pending}, timeout=period_s)
+            if not done:
+                if alive():
+                    yield {"kind": ALIVE}
+                continue
+            finished, pending = pending, None
+            try:
+                message = finished.result()
+            except StopAsyncIteration:
+                return
+            yield message
+    finally:
+        if pending is not None and not pending.done():
+            pending.cancel()  # raises CancelledError inside `messages`, whose finally cancels its requests
+            with contextlib.suppress(BaseException):
+                await pending
+        await messages.aclose()
+
+
 def engine_app(
     config: EngineConfig,
     replicas: int,
@@ -226,12 +286,14 @@ def engine_app(
     gpus: bool,
     cpus_per_replica: float,
     spill_after: int,
+    deadline_s: float,
     warm_up_clip: str | None = None,
 ):
     """The bound Serve application: `replicas` engines, one GPU each when `gpus`, else
-    `cpus_per_replica` CPUs each (torch then runs that many threads, at least one), routed by video;
-    each answers `warm_up_clip` once before it takes requests. Unless the config sets video_readers, each
-    replica reads videos with its share of the cores."""
+    `cpus_per_replica` CPUs each (torch then runs that many threads, at least one), routed by video and the
+    requests each has under way (at most the config's max_queue each); each answers `warm_up_clip` once before
+    it takes requests, and fails its health check when its worker stalls past `deadline_s`. Unless the config
+    sets video_readers, each replica reads videos with its share of the cores."""
     actor_options = {"num_gpus": 1} if gpus else {"num_cpus": cpus_per_replica}
     cpu_threads = None if gpus else max(1, int(cpus_per_replica))
     if config.video_readers is None:
@@ -243,8 +305,8 @@ def engine_app(
         name=DEPLOYMENT_NAME,
         num_replicas=replicas,
         ray_actor_options=actor_options,
-        # Serve counts a call as one ongoing request until its stream ends; the engine queues and batches
-        # them itself, so a replica takes as many as the engine admits.
+        # Serve counts calls until their streams end; a call holds one request or a burst, and the router
+        # counts those against max_queue (replicas/router.py), so Serve's count never binds first.
         max_ongoing_requests=config.max_queue,
         health_check_period_s=HEALTH_CHECK_PERIOD_S,
         health_check_timeout_s=HEALTH_CHECK_TIMEOUT_S,
@@ -253,8 +315,8 @@ def engine_app(
         graceful_shutdown_wait_loop_s=0.5,
         request_router_config=RequestRouterConfig(
             request_router_class=VideoAffinityRouter,
-            request_router_kwargs={"spill_after": spill_after},
+            request_router_kwargs={"spill_after": spill_after, "capacity": config.max_queue},
         ),
         logging_config=LoggingConfig(enable_access_log=False),
     )
-    return deployment.bind(config, cpu_threads, None if warm_up_clip is None else str(warm_up_clip))
+    return deployment.bind(config, cpu_threads, None if warm_up_clip is None else str(warm_up_clip), deadline_s)

@@ -4,14 +4,18 @@ its state lives there. Frames travel in the call's arguments, through Ray's obje
 do; a question streams back as an upload's answer does. When the replica is lost, the session ends: the next
 call, or the question under way, says so in one sentence (SessionLost, a BusyError)."""
 
+import logging
+
 from ray.exceptions import RayActorError
 
-from engine.errors import InputError
+from engine.errors import LIVE_SESSION_LOST, SessionEnded, SessionLost
 from engine.live.frames import check_frame
 from engine.live.session import CLOSED
 from engine.stream import Stream
 
-from .wire import ERROR, LIVE_SESSION_LOST, SessionLost, error_from_wire
+from .wire import ERROR, error_from_wire
+
+log = logging.getLogger(__name__)
 
 CALL_TIMEOUT_S = 60.0  # a push or a stats call; a replica that does not answer in this is taken as lost
 
@@ -37,13 +41,15 @@ class RemoteLiveSession:
             reply = {"kind": ERROR, "error": "lost", "message": LIVE_SESSION_LOST}
         if isinstance(reply, dict) and reply.get("kind") == ERROR:
             error = error_from_wire(reply)
-            self._lost = self._lost or isinstance(error, SessionLost)
+            if isinstance(error, SessionLost) and not self._lost:
+                self._lost = True
+                self._engine.metrics.live_session("lost")
             raise error
         return reply
 
     def _check_open(self) -> None:
         if self._closed:
-            raise InputError(CLOSED)
+            raise SessionEnded(CLOSED)
         if self._lost:
             raise SessionLost(LIVE_SESSION_LOST)
 
@@ -68,9 +74,16 @@ class RemoteLiveSession:
         return self._call("live_wait", deadline_s, timeout_s=timeout_s)["caught_up"]
 
     def close(self) -> None:
-        """Close it on its replica (nothing to do when the replica is gone); closing twice is harmless."""
+        """Close it on its replica (nothing to do when the replica is gone); closing twice is harmless, and closing
+        never raises: it is called on the way out (a socket's end, a tab's), where a replica that fails to answer
+        has lost the session anyway."""
         if not (self._lost or self._closed):
-            self._call("live_close")
+            try:
+                self._call("live_close")
+            except Exception:
+                log.warning("closing live session %s on its replica failed", self.session, exc_info=True)
+            else:
+                self._engine.metrics.live_session("closed")
         self._closed = True
 
     def __enter__(self) -> "RemoteLiveSession":

@@ -5,25 +5,22 @@ Ray's object store does not depend on how engine.stream's classes are defined on
 
 Messages a replica yields, in order, for one call:
     {"kind": "hello", "replica": str, "pid": int, "node": str}      once, first: who is answering
+    {"kind": "alive"}                                                 every TICK_S without another message, while
+                                                                      the replica's engine worker turns
     {"index": i, "kind": "status" | "thinking" | "text", "text": str}
     {"index": i, "kind": "evs", "evs": {...EvsPicture fields...}}
     {"index": i, "kind": "done", "stats": dict, "token_ids": list[int], "logits": ndarray | None}
-    {"index": i, "kind": "error", "error": "input" | "busy" | "lost" | "runtime", "message": str}
+    {"index": i, "kind": "error", "error": "input" | "busy" | "lost" | "ended" | "runtime", "message": str}
 `index` is the request's position in the call (a burst submitted under `paused()` is one call). The done
 event's stats carry one more key than the engine's, `replica`: the Serve replica id that answered.
 """
 
-from engine.errors import BusyError, InputError
+from engine.errors import BusyError, InputError, SessionEnded, SessionLost
 from engine.stream import Event, EvsPicture
 
 HELLO = "hello"
+ALIVE = "alive"
 ERROR = "error"
-LIVE_SESSION_LOST = "The server restarted the part of it that held this live session; please open a new one to go on."
-
-
-class SessionLost(BusyError):
-    """The replica holding a live session is gone (or never held it): the session has ended."""
-
 
 TEXT_KINDS = ("status", "thinking", "text")  # the events that carry only text
 
@@ -77,6 +74,8 @@ def error_to_wire(index: int, error: BaseException) -> dict:
     """A request's failure as plain data: the engine's one sentence and which kind of error it was."""
     if isinstance(error, SessionLost):
         kind = "lost"
+    elif isinstance(error, SessionEnded):
+        kind = "ended"
     elif isinstance(error, BusyError):
         kind = "busy"
     elif isinstance(error, InputError):
@@ -88,5 +87,11 @@ def error_to_wire(index: int, error: BaseException) -> dict:
 
 def error_from_wire(message: dict) -> Exception:
     """The exception the client's stream raises: the same class family and sentence as a local engine's."""
-    kinds = {"busy": BusyError, "input": InputError, "lost": SessionLost, "runtime": RuntimeError}
+    kinds = {
+        "busy": BusyError,
+        "input": InputError,
+        "lost": SessionLost,
+        "ended": SessionEnded,
+        "runtime": RuntimeError,
+    }
     return kinds.get(message["error"], RuntimeError)(message["message"])

@@ -1,5 +1,6 @@
 """A real app for the app and browser tests: the tiny-model engine on CPU behind a launched demo."""
 
+import json
 import socket
 import time
 from contextlib import contextmanager
@@ -11,7 +12,7 @@ from gradio_client import Client
 from prometheus_client.parser import text_string_to_metric_families
 
 import ui
-from app import metrics_route
+from app import health_route, metrics_route
 from engine import Engine, EngineConfig, Stream
 from live_helpers import RecordedLive
 
@@ -20,12 +21,14 @@ MAX_VIDEO_S = 4.0
 
 
 class SubmitSpy:
-    """The real engine, keeping every stream it hands out so tests can see cancellation; with record_live, every
-    live session it opens as a `RecordedLive` (tests/live_helpers.py), which keeps the frames pushed to it."""
+    """The real engine, keeping every stream it hands out so tests can see cancellation, and what each was asked
+    (`asked`: submit's keyword arguments, history among them); with record_live, every live session it opens as a
+    `RecordedLive` (tests/live_helpers.py), which keeps the frames pushed to it."""
 
     def __init__(self, engine: Engine, record_live: bool = False):
         self.engine, self.record_live = engine, record_live
         self.streams: list[Stream] = []
+        self.asked: list[dict] = []
         self.live_sessions: list[RecordedLive] = []
 
     @property
@@ -56,6 +59,7 @@ class SubmitSpy:
 
     def submit(self, *args, **kwargs) -> Stream:
         stream = self.engine.submit(*args, **kwargs)
+        self.asked.append(kwargs)
         self.streams.append(stream)
         return stream
 
@@ -76,7 +80,7 @@ def free_port() -> int:
 
 @contextmanager
 def launched_app(cache_dir: Path, model: str = "tiny-random", record_live: bool = False, **engine_settings):
-    """A demo on a free port around a tiny-model engine on CPU, with /metrics, the OpenAI routes, the /v1/live
+    """A demo on a free port around a tiny-model engine on CPU, with /healthz, /metrics, the OpenAI routes, the /v1/live
     WebSocket and the MCP server as app.py serves them; closed and shut down afterwards. record_live: the spy
     records its live sessions (SubmitSpy). engine_settings: EngineConfig fields (max_queue; read_timeout_s is also
     /v1/live's idle time, as in app.py)."""
@@ -87,6 +91,7 @@ def launched_app(cache_dir: Path, model: str = "tiny-random", record_live: bool 
     demo = ui.build_demo(spy, max_file_bytes=MAX_FILE_BYTES)
     try:
         routes = [
+            health_route(spy, False),
             metrics_route(spy),
             *ui.openai_routes(spy, MAX_FILE_BYTES),
             *ui.live_routes(spy, engine.config.max_video_source_pixels, engine.config.read_timeout_s),
@@ -113,6 +118,16 @@ def wait_until(condition, timeout_s: float = 20.0) -> bool:
             return True
         time.sleep(0.05)
     return condition()
+
+
+def strict_json(text: str | bytes):
+    """json.loads that refuses NaN, Infinity and -Infinity, which Python writes and reads but JSON has not: a
+    browser's JSON.parse throws on them."""
+
+    def refuse(constant: str):
+        raise ValueError(f"{constant} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
 
 
 def parse_metrics(text: str) -> dict[tuple, float]:

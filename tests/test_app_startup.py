@@ -413,3 +413,32 @@ def test_too_little_gpu_memory_falls_back_unless_strict(monkeypatch, capsys, str
         )
     finally:
         served.shutdown()
+
+
+# ---- a Ray cluster that cannot be reached or started (--replicas) ----------------------------------------------
+
+
+def test_an_unreachable_ray_cluster_is_one_sentence_and_a_prompt_exit(tmp_path):
+    """RAY_ADDRESS names a port where nothing listens: Ray's own client retried it for over two minutes without a
+    word; the app says which address it tried and what to check, and exits (replicas/cluster.py)."""
+    address = f"127.0.0.1:{free_port()}"
+    started = time.monotonic()
+    result = run_app(tmp_path, "--model", "tiny-random", "--replicas", "2", RAY_ADDRESS=address)
+    took_s = time.monotonic() - started
+    assert result.returncode == 4, result.stderr[-2000:]
+    [line] = error_lines(result)
+    assert line.startswith(f"error: Nothing answers at the Ray cluster address {address} (RAY_ADDRESS): ")
+    assert "`ray status`" in line
+    assert took_s < 90, took_s
+
+
+def test_a_local_ray_cluster_that_cannot_start_is_one_sentence(tmp_path):
+    """Ray cannot create its temporary folder (RAY_TMPDIR under a plain file): one sentence that names the folder to
+    check, not ray.init's traceback."""
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    result = run_app(tmp_path, "--model", "tiny-random", "--replicas", "2", RAY_TMPDIR=str(blocker / "ray"))
+    assert result.returncode == 4, result.stderr[-2000:]
+    [line] = error_lines(result)
+    assert line.startswith("error: Ray could not start a local cluster: ")
+    assert "RAY_TMPDIR" in line

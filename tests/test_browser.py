@@ -325,3 +325,120 @@ def test_two_videos_and_a_picture_are_answered_with_a_pruning_picture_per_video(
         tab.screenshot(path=str(ARTIFACTS / f"screenshot-media-{viewport}.png"), full_page=True)
     finally:
         context.close()
+
+
+def user_messages(tab) -> list[str]:
+    return [text.strip() for text in tab.locator('#evs-chat [data-testid="user"]').all_inner_texts()]
+
+
+def wait_done(tab, questions: int) -> None:
+    """The answer to the conversation's `questions`-th question has ended."""
+    tab.wait_for_function(
+        "n => document.querySelectorAll('#evs-chat [data-testid=\"user\"]').length === n"
+        " && document.querySelector('#evs-status').innerText.includes('done')",
+        arg=questions,
+        timeout=TIMEOUT_MS,
+    )
+
+
+def long_answer_tab(browser, app, clip, kind: str = "moving_object"):
+    """A fresh tab with a clip uploaded and answers of 1,024 tokens (about 1.5 s of the tiny model)."""
+    tab = browser.new_page(viewport={"width": 1400, "height": 900})
+    tab.set_default_timeout(TIMEOUT_MS)
+    tab.goto(app.url)
+    tab.wait_for_selector("#evs-ask")
+    upload(tab, clip(kind))
+    tab.click("#evs-advanced button")
+    set_slider(tab, "evs-max-new-tokens", 1024)
+    return tab
+
+
+def started(tab, app, count: int):
+    """The engine stream of the app's `count`-th request, once the tab shows its first words (the tab's first)."""
+    tab.wait_for_selector('#evs-chat [data-testid="bot"]')
+    return app.spy.streams[count - 1]
+
+
+def test_a_question_sent_while_an_answer_streams_is_answered_after_it_in_order(browser, app, clip):
+    """Ask, then type a second question while the answer streams and send it from the box (Shift+Enter: the box has
+    two lines), then ask a third: all three stay in
+    the conversation, in order, each asked with the ones before as its history (Ask and Enter were two events racing
+    for the conversation: the second question was answered, then vanished, 3 runs of 3). A try in which the first
+    answer ended before the Enter proves nothing and is made again, up to three times."""
+    for _ in range(3):
+        tab = long_answer_tab(browser, app, clip)
+        first = len(app.spy.streams)
+        try:
+            ask(tab, "First question?")
+            started(tab, app, first + 1)
+            tab.fill("#evs-question textarea", "Second question?")
+            tab.press("#evs-question textarea", "Shift+Enter")  # the box has two lines: Enter alone breaks the line
+            if "done" in status_text(tab):
+                continue
+            wait_done(tab, 2)
+            ask(tab, "Third question?")
+            wait_done(tab, 3)
+            assert user_messages(tab) == ["First question?", "Second question?", "Third question?"]
+            assert tab.locator('#evs-chat [data-testid="bot"]').count() == 3
+            asked = app.spy.asked[first:]
+            assert [request["question"] for request in asked] == [
+                "First question?",
+                "Second question?",
+                "Third question?",
+            ]
+            answers = [stream.result().text for stream in app.spy.streams[first:]]
+            assert [list(request["history"]) for request in asked] == [
+                [],
+                [("First question?", answers[0])],
+                [("First question?", answers[0]), ("Second question?", answers[1])],
+            ]
+            assert answers[0] and not app.spy.streams[first].cancelled  # the first answer ran to its end
+            return
+        finally:
+            tab.close()
+    pytest.fail("the first answer always ended before the Enter: the race was never tried")
+
+
+def test_new_uploads_while_an_answer_streams_start_a_new_conversation(browser, app, clip):
+    """Ask about video A; while its answer is under way, clear the strip and upload video B; ask about B. The answer
+    about A stops, and B's conversation holds B's question alone, sent with no history (the ending answer wrote A's
+    question back into the cleared conversation, and sent it with B's: 3 runs of 3). The engine holds admission
+    (engine.paused) while the strip changes, so that A's answer is certainly still under way: on this busy host the
+    tiny model ends a 1,024-token answer before the page shows its first words."""
+    tab = long_answer_tab(browser, app, clip, "pan")
+    first, engine = len(app.spy.streams), app.spy.engine
+    try:
+        with engine.paused():
+            ask(tab, "About A?")
+            assert wait_until(lambda: len(app.spy.streams) == first + 1, timeout_s=60)
+            about_a = app.spy.streams[first]
+            tab.click('#evs-media button[aria-label="Clear"]')
+            upload(tab, clip("scene_cut"))
+            assert wait_until(lambda: about_a.cancelled, timeout_s=30)  # the new uploads stopped it
+        assert wait_until(lambda: about_a.finished, timeout_s=30)
+        ask(tab, "About B?")
+        wait_done(tab, 1)
+        assert user_messages(tab) == ["About B?"]
+        about_b = app.spy.asked[-1]
+        assert about_b["question"] == "About B?" and list(about_b["history"]) == []
+        assert [Path(path).read_bytes() for path in about_b["media"]] == [clip("scene_cut").read_bytes()]
+    finally:
+        tab.close()
+
+
+def test_a_closed_tab_lets_go_of_its_pruning_pictures(browser, app, clip):
+    """The latest answer's pruning pictures (every sampled frame of its videos) are held for the tab while it is
+    open, for the choice of video, and dropped by the page's unload event when it closes (a gr.State kept them an
+    hour after the tab closed)."""
+    pictures = app.demo.tab_pictures
+    earlier = pictures.tabs()  # an earlier test's tab, closed, may wait for its unload a while yet
+    tab = browser.new_page(viewport={"width": 1400, "height": 900})
+    tab.set_default_timeout(TIMEOUT_MS)
+    tab.goto(app.url)
+    tab.wait_for_selector("#evs-ask")
+    upload(tab, clip("static"))
+    ask(tab, "Does anything move?")
+    wait_done(tab, 1)
+    (mine,) = pictures.tabs() - earlier
+    tab.close()
+    assert wait_until(lambda: mine not in pictures.tabs(), timeout_s=60)

@@ -199,9 +199,15 @@ def test_stats_cards_show_the_headline_numbers():
         "ViT cached · pruning 2.1 ms",
         "56% pruned at q=0.70 by evs",
         "6 frames at 2 fps · grid 3 × 2 × 3",
-        "prefilled 40 of 40 prompt tokens",
+        "prefilled all 40 prompt tokens; none came from the cache",
     ]:
         assert fragment in html, fragment
+    assert "the rest came from" not in html  # nothing did
+
+
+def test_the_cache_card_says_how_much_of_the_prompt_came_from_the_kv_cache():
+    html = stats_panel.stats_html(sample_stats(prefill_tokens=12, prefix_cache_hit=True))
+    assert "prefilled 12 of 40 prompt tokens; the other 28 came from the KV cache of this conversation" in html
 
 
 def test_the_video_stage_splits_reading_from_waiting_for_a_reader():

@@ -67,7 +67,8 @@ def through_the_page(app, video: Path | None, question: str, rate: float, method
             False,
             False,
             False,
-            [],
+            [],  # turns
+            [],  # asked_media
         ):
             pass
 

@@ -2,6 +2,7 @@
 frame size opens a new one, a refusal is a sentence in the status line, an idle feed closes its session."""
 
 import asyncio
+import threading
 import time
 
 import gradio as gr
@@ -11,7 +12,7 @@ import pytest
 from app_harness import wait_until
 from engine import Engine, EngineConfig
 from live_helpers import clip_frames
-from ui.live_feeds import NO_STREAM, LiveFeeds
+from ui.live_feeds import NO_STREAM, LiveFeed, LiveFeeds
 
 FRAMES = clip_frames(1_000_050, fps=2)
 
@@ -52,7 +53,16 @@ def test_a_new_rate_or_size_opens_a_new_session_and_a_full_server_is_one_sentenc
     feeds.close_session(tab("second"))
 
 
-def test_an_idle_feed_closes_its_session_and_the_next_frame_opens_one(one_session_engine):
+def test_an_idle_feed_closes_its_session_and_the_next_frame_opens_one(one_session_engine, monkeypatch):
+    # The watcher looks only once the question is answered, however slow the machine: a question not yet forked
+    # when the session closes ends with the session's sentence, not an answer.
+    asked = threading.Event()
+    close_if_idle = LiveFeed.close_if_idle
+
+    def after_the_question(self, now_s, idle_s):
+        return asked.is_set() and close_if_idle(self, now_s, idle_s)
+
+    monkeypatch.setattr(LiveFeed, "close_if_idle", after_the_question)
     feeds = LiveFeeds(one_session_engine, idle_s=1.5)
     feed = feeds.feed("tab")
     start = time.monotonic() - 1.5  # arrived half a second apart, the last one now
@@ -61,6 +71,7 @@ def test_an_idle_feed_closes_its_session_and_the_next_frame_opens_one(one_sessio
     live = feed.live
     assert live.wait(60)
     assert asyncio.run(last(feeds.ask("What moves?", tab("tab")))).endswith("video tokens seen</small>")
+    asked.set()
     assert wait_until(lambda: live.stats()["closed"], timeout_s=10)  # no frame for 1.5 s: the watcher closed it
     assert feed.live is None and feed.status().endswith(
         "No frame came for 1.5 s, so the live session was closed; press **Record** to start a new one."

@@ -2,20 +2,29 @@
 recording played into a live session of tiny-trained, as fast as possible and at its own pace, answered right;
 each mistake one sentence and exit code 2, told before the model loads."""
 
+import io
 import json
 import re
 import subprocess
 import sys
+import threading
+import time
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
+
+from engine.__main__ import Console, print_answer
+from engine.stream import Event, Stream
 
 ROOT = Path(__file__).resolve().parent.parent
 CLIP = ROOT / "assets" / "examples" / "shape_moving.mp4"  # 8 s at 8 fps; tiny-trained answers "up"
 QUESTION = "Which way does the shape move?"
 
 
-def engine_command(*arguments: str, timeout_s: float = 300) -> subprocess.CompletedProcess:
+def engine_command(*arguments: str, timeout_s: float = 300, **options) -> subprocess.CompletedProcess:
+    """options: subprocess.run's (stderr=subprocess.STDOUT reads both as a terminal shows them)."""
+    options.setdefault("capture_output", "stdout" not in options)
     return subprocess.run(
         [
             sys.executable,
@@ -30,10 +39,10 @@ def engine_command(*arguments: str, timeout_s: float = 300) -> subprocess.Comple
             *arguments,
         ],
         cwd=ROOT,
-        capture_output=True,
         text=True,
         timeout=timeout_s,
         env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"},
+        **options,
     )
 
 
@@ -108,3 +117,47 @@ def test_a_file_that_is_not_video_and_a_question_before_any_video_are_told(tmp_p
         in early.stderr.splitlines()
     )
     assert answers(early.stdout)[-1][1].split()[0] == "up"  # the session went on to answer the next
+
+
+def test_a_status_line_waits_for_the_answer_being_printed():
+    """The feed's thread says "[The stream ended.]" while the printing thread is halfway through an answer, with
+    stdout and stderr one stream as a terminal shows them: the status line comes after the answer's line, whole."""
+    stream, console, shown = Stream(1), Console(), io.StringIO()
+    with redirect_stdout(shown), redirect_stderr(shown):
+        printing = threading.Thread(target=print_answer, args=(stream, console))
+        printing.start()
+        stream.push(Event("text", "bl"))
+        deadline = time.monotonic() + 30
+        while not shown.getvalue().endswith("bl") and time.monotonic() < deadline:
+            time.sleep(0.01)
+        console.line("[The stream ended.]", to_stderr=True)  # as play_live's on_status, from the feed's thread
+        stream.push(Event("text", "ue"))
+        stream.push(Event("done", stats={"generated_tokens": 2}))
+        printing.join(30)
+    assert shown.getvalue().startswith("blue\n[The stream ended.]\n{"), shown.getvalue()
+
+
+def test_the_answer_at_the_streams_end_is_one_line_on_a_terminal():
+    """The probe's command, python -m engine --live ... --ask-at 7 "What colour is the shape?"
+    --as-fast-as-possible, its two outputs read as one (as a terminal shows them): the stream ends while the answer
+    asked at 7 s is printed, and the answer's line stays whole, the status line on a line of its own."""
+    question = "What colour is the shape?"
+    done = engine_command(
+        "--live",
+        str(CLIP),
+        "--as-fast-as-possible",
+        "--ask-at",
+        "7",
+        question,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    assert done.returncode == 0, done.stdout
+    lines = done.stdout.splitlines()
+    heading = lines.index(f"[7 s, the stream at 7 s] {question}")
+    # Between the heading and the answer's stats: status lines ("[waiting for the GPU]", "[The stream ended.]"),
+    # each whole, and the answer's one line.
+    between = lines[heading + 1 : lines.index("{", heading)]
+    answer = [line for line in between if not (line.startswith("[") and line.endswith("]"))]
+    assert len(answer) == 1 and answer[0] and "[" not in answer[0], between
+    assert "[The stream ended.]" in lines

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from engine import BusyError, Engine, EngineConfig, GenerationParams, InputError
+from engine.live import session as live_session
 from engine.live.session import RECENT_GROUPS
 from engine.worker.vision import VisionEncoder
 from live_helpers import clip_frames, play, write_lossless
@@ -41,6 +42,7 @@ FRAME = clip_frames(1_000_020, fps=2)[0]
         (np.zeros((1, 20_000, 3), np.uint8), 1.0, "longer side may be at most 200 times"),
         (np.zeros((5000, 5000, 3), np.uint8), 1.0, "pixels this server takes"),
         (np.zeros((32, 48, 3), np.uint8), 1.0, "open a new session for another size"),
+        (np.zeros((1, 1, 3), np.uint8), 1.0, "The frame is 1x1 pixels; this model reads pictures with each side at"),
     ],
 )
 def test_a_bad_frame_gets_one_sentence_and_the_session_goes_on(two_sessions_engine, frame, t_s, sentence):
@@ -51,6 +53,28 @@ def test_a_bad_frame_gets_one_sentence_and_the_session_goes_on(two_sessions_engi
         assert "\n" not in str(refused.value) and str(refused.value).endswith(".")
         play(live, clip_frames(1_000_020, fps=2)[1:4], fps=2, first=2)
         assert live.ask("What moves?").result(60).stats["generated_tokens"] == 6
+
+
+@pytest.mark.parametrize("huge_s", [1e200, 1e308, 9e307])
+def test_a_time_past_what_the_clock_and_the_prompt_carry_is_one_sentence_and_the_next_good_frame_is_taken(
+    two_sessions_engine, huge_s
+):
+    """After a frame at 0, a time of 1e308 or 9e307 overflowed the capture clock's tick count after push had
+    recorded it (every later frame then out of order), and 1e200 wrote a 200-digit `<t seconds>`: each is refused
+    before anything is recorded, and the session goes on from the next good frame."""
+    frames = clip_frames(1_000_029, fps=2)[:4]
+    with two_sessions_engine.open_live(Q) as live:
+        live.push(frames[0], 0.0)
+        with pytest.raises(
+            InputError, match="^A frame's capture time must be within 10,000,000,000 seconds"
+        ) as refused:
+            live.push(frames[1], huge_s)
+        assert "\n" not in str(refused.value) and str(refused.value).endswith(".")
+        play(live, frames[1:], fps=2, first=1)
+        stats = live.stats()
+        assert (stats["frames_received"], stats["frames_sampled"], stats["video_tokens_total"]) == (4, 4, 2 * 4)
+        answer = live.ask("What moves?").result(60)
+        assert answer.stats["media"][0]["timestamps_s"] == [0.25, 1.25]
 
 
 def test_a_request_answered_at_its_first_token_leaves_the_live_prefill_its_budget(two_sessions_engine, clip):
@@ -111,6 +135,21 @@ def test_frames_pushed_faster_than_the_engine_takes_them_are_dropped_and_counted
         stats = live.stats()
         assert stats["video_tokens_total"] == stats["frames_sampled"] // 2 * 4
         assert 0 < stats["lag_s"]["p50"] <= stats["lag_s"]["p95"]
+
+
+def test_the_lag_counts_the_processor_on_the_pushing_thread(two_sessions_engine, monkeypatch):
+    """A group's lag runs from the `push` call of its last frame, so the HF processor's time on the pushing thread is
+    part of it: held here half a second longer than it takes, every lag is at least that."""
+    real = live_session.processor_inputs
+
+    def slower(*args, **kwargs):
+        time.sleep(0.5)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(live_session, "processor_inputs", slower)
+    with two_sessions_engine.open_live(Q) as live:
+        play(live, clip_frames(1_000_029, fps=2)[:4], fps=2)  # two groups, each waited for
+        assert live.stats()["lag_s"]["p50"] >= 0.5
 
 
 def test_the_recent_picture_is_the_newest_groups_as_the_model_saw_and_kept_them(two_sessions_engine):

@@ -1,6 +1,9 @@
 """Load: 16 concurrent gradio_client users for 3 rounds against one launched app, a third of them
 cancelling mid-stream (issue 11, item 6), with 2 live sessions beside them each round (issue 31): WebSocket
-clients of /v1/live streaming a clip at its own pace and asking about it.
+clients of /v1/live streaming a clip at its own pace and asking about it, and a round of hostile bodies (issue 39)
+sent to /v1/chat/completions beside them: a data: URL past the upload limit, a body past the body limit sent
+chunked, 2 MB of history, JSON nested 2 MB deep, a seed past the generator's range, and a large body whose client
+leaves halfway. Each gets its refusal and sentence, and the users lose nothing.
 
 One real demo (the tiny model on CPU, launched in this process by tests/app_harness.py) serves 16
 gradio_client users, each with its own Client (its own session), each asking about its own small clip.
@@ -23,7 +26,14 @@ What must hold:
 - a scrape of the app's /metrics counts every request of the three rounds by how it ended;
 - every live session gets every frame it was sent and answers its question with full stats, and once its
   socket closes the session is closed (its state freed by the worker); the engine's book of sessions keeps
-  the last closed ones until the next opening, so at most a round's LiveSession objects stay reachable.
+  the last closed ones until the next opening, so at most a round's LiveSession objects stay reachable;
+- every hostile body is refused with its status and sentence, and leaves no file behind (the temp folder check
+  above holds with them); the two that reach the engine (the history, the seed) are counted as refused.
+
+Then a round behind 2 replicas (replicas/, Ray Serve, issue 46): 8 gradio_client users, a third cancelling, and
+one replica stopped (SIGSTOP) while answers stream. Every cancel ends its request; every other user has a full
+answer, or the "ask again" sentence within the progress deadline and then, asking again, a full answer from the
+replica still running: no request is lost or left hanging.
 
 Sizing: the engine's admission queue (64) and Gradio's queue (64) both hold all 16 users, and 16 is the
 engine's max_running, so no user is answered "busy"; the test checks that precondition instead of
@@ -34,26 +44,34 @@ as a request that ran on.
 """
 
 import asyncio
+import base64
+import contextlib
 import gc
 import json
+import socket
 import struct
 import threading
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
+import httpx
 import pytest
 import websockets
 from gradio_client import Client, handle_file
 from gradio_client.utils import Status
 
+import app_harness
 import ui.layout
 from app_harness import launched_app, outcomes, scrape_metrics, wait_until
 from engine import STATS_KEYS
+from engine.front.checks import BAD_SEED
 from engine.live.session import LiveSession
 from engine.reading.pool import default_size
 from engine.scheduling.request import Request
 from live_helpers import jpeg_frames
 from reader_processes import reader_children
+from ui.request_body import TOO_DEEP
 
 USERS = 16
 ROUNDS = 3
@@ -132,6 +150,69 @@ class LiveUsers(threading.Thread):
         self.results = asyncio.run(all_users())
 
 
+class HostileBodies(threading.Thread):
+    """The round's hostile bodies, one after another, each to /v1/chat/completions: `results` once joined, (what
+    was expected, what came back) for each."""
+
+    # Each is counted as refused in /metrics, once: the history and the seed by Engine.submit, the other four by
+    # the route, which refused them before the engine saw them (the one whose client left among them: a 400).
+    ENGINE_REFUSALS = 2
+    FRONT_DOOR_REFUSALS = 4
+
+    def __init__(self, url: str, video: Path):
+        super().__init__(daemon=True)
+        self.url, self.results = url, []
+        self.video = f"data:video/mp4;base64,{base64.b64encode(video.read_bytes()).decode()}"
+
+    def chat(self, question: str = "What moves?", history=(), url: str | None = None, **fields) -> bytes:
+        turns = [*history, (question, None)]
+        messages = []
+        for number, (asked, answered) in enumerate(turns):
+            medium = {"type": "video_url", "video_url": {"url": url or self.video}}
+            content = [medium, {"type": "text", "text": asked}] if number == 0 else asked
+            messages += [{"role": "user", "content": content}]
+            messages += [{"role": "assistant", "content": answered}] if answered is not None else []
+        return json.dumps({"model": "tiny-random", "messages": messages, "max_tokens": 4, **fields}).encode()
+
+    def run(self) -> None:
+        too_large = "data:video/mp4;base64," + "A" * (app_harness.MAX_FILE_BYTES * 4 // 3 + 400_000)
+        cases = [
+            (self.chat(url=too_large), False, (400, "The video is larger than the limit of 0.954 MB.")),
+            (
+                self.chat(history=[("q" * 5_000_000, "a")]),
+                True,
+                (413, "The request is larger than the limit of 2.27 MB."),
+            ),
+            (
+                self.chat(history=[("q" * 1_000_000, "a" * 1_000_000)]),
+                False,
+                (
+                    400,
+                    "The conversation so far is 2,000,000 characters long; the limit is 65,536: please start a new "
+                    "conversation.",
+                ),
+            ),
+            (b"[" * 2_000_000, False, (400, TOO_DEEP)),
+            (self.chat(seed=1 << 64, temperature=0.5), False, (400, BAD_SEED)),
+        ]
+        with httpx.Client(timeout=ROUND_TIMEOUT_S) as client:
+            for body, chunked, expected in cases:
+                content = (body[i : i + 65536] for i in range(0, len(body), 65536)) if chunked else body
+                response = client.post(
+                    f"{self.url}v1/chat/completions", content=content, headers={"content-type": "application/json"}
+                )
+                self.results.append((expected, (response.status_code, response.json()["error"]["message"])))
+        # A large body whose client leaves halfway: whatever it had sent is deleted (the temp folder check).
+        parts = urlsplit(self.url)
+        body = self.chat(question="q" * 1_100_000)
+        with socket.create_connection((parts.hostname, parts.port)) as connection:
+            head = (
+                f"POST /v1/chat/completions HTTP/1.1\r\nHost: {parts.hostname}\r\nContent-Length: {len(body)}\r\n\r\n"
+            )
+            connection.sendall(head.encode() + body[: len(body) // 2])
+            time.sleep(0.5)
+
+
 def temp_files(folder: Path) -> dict[str, int]:
     """Every file under the app's temp folder, relative path -> size."""
     return {str(p.relative_to(folder)): p.stat().st_size for p in folder.rglob("*") if p.is_file()}
@@ -170,14 +251,30 @@ class ReaderCount(threading.Thread):
             self.most = max(self.most, len(reader_children() - self.others))
 
 
+def refusals_by_where(samples: dict[tuple, float]) -> dict[str, float]:
+    """evs_refusals_total of a scrape, summed over the reasons, by where."""
+    where: dict[str, float] = {}
+    for (name, labels), value in samples.items():
+        if name == "evs_refusals_total":
+            where[dict(labels)["where"]] = where.get(dict(labels)["where"], 0) + value
+    return where
+
+
 def run_round(
-    clients: list[Client], clips: list[Path], spy, round_number: int, others: set[int], live: LiveUsers
+    clients: list[Client],
+    clips: list[Path],
+    spy,
+    round_number: int,
+    others: set[int],
+    live: LiveUsers,
+    hostile: HostileBodies,
 ) -> list[dict]:
-    """All users ask at once, the live users stream beside them; the cancellers cancel once their first words
-    arrive. Returns the stats of the answers that completed, and checks the engine side of each request.
-    others: readers of other engines in this process."""
+    """All users ask at once, the live users stream beside them and the hostile bodies arrive; the cancellers cancel
+    once their first words arrive. Returns the stats of the answers that completed, and checks the engine side of
+    each request. others: readers of other engines in this process."""
     first_stream = len(spy.streams)
     live.start()
+    hostile.start()
     jobs = []
     for user, (client, video) in enumerate(zip(clients, clips)):
         tokens = CANCEL_TOKENS if user in CANCELLERS else ANSWER_TOKENS
@@ -233,6 +330,11 @@ def run_round(
         done, session = result
         assert set(STATS_KEYS) <= set(done["stats"]) and done["stats"]["ttft_s"] > 0
         assert session["frames_received"] == len(live.frames[user]), session  # every frame it was sent
+    hostile.join(ROUND_TIMEOUT_S)
+    assert not hostile.is_alive(), f"round {round_number}: a hostile body was never answered"
+    for expected, answered in hostile.results:
+        assert answered == expected, f"round {round_number}: a hostile body got {answered}"
+    assert len(hostile.results) == 5
     assert wait_until(lambda: spy.engine.running_requests == 0, timeout_s=30), "requests still running"
     readers = spy.engine.readers
     assert wait_until(lambda: reader_children() - others == readers.pids(), timeout_s=10), "a reader outside the pool"
@@ -277,7 +379,13 @@ def test_sixteen_users_three_rounds_with_cancels_stay_bounded(loaded_app, user_c
         for round_number in range(1, ROUNDS + 1):
             start = time.monotonic()
             stats = run_round(
-                clients, user_clips, spy, round_number, others, LiveUsers(live_url, live_frames, round_number)
+                clients,
+                user_clips,
+                spy,
+                round_number,
+                others,
+                LiveUsers(live_url, live_frames, round_number),
+                HostileBodies(running.url, user_clips[0]),
             )
             assert len(stats) == USERS - len(CANCELLERS)
             # The worker drops its last iteration's locals on its next idle step (every 0.1 s): wait for
@@ -328,7 +436,106 @@ def test_sixteen_users_three_rounds_with_cancels_stay_bounded(loaded_app, user_c
     served = outcomes(scrape_metrics(running.url))
     assert served == {
         "answered": (USERS - len(CANCELLERS) + LIVE_USERS) * ROUNDS,
-        "refused": 0,
+        "refused": (HostileBodies.ENGINE_REFUSALS + HostileBodies.FRONT_DOOR_REFUSALS) * ROUNDS,
         "cancelled": len(CANCELLERS) * ROUNDS,
         "failed": 0,
     }, served
+    refusals = refusals_by_where(scrape_metrics(running.url))
+    assert refusals == {
+        "engine": HostileBodies.ENGINE_REFUSALS * ROUNDS,
+        "front_door": HostileBodies.FRONT_DOOR_REFUSALS * ROUNDS,
+    }, refusals
+
+
+REPLICA_USERS = 8
+REPLICA_CANCELLERS = frozenset(range(1, REPLICA_USERS, 3))  # 1, 4, 7
+REPLICA_ANSWER_TOKENS = 300  # long enough to be mid-answer when the replica stops
+
+
+def test_a_round_behind_two_replicas_with_cancels_and_a_stopped_replica_loses_nothing(tiny_cache_dir, user_clips):
+    """8 users at once through the app on 2 replicas; the cancellers cancel at their first words; once every other
+    user has its first words, the replica answering one of them is stopped (SIGSTOP). Each user ends with a full
+    answer, at once or after being told to ask again (within 30 s: the progress deadline is 20 s), and each cancel
+    ends its request; every request the app handed out has ended, and none is running."""
+    import os
+    import signal
+
+    from app_harness import SubmitSpy, free_port
+    from engine import EngineConfig
+    from replicas import REPLICA_LOST, ReplicatedEngine
+
+    config = EngineConfig(model="tiny-random", device="cpu", cache_dir=tiny_cache_dir)
+    replicated = ReplicatedEngine(config, replicas=2, num_cpus=2, quiet=True, app_name="load")
+    spy = SubmitSpy(replicated)
+    demo = ui.build_demo(spy, max_file_bytes=10_000_000)
+    stopped_pid = None
+    try:
+        _, url, _ = demo.launch(
+            prevent_thread_lock=True,
+            server_name="127.0.0.1",
+            server_port=free_port(),
+            quiet=True,
+            **ui.launch_kwargs(10_000_000),
+        )
+        clients = [Client(url, verbose=False) for _ in range(REPLICA_USERS)]
+        clips = user_clips[:REPLICA_USERS]
+
+        def ask(user: int):
+            tokens = CANCEL_TOKENS if user in REPLICA_CANCELLERS else REPLICA_ANSWER_TOKENS
+            question = f"What happens here? (user {user})"
+            return clients[user].submit(
+                handle_file(str(clips[user])), question, 0.5, max_new_tokens=tokens, api_name="/ask"
+            )
+
+        jobs = [ask(user) for user in range(REPLICA_USERS)]
+        waiting = set(range(REPLICA_USERS))
+        deadline = time.monotonic() + ROUND_TIMEOUT_S
+        while waiting and time.monotonic() < deadline:
+            for user in list(waiting):
+                if jobs[user].done() or any(update[0] for update in jobs[user].outputs()):
+                    if user in REPLICA_CANCELLERS:
+                        jobs[user].cancel()
+                    waiting.discard(user)
+            time.sleep(0.02)
+        assert not waiting, f"users {sorted(waiting)} never saw their first words"
+        # The replica answering the first request still under way that was not cancelled.
+        under_way = [s for s in spy.streams if not s.finished and not s.cancelled]
+        assert under_way, "every answer ended before the stop: the stop would test nothing"
+        where = replicated.placement(under_way[0].request_id)
+        stopped_pid = where.pid
+        os.kill(stopped_pid, signal.SIGSTOP)
+        stopped = time.monotonic()
+
+        told, answered = [], {}
+        for user, job in enumerate(jobs):
+            if user in REPLICA_CANCELLERS:
+                continue
+            try:
+                _, stats, _, _ = job.result(timeout=ROUND_TIMEOUT_S)
+            except Exception as error:
+                assert REPLICA_LOST in str(error), f"user {user}: {error!r}"
+                told.append((user, time.monotonic() - stopped))
+                continue
+            answered[user] = stats
+        assert told, "no user was answered by the stopped replica"
+        assert all(seconds < 30 for _, seconds in told), told
+        for user, _ in told:  # asking again reaches the replica still running
+            _, answered[user], _, _ = ask(user).result(timeout=ROUND_TIMEOUT_S)
+            assert answered[user]["replica"] != where.replica
+        assert sorted(answered) == sorted(set(range(REPLICA_USERS)) - REPLICA_CANCELLERS)
+        assert all(stats["generated_tokens"] == REPLICA_ANSWER_TOKENS for stats in answered.values())
+        for user in REPLICA_CANCELLERS:
+            assert wait_until(jobs[user].done, timeout_s=30) and jobs[user].status().code == Status.CANCELLED
+
+        assert wait_until(lambda: all(s.finished for s in spy.streams), timeout_s=30), "a request never ended"
+        assert sum(s.cancelled for s in spy.streams) == len(REPLICA_CANCELLERS)
+        assert wait_until(lambda: replicated.running_requests == 0, timeout_s=30)
+        print(f"told to ask again: {told}; answered: {len(answered)} users")
+        for client in clients:
+            client.close()
+    finally:
+        demo.close()
+        if stopped_pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(stopped_pid, signal.SIGKILL)  # Serve replaces it; nothing of it may linger
+        replicated.shutdown()

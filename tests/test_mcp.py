@@ -2,7 +2,6 @@
 
 import asyncio
 import base64
-import json
 from pathlib import Path
 
 import gradio as gr
@@ -10,6 +9,7 @@ import httpx
 from mcp import ClientSession
 from mcp.client.streamable_http import streamablehttp_client
 
+from app_harness import strict_json
 from ui import video_inputs
 
 TOOL = "answer_video_question"
@@ -73,7 +73,7 @@ def test_the_tool_answers_about_an_uploaded_clip(app, clip):
     result = mcp_session(app, lambda session: session.call_tool(TOOL, arguments))
     assert not result.isError, result.content
     [content] = result.content
-    reply = json.loads(content.text)
+    reply = strict_json(content.text)
     assert isinstance(reply["answer"], str) and reply["answer"]
     stats = reply["stats"]
     assert stats["pruning_rate"] == 0.5 and stats["generated_tokens"] == 5
@@ -93,7 +93,7 @@ def test_the_tool_takes_a_data_url_and_refuses_other_paths(app, clip):
     folder = Path(gr.utils.get_upload_folder()) / video_inputs.API_VIDEOS_FOLDER
     before = set(folder.glob("*"))
     by_data, elsewhere = mcp_session(app, work)
-    assert not by_data.isError and json.loads(by_data.content[0].text)["stats"]["generated_tokens"] == 3
+    assert not by_data.isError and strict_json(by_data.content[0].text)["stats"]["generated_tokens"] == 3
     assert elsewhere.isError
     assert video_inputs.NOT_UPLOADED in elsewhere.content[0].text
     assert "Traceback" not in elsewhere.content[0].text

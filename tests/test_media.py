@@ -269,6 +269,18 @@ def bomb_png(path, side: int = 40_000):
         ),
         (lambda p: p.write_bytes(b""), "Upload 2 of 2: The file is empty."),
         (bomb_png, "Upload 2 of 2: The picture is 40000x40000 (1600 megapixels); the limit is 50 megapixels."),
+        # Below one token (tiny Qwen3-VL: 16-pixel patches, merged 2 x 2): the processor would blow it up, and
+        # take a 1- or 3-pixel-high one for channels first ("The channel dimension is ambiguous").
+        (
+            lambda p: Image.new("RGB", (1, 1), (255, 0, 0)).save(p, "PNG"),
+            "Upload 2 of 2: The picture is 1x1 pixels; this model reads pictures with each side at least 32 pixels "
+            "(one token); send a larger one.",
+        ),
+        (
+            lambda p: Image.new("RGB", (40, 3), (255, 0, 0)).save(p, "PNG"),
+            "Upload 2 of 2: The picture is 40x3 pixels; this model reads pictures with each side at least 32 pixels "
+            "(one token); send a larger one.",
+        ),
     ],
 )
 def test_a_bad_upload_among_the_media_gets_one_sentence_and_the_engine_serves_on(

@@ -17,7 +17,7 @@ from PIL import Image
 
 from engine import GenerationParams
 from test_mcp import TOOL, mcp_session
-from ui import openai_api
+from ui import request_body
 
 QUESTION = "Which clip has the red shape, first or second?"
 TOKENS = 5
@@ -124,7 +124,7 @@ def test_a_body_nested_deep_gets_one_sentence_and_no_traceback(app, depth, caplo
         )
         assert response.status_code == 400, response.text
         error = response.json()["error"]
-        assert error["message"] == openai_api.TOO_DEEP and error["type"] == "invalid_request_error"
+        assert error["message"] == request_body.TOO_DEEP and error["type"] == "invalid_request_error"
     assert not [record for record in caplog.records if record.exc_info or "Recursion" in record.getMessage()]
     assert httpx.get(f"{app.url}v1/models", timeout=10).status_code == 200  # still serving
 

@@ -27,6 +27,7 @@ from engine.config import (
     video_tokens,
 )
 from engine.families.registry import family_for
+from engine.front.metrics import Metrics
 from engine.memory.dims import GIB, ModelDims
 from engine.memory.plan import InsufficientMemory, PlanSettings, checkpoint_audio_tokens, plan_memory
 from engine.prompt.audio import audio_token_count
@@ -496,6 +497,7 @@ class GpuLikeEngine:
     }
     default_frame_sampling = GPU_FRAME_SAMPLING
     frame_sampling_limits = GPU_FRAME_SAMPLING_LIMITS
+    metrics = Metrics(running=lambda: 0)
 
 
 def test_sliders_and_api_defaults_follow_the_engines_device():
@@ -542,7 +544,7 @@ def test_ask_called_without_sampling_uses_the_engines_device_defaults(clip):
     class Recording(GpuLikeEngine):
         submitted: list = []
 
-        def submit(self, video=None, question=None, params=None, history=(), media=None):
+        def submit(self, video=None, question=None, params=None, history=(), media=None, client=None):
             self.submitted.append(params)
             raise InputError("recorded")
 
@@ -575,7 +577,7 @@ def test_an_engine_without_room_for_a_small_request_refuses_to_start(tiny_cache_
 
 
 def test_live_sessions_are_planned_first_and_only_as_many_as_leave_room_for_one_request(qwen3_4b):
-    """Each live session keeps its window's KV once, outside the batch: 4 sessions of 12,544 video tokens on
+    """Each live session keeps its window's KV once, outside the batch: 4 sessions of 12,544 tokens on
     Qwen3-VL-4B (147,456 bytes a token, with 4,096 text and 256 spare) take 2.3 GiB before the rows are planned;
     with too little memory, fewer sessions are allowed so that one request still fits."""
     live_row = 147_456 * (12_544 + 4096 + 256)
@@ -590,7 +592,7 @@ def test_live_sessions_are_planned_first_and_only_as_many_as_leave_room_for_one_
 
 
 def test_a_forced_plan_refuses_the_session_past_what_it_allows_with_a_sentence(tiny_cache_dir):
-    """The small plan's engine with a window of 80 video tokens: each session 3.4 MB of KV (768 bytes x (80 +
+    """The small plan's engine with a window of 80 tokens: each session 3.4 MB of KV (768 bytes x (80 +
     4,096 + 256)); the configured 1,000 cannot fit, the plan allows what leaves room for one request."""
     budget = int((2 * GIB + 100 * 1024**2) / 0.9)
     config = EngineConfig(

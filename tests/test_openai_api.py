@@ -283,6 +283,22 @@ def test_user_errors_are_4xx_with_one_sentence(client, clip, bad_videos, case):
     assert api_videos() <= before
 
 
+@pytest.mark.parametrize(
+    "url", ["https://example.com/cat.png", "data:image/png;base64,not*base64!", "/etc/hostname"], ids=str.split
+)
+def test_a_refused_picture_is_not_called_a_video(client, url):
+    """An image_url the server will not read (a web URL it does not fetch, bad base64, a path it never took) gets
+    a sentence that fits a picture: the sentences are shared with video_url parts, which the route reads alike."""
+    picture = {
+        "role": "user",
+        "content": [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "What is it?"}],
+    }
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model=MODEL, messages=[picture], max_tokens=4)
+    said = re.sub(r"videos (and|or) pictures", "", caught.value.body["message"])
+    assert "video" not in said, caught.value.body
+
+
 def test_a_full_queue_answers_429_and_the_queued_requests_still_finish(api_app, client, clip):
     """Admission held (engine.paused): MAX_QUEUE requests fill the queue, the next is told to come back."""
     video = data_url(clip("moving_object"))

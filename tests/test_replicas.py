@@ -4,15 +4,25 @@ the module, checked against a single in-process Engine.
 Same answers as one engine (token ids, logits, the EVS picture); a video always reaches its home replica
 and its follow-up hits that replica's prefix cache; videos spread over both replicas; a burst stays one
 ViT forward; a busy home spills to the other replica; videos sent as bytes; bad input gets the engine's
-sentence; the UI works unchanged on top; cancel reaches the replica; killing a replica's process
-mid-answer fails only its requests, with one sentence. Without Ray: the routing rule, and the
-single-engine path never importing Ray. About a minute on 2 cores, most of it starting the cluster.
+sentence; the UI works unchanged on top; cancel reaches the replica at once, through the Engine API and the
+app's Stop; two bursts about one video spill to the other replica rather than be refused; killing a replica's
+process mid-answer fails only its requests, with one sentence; a stopped (SIGSTOP) replica's caller is told within
+the progress deadline while its video's next question goes to the other replica. Without Ray: the routing rule,
+and the single-engine path never importing Ray. A few minutes on 2 cores, most of it starting the cluster and
+waiting for the faults to be noticed.
 """
 
+import asyncio
+import contextlib
+import io
+import json
 import os
+import re
 import signal
+import struct
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -20,10 +30,11 @@ import numpy as np
 import pytest
 import ray
 import torch
+import websockets
 
 from assets.clips import write_clip
 from engine import Engine, EngineConfig, FrameSampling, GenerationParams, InputError
-from engine.errors import NO_VIDEO
+from engine.errors import NO_VIDEO, RESTARTING, BusyError
 from engine.reading.video import UNREADABLE, file_sha256
 from replicas import LIVE_SESSION_LOST, REPLICA_LOST, ReplicaLost, ReplicasUnavailable, ReplicatedEngine, SessionLost
 from replicas.routing import home_of, ranks
@@ -34,6 +45,8 @@ FRAME_SAMPLING = FrameSampling(fps=4.0, max_frames=8, max_pixels_per_frame=160 *
 KINDS = ("moving_object", "pan", "scene_cut", "static")
 TIMEOUT_S = 120
 SPILL_AFTER = 2
+BURST_QUEUE = 8  # each replica's engine queue: two bursts of 6 about one video need both replicas
+LONG_TOKENS = 1500  # an answer long enough to cancel mid-stream (about 4 s of the tiny model on 2 cores)
 WARM_UP_CLIP = REPO / "assets" / "examples" / "shape_moving.mp4"  # app.py's; each replica answers it first
 
 
@@ -52,12 +65,22 @@ def test_home_is_stable_and_only_a_removed_replicas_videos_move():
     assert all(moved[d] == homes[d] for d in digests if homes[d] != "b")
 
 
-def test_a_busy_home_spills_to_everyone():
+def test_a_home_without_room_for_the_whole_call_spills_to_the_most_room():
+    """Load in requests, as the engine counts its queue: a burst is one call of several requests."""
     digest = "f" * 64
     home = home_of(digest, ["r1", "r2"])
-    assert ranks(digest, ["r2", "r1"], home_queue=3, spill_after=4) == [[home], ["r1", "r2"]]
-    assert ranks(digest, ["r2", "r1"], home_queue=4, spill_after=4) == [["r1", "r2"]]
-    assert ranks(None, ["r2", "r1"], home_queue=None, spill_after=4) == [["r1", "r2"]]
+    other = "r2" if home == "r1" else "r1"
+    assert ranks(digest, {"r1": 0, "r2": 0}, size=6, capacity=8, spill_after=16) == [[home], [other]]
+    # A second burst of 6 while the home has 6 under way: its engine queue (8) cannot take it, the other can.
+    assert ranks(digest, {home: 6, other: 0}, size=6, capacity=8, spill_after=16) == [[other], [home]]
+    assert ranks(digest, {home: 6, other: 0}, size=1, capacity=8, spill_after=16) == [[home], [other]]
+    assert ranks(digest, {home: 4, other: 0}, size=1, capacity=64, spill_after=4) == [[other], [home]]
+    assert ranks(None, {"r1": 3, "r2": 1}, size=1, capacity=8, spill_after=16) == [["r2"], ["r1"]]
+    # A replica that did not answer a probe goes last, even as the video's home.
+    assert ranks(digest, {home: 0, other: 5}, size=1, capacity=8, spill_after=16, unresponsive={home}) == [
+        [other],
+        [home],
+    ]
 
 
 def test_an_upload_over_the_limit_is_refused_before_it_is_read(clip):
@@ -75,7 +98,13 @@ def test_the_single_engine_path_never_imports_ray():
 # --- a local cluster of 2 replicas -------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def config(tiny_cache_dir) -> EngineConfig:
-    return EngineConfig(model="tiny-random", device="cpu", cache_dir=tiny_cache_dir, frame_sampling=FRAME_SAMPLING)
+    return EngineConfig(
+        model="tiny-random",
+        device="cpu",
+        cache_dir=tiny_cache_dir,
+        frame_sampling=FRAME_SAMPLING,
+        max_queue=BURST_QUEUE,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -134,6 +163,11 @@ class Videos:
     def pair(self) -> list[Path]:
         """Two fresh clips, one on each replica."""
         return [self.take(replica) for replica in self.replica_ids]
+
+    def refresh(self, replica_ids: list[str]) -> None:
+        """The replicas changed (one was replaced): homes from now on are over these."""
+        self.replica_ids = replica_ids
+        self.unused = {replica: [] for replica in replica_ids}
 
 
 @pytest.fixture(scope="module")
@@ -215,13 +249,13 @@ def test_bad_videos_get_the_engines_sentence(replicated, tmp_path):
         replicated.submit(junk, "  ", params())
 
 
-def test_the_ui_serves_through_the_replicas_unchanged(replicated, videos):
-    from gradio_client import Client, handle_file
-
+@pytest.fixture(scope="module")
+def replicated_app(replicated):
+    """The page, /ask, /sweep and the OpenAI routes launched on the replicas, as app.py launches them; its URL."""
     import ui
     from app_harness import free_port
 
-    video, max_file_bytes = videos.take(), 10_000_000
+    max_file_bytes = 10_000_000
     demo = ui.build_demo(replicated, max_file_bytes=max_file_bytes)
     try:
         _, url, _ = demo.launch(
@@ -232,21 +266,54 @@ def test_the_ui_serves_through_the_replicas_unchanged(replicated, videos):
             app_kwargs={"routes": ui.openai_routes(replicated, max_file_bytes)},
             **ui.launch_kwargs(max_file_bytes),
         )
-        client = Client(url, verbose=False)
-        # Gradio copies the upload to its own folder: another path, the same bytes, the same home.
-        answer, stats, figures, _ = client.predict(
-            handle_file(str(video)), "What moves?", 0.7, max_new_tokens=6, compare=True, api_name="/ask"
-        )
-        assert answer and stats["replica"] == videos.home[video] == stats["compare"]["stats"]["replica"]
-        assert set(figures) == {"tokens_per_group", "dissimilarity"}
-        # The sweep (on a video not encoded yet) is one burst, paused(): one call, one ViT forward.
-        table, _, _ = client.predict(
-            handle_file(str(videos.take())), "What changes?", "0, 0.5, 0.9", max_new_tokens=4, api_name="/sweep"
-        )
-        vit_column = table["headers"].index(next(h for h in table["headers"] if "ViT forward" in h))
-        assert [row[vit_column] for row in table["data"]] == [3, 3, 3]
+        yield url
     finally:
         demo.close()
+
+
+def test_the_ui_serves_through_the_replicas_unchanged(replicated_app, videos):
+    from gradio_client import Client, handle_file
+
+    video = videos.take()
+    client = Client(replicated_app, verbose=False)
+    # Gradio copies the upload to its own folder: another path, the same bytes, the same home.
+    answer, stats, figures, _ = client.predict(
+        handle_file(str(video)), "What moves?", 0.7, max_new_tokens=6, compare=True, api_name="/ask"
+    )
+    assert answer and stats["replica"] == videos.home[video] == stats["compare"]["stats"]["replica"]
+    assert set(figures) == {"tokens_per_group", "dissimilarity"}
+    # The sweep (on a video not encoded yet) is one burst, paused(): one call, one ViT forward.
+    table, _, _ = client.predict(
+        handle_file(str(videos.take())), "What changes?", "0, 0.5, 0.9", max_new_tokens=4, api_name="/sweep"
+    )
+    vit_column = table["headers"].index(next(h for h in table["headers"] if "ViT forward" in h))
+    assert [row[vit_column] for row in table["data"]] == [3, 3, 3]
+
+
+def test_stop_in_the_app_frees_the_slot_at_once(replicated_app, replicated, videos):
+    """The page's Stop is gradio_client's job.cancel(): the request's slot is free long before its answer would
+    have ended (9.0 s behind replicas when the cancel waited for a quiet moment between tokens, 0.05 s on one
+    engine). Compared with the whole answer's time in the same run, not a fixed number of seconds."""
+    from gradio_client import Client, handle_file
+
+    from app_harness import wait_until
+
+    client = Client(replicated_app, verbose=False)
+    video = handle_file(str(videos.take()))
+    started = time.monotonic()
+    answer, stats, _, _ = client.predict(video, "Talk.", 0.5, max_new_tokens=LONG_TOKENS, api_name="/ask")
+    whole_s = time.monotonic() - started
+    assert stats["generated_tokens"] == LONG_TOKENS
+    assert wait_until(lambda: replicated.running_requests == 0, timeout_s=30)
+    job = client.submit(video, "Talk for a long time.", 0.5, max_new_tokens=LONG_TOKENS, api_name="/ask")
+    assert wait_until(lambda: any(update[0] for update in job.outputs()), timeout_s=TIMEOUT_S)
+    assert replicated.running_requests == 1
+    stopped = time.monotonic()
+    job.cancel()
+    assert wait_until(lambda: replicated.running_requests == 0, timeout_s=TIMEOUT_S)
+    freed_s = time.monotonic() - stopped
+    print(f"Stop freed the slot in {freed_s:.2f} s; the whole answer took {whole_s:.2f} s")
+    assert freed_s < whole_s / 3, (freed_s, whole_s)
 
 
 def test_more_replicas_than_gpus_is_one_sentence_and_leaves_the_others_serving(replicated, config, videos):
@@ -266,15 +333,59 @@ def wait_for_text(replicated, stream, timeout_s: float = TIMEOUT_S):
     raise AssertionError("the stream ended before any text")
 
 
-def test_cancel_reaches_the_replica(replicated, videos):
+def test_a_cancel_reaches_the_replica_at_once_and_no_piece_follows_it(replicated, videos):
+    """A 1,500-token answer cancelled after 3 pieces: the stream ends at once, with at most a few pieces already on
+    their way before the cancel (561 to 985 pieces came after it, for 3.4 to 4.3 s, when the client looked at its
+    cancel flags only between quiet moments); and the replica has dropped the request."""
     video = videos.take()
-    long = replicated.submit(video, "Tell me everything.", params(new_tokens=4000))
-    wait_for_text(replicated, long)
+    started = time.monotonic()
+    whole = replicated.submit(video, "Tell me everything.", params(new_tokens=LONG_TOKENS)).result(TIMEOUT_S)
+    whole_s = time.monotonic() - started
+    assert whole.stats["generated_tokens"] == LONG_TOKENS
+    long = replicated.submit(video, "Tell me everything again.", params(new_tokens=LONG_TOKENS))
+    events, pieces = iter(long), 0
+    for event in events:
+        pieces += event.kind == "text"
+        if pieces == 3:
+            break
+    cancelled = time.monotonic()
     long.cancel()
-    assert long.result(TIMEOUT_S).cancelled
+    after = [event.kind for event in events]
+    ended_s = time.monotonic() - cancelled
+    pieces_after = after.count("text")
+    print(f"cancel ended the stream in {ended_s:.3f} s, {pieces_after} pieces after it; whole answer {whole_s:.2f} s")
+    assert after[-1] == "done" and after.count("text") <= 20
+    assert long.result().cancelled
+    assert ended_s < whole_s / 4, (ended_s, whole_s)
     # Had the long request stayed on its replica, it would still be decoding beside this one.
     short = replicated.submit(video, "What moves?", params(new_tokens=4)).result(TIMEOUT_S)
     assert short.stats["decode_batch_max"] == 1
+
+
+def test_a_fault_between_taking_a_slot_and_sending_gives_the_slot_back(replicated, videos, monkeypatch):
+    """More requests than the client has queue slots, each failing after its slot was taken: a fault making the
+    request's stream (it raises out of submit) and the client's call loop gone (each stream fails with the
+    restarting sentence). Every slot comes back: the next request is answered, where it was refused as busy
+    once the leaked slots had filled the queue."""
+    video = videos.take()
+    slots = replicated.config.max_queue * replicated.replica_count
+
+    def broken_stream(*args, **kwargs):
+        raise RuntimeError("a fault while the request is made")
+
+    with monkeypatch.context() as patched:
+        patched.setattr("replicas.client.Stream", broken_stream)
+        for _ in range(slots + 1):
+            with pytest.raises(RuntimeError, match="a fault"):
+                replicated.submit(video, "What moves?", params(new_tokens=2))
+    gone = asyncio.new_event_loop()
+    gone.close()
+    with monkeypatch.context() as patched:
+        patched.setattr(replicated, "_loop", gone)
+        for _ in range(slots + 1):
+            with pytest.raises(BusyError, match=re.escape(RESTARTING)):
+                replicated.submit(video, "What moves?", params(new_tokens=2)).result(TIMEOUT_S)
+    assert replicated.submit(video, "What moves?", params(new_tokens=2)).result(TIMEOUT_S).stats["generated_tokens"]
 
 
 def test_metrics_count_every_request_the_client_hands_out_exactly(replicated, videos, tmp_path):
@@ -346,6 +457,23 @@ def test_a_busy_home_sends_the_next_request_to_the_other_replica(replicated, vid
     assert back.stats["replica"] == home
 
 
+def test_two_bursts_about_one_video_fill_both_replicas_and_none_is_refused(replicated, videos):
+    """Two bursts of 6 about one video, max_queue 8 on each of 2 replicas: the second cannot fit beside the first
+    on the video's home, so it goes whole to the other replica (8 answered and 4 refused busy when the router
+    counted calls, a burst being one call, while the engine counts requests). Then one burst of 12 (overlapping
+    pauses add up): more than one replica's queue, so it goes as two calls."""
+    for sizes in ([6, 6], [12]):
+        video = videos.take()
+        streams = []
+        for size in sizes:
+            with replicated.paused():
+                streams += [replicated.submit(video, f"Question {i}?", params(new_tokens=4)) for i in range(size)]
+        answers = [stream.result(TIMEOUT_S) for stream in streams]  # a BusyError would be raised here
+        assert all(answer.stats["generated_tokens"] == 4 for answer in answers)
+        assert {answer.stats["replica"] for answer in answers} == set(videos.replica_ids), sizes
+        assert wait_until_idle(replicated)
+
+
 def test_a_killed_replica_fails_only_its_requests(replicated, videos):
     doomed_video, other_video = videos.pair()
     doomed = replicated.submit(doomed_video, "Tell me everything.", params(new_tokens=4000))
@@ -362,6 +490,50 @@ def test_a_killed_replica_fails_only_its_requests(replicated, videos):
     # The next question on the lost replica's video is answered (by the survivor, or by the replacement).
     again = replicated.submit(doomed_video, "What moves?", params()).result(TIMEOUT_S)
     assert again.stats["generated_tokens"] == 8 and again.stats["replica"] != where.replica
+
+
+def wait_for_replicas(replicated, videos, timeout_s: float = 240.0) -> None:
+    """Both replicas running again (a replaced one has started and answered its warm-up), and the test videos'
+    homes counted over them."""
+    from ray import serve
+    from ray.serve.schema import DeploymentStatus
+
+    from replicas.deployment import DEPLOYMENT_NAME
+
+    def healthy() -> bool:
+        deployment = serve.status().applications[replicated.app_name].deployments[DEPLOYMENT_NAME]
+        return deployment.status == DeploymentStatus.HEALTHY and deployment.replica_states.get("RUNNING") == 2
+
+    deadline = time.monotonic() + timeout_s
+    while not healthy():
+        assert time.monotonic() < deadline, "the replicas did not come back"
+        time.sleep(0.5)
+    videos.refresh(replicated.replicas())
+
+
+def test_a_stopped_replica_tells_its_caller_and_its_videos_go_elsewhere_meanwhile(replicated, videos):
+    """A replica stopped (SIGSTOP) three tokens into an answer: its caller reads the "ask again" sentence within the
+    progress deadline (20 s; 188.6 s before, when only Ray's health check noticed), and a question about the same
+    video sent meanwhile is answered by the other replica, before the caller is told."""
+    wait_for_replicas(replicated, videos)  # the replica killed in the test before is back
+    video = videos.take()
+    long = replicated.submit(video, "Tell me everything.", params(new_tokens=4000))
+    where = wait_for_text(replicated, long)
+    os.kill(where.pid, signal.SIGSTOP)
+    stopped = time.monotonic()
+    try:
+        meanwhile = replicated.submit(video, "What moves?", params()).result(TIMEOUT_S)
+        answered_s = time.monotonic() - stopped
+        with pytest.raises(ReplicaLost, match=f"^{REPLICA_LOST}$"):
+            long.result(TIMEOUT_S)
+        told_s = time.monotonic() - stopped
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(where.pid, signal.SIGKILL)  # Serve replaces it either way; nothing of it may linger
+    print(f"the caller was told after {told_s:.1f} s; the question meanwhile was answered after {answered_s:.1f} s")
+    assert meanwhile.stats["generated_tokens"] == 8 and meanwhile.stats["replica"] != where.replica
+    assert answered_s < told_s
+    assert told_s < 30  # the issue's bound: the deadline (20 s) or the health check (about 21 s), whichever first
 
 
 # --- live sessions: pinned to the replica that holds their state ---------------------------------------
@@ -395,10 +567,134 @@ def test_a_live_session_stays_on_its_replica_and_answers_as_the_single_engine(re
         another.push(live_frames(1_000_040)[0], float("nan"))
 
 
+def jpeg(frame: np.ndarray) -> bytes:
+    from PIL import Image
+
+    data = io.BytesIO()
+    Image.fromarray(frame).save(data, "JPEG", quality=90)
+    return data.getvalue()
+
+
+@pytest.fixture
+def live_socket_url(replicated):
+    """`/v1/live` served by uvicorn in this process, on the replicas (as app.py serves it behind --replicas)."""
+    import uvicorn
+    from fastapi import FastAPI
+
+    import ui
+    from app_harness import free_port, wait_until
+
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(FastAPI(routes=ui.live_routes(replicated)), host="127.0.0.1", port=port, log_level="warning")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    assert wait_until(lambda: server.started, TIMEOUT_S)
+    try:
+        yield f"ws://127.0.0.1:{port}/v1/live"
+    finally:
+        server.should_exit = True
+        thread.join(TIMEOUT_S)
+
+
+async def next_of(socket, kind: str) -> dict:
+    """The next message of `kind` (the stats sent every second, and others, passed over)."""
+    while True:
+        message = json.loads(await asyncio.wait_for(socket.recv(), TIMEOUT_S))
+        if message["type"] == kind:
+            return message
+
+
+def test_a_bad_frame_behind_the_replicas_does_not_stall_another_sockets_answer(live_socket_url, monkeypatch):
+    """Every RemoteLiveSession.stats call (a Ray call, which may wait up to a minute for its replica) is held while
+    socket A sends a frame that is not an image and socket B asks its question: B's answer comes. The bad frame's
+    branch used to call stats on the server's event loop, which stalled every socket until it returned."""
+    from replicas.live import RemoteLiveSession
+    from ui.live_frames import NOT_AN_IMAGE
+
+    released = threading.Event()
+    stats = RemoteLiveSession.stats
+
+    def held_stats(self):
+        assert released.wait(TIMEOUT_S)
+        return stats(self)
+
+    monkeypatch.setattr(RemoteLiveSession, "stats", held_stats)
+    frames = live_frames(1_000_042)
+
+    async def scenario() -> float:
+        async with websockets.connect(live_socket_url) as a, websockets.connect(live_socket_url) as b:
+            for index, frame in enumerate(frames[:4]):
+                await b.send(struct.pack(">d", index / 2) + jpeg(frame))
+            await a.send(struct.pack(">d", 0.0) + b"not an image")
+            assert (await next_of(a, "error"))["message"] == NOT_AN_IMAGE
+            asked = time.monotonic()
+            await b.send(
+                json.dumps({"type": "ask", "id": "q1", "question": "What moves?", "params": {"max_new_tokens": 4}})
+            )
+            done = await next_of(b, "done")
+            assert done["id"] == "q1" and done["stats"]["generated_tokens"] == 4
+            return time.monotonic() - asked
+
+    try:
+        answered_s = asyncio.run(scenario())
+    finally:
+        released.set()
+    print(f"B's answer {answered_s:.2f} s after its question, A's stats held throughout")
+
+
+def test_a_socket_whose_session_is_lost_goes_on_in_a_new_one_with_one_status_message(
+    replicated, live_socket_url, monkeypatch
+):
+    """The replica forgets the socket's session (as a replacement replica holds none of its predecessor's): the
+    next frame finds it lost, and the socket opens a new session and says so once; frames and questions go on."""
+    from ui.live_socket import REOPENED
+
+    opened = []
+    open_live = replicated.open_live
+
+    def recorded(params=None):
+        opened.append(open_live(params))
+        return opened[-1]
+
+    monkeypatch.setattr(replicated, "open_live", recorded)
+    frames = live_frames(1_000_043)
+
+    async def scenario() -> list[dict]:
+        async with websockets.connect(live_socket_url) as socket:
+            for index, frame in enumerate(frames[:4]):
+                await socket.send(struct.pack(">d", index / 2) + jpeg(frame))
+            await socket.send(json.dumps({"type": "stats"}))  # answered once every frame before it is pushed
+            assert (await next_of(socket, "stats"))["frames_received"] == 4
+            forgotten = replicated.handle.live_close.remote(session=opened[0].session)
+            await asyncio.to_thread(forgotten.result, timeout_s=TIMEOUT_S)
+            for index, frame in enumerate(frames[4:8], start=4):
+                await socket.send(struct.pack(">d", index / 2) + jpeg(frame))
+            said = [await next_of(socket, "status")]
+            await socket.send(json.dumps({"type": "ask", "id": "q1", "question": "What moves?"}))
+            said.append(await next_of(socket, "done"))
+            return said
+
+    status, done = asyncio.run(scenario())
+    assert status["message"] == REOPENED and len(opened) == 2 and opened[1] is not opened[0]
+    assert done["stats"]["frames_sampled"] == 2  # the new session's: the frame that found the old one lost is gone
+
+
 def test_a_lost_replica_ends_its_live_sessions_with_a_sentence(replicated, videos):
-    """Sessions opened until both replicas hold one; the one holder is killed: its session's next push and
-    question say the session has ended, the other session and uploads go on."""
-    opened, deadline = [replicated.open_live(params(0.5, 4))], time.monotonic() + TIMEOUT_S
+    """Sessions opened until both replicas hold one, the first by a Live tab's feed at its first frames; the one
+    holder is killed: its session's next push and question say the session has ended, the other session and
+    uploads go on, and the tab's status line says it once, then opens a new session at its next frame after the
+    retry delay (its error path used to ask the lost session for its stats, which raised again: the tab kept the
+    lost session and never opened another)."""
+    import gradio as gr
+
+    from ui.live_feeds import RETRY_S, LiveFeeds
+
+    feeds = LiveFeeds(replicated)
+    feed, frames, start = feeds.feed("tab"), live_frames(1_000_041), time.monotonic()
+    feed.arrive(frames[0], start, 0.5), feed.arrive(frames[1], start + 0.5, 0.5)
+    opened, deadline = [feed.live], time.monotonic() + TIMEOUT_S
     while time.monotonic() < deadline:  # the replicas take turns; the one killed before may still be coming back
         live = replicated.open_live(params(0.5, 4))
         if live.replica != opened[0].replica:
@@ -409,9 +705,8 @@ def test_a_lost_replica_ends_its_live_sessions_with_a_sentence(replicated, video
     assert len({live.replica for live in opened}) == 2
     doomed = opened[0]
     survivor = next(live for live in opened if live.replica != doomed.replica)
-    frames = live_frames(1_000_041)
+    survivor.push(frames[0], 0.0), survivor.push(frames[1], 0.5)
     for live in (doomed, survivor):
-        live.push(frames[0], 0.0), live.push(frames[1], 0.5)
         assert live.wait(TIMEOUT_S)
     asked = doomed.ask("What moves?")
     asked.result(TIMEOUT_S)
@@ -425,6 +720,14 @@ def test_a_lost_replica_ends_its_live_sessions_with_a_sentence(replicated, video
     survivor.push(frames[2], 1.0), survivor.push(frames[3], 1.5)
     assert survivor.wait(TIMEOUT_S)
     assert survivor.ask("What moves?").result(TIMEOUT_S).stats["replica"] == survivor.replica
+    feed.arrive(frames[2], start + 1.0, 0.5)  # the tab's next frame finds its session lost
+    assert feed.live is None and feed.status().endswith(LIVE_SESSION_LOST)
+    feed.arrive(frames[3], start + 1.5, 0.5)  # within the retry delay: no new session yet
+    assert feed.live is None
+    feed.arrive(frames[4], start + 1.0 + RETRY_S, 0.5)
+    assert feed.live is not None and feed.live is not doomed and feed.problem is None
+    assert feed.live.stats()["frames_received"] == 1
+    feeds.close_session(gr.Request(session_hash="tab"))
     for live in opened[1:]:
         live.close()
     assert replicated.submit(videos.take(), "What moves?", params()).result(TIMEOUT_S).stats["generated_tokens"] == 8

@@ -47,3 +47,28 @@ def test_a_failed_stream_raises_for_every_reader():
         list(stream)
     with pytest.raises(InputError):
         stream.result(1)
+
+
+def test_cancel_tells_its_watchers_at_once_and_the_stream_takes_no_more_pieces():
+    """Behind the replicas a call waits on its replica's next message; the cancel must wake it whatever the message
+    rate (replicas/calls.py), and what the replica still sends must not reach the reader."""
+    stream = Stream(4)
+    told = []
+    stream.when_cancelled(told.append)
+    stream.push(Event("text", "before"))
+    assert told == []
+    stream.cancel()
+    stream.cancel()  # twice: the watchers are told once
+    assert told == [stream]
+    later = []
+    stream.when_cancelled(later.append)  # watching a cancelled stream: told at once
+    assert later == [stream]
+    for kind in ("status", "thinking", "text"):
+        stream.push(Event(kind, "after"))
+    stream.push(Event("done", stats={"generated_tokens": 1}))
+    assert [event.kind for event in stream] == ["text", "done"]
+    answer = stream.result(1)
+    assert answer.cancelled and answer.text == "before" and answer.thinking == ""
+    ended = []
+    stream.when_cancelled(ended.append)  # an ended stream keeps no watchers and tells none
+    assert ended == []

@@ -13,8 +13,10 @@ import httpx
 import pytest
 from gradio_client import Client, handle_file
 
+from app_harness import wait_until
 from assets.make_examples import example_questions
 from test_app_startup import ROOT, free_port, offline_env, stop, wait_for_health
+from ui.temp_files import TempFileCleaner, trim_folder
 
 MAX_AGE_S = 8  # long enough that an upload outlives a request on 2 loaded cores
 CLEAN_S = 1
@@ -108,3 +110,39 @@ def test_a_follow_up_on_a_deleted_upload_asks_for_it_again(short_lived_app, clip
     events = httpx.get(f"{base}/gradio_api/call/ask/{event_id}", timeout=60).text
     assert "event: error" in events
     assert "no longer on the server" in events and "upload it again" in events
+
+
+# --- bounded in bytes ------------------------------------------------------------------------
+
+
+def files_in_order(folder: Path, sizes: list[int]) -> list[Path]:
+    """Files of `sizes` bytes made one after another (each a later ctime than the one before)."""
+    made = []
+    for number, size in enumerate(sizes):
+        path = folder / f"sub{number % 2}" / f"file{number}.bin"
+        path.parent.mkdir(exist_ok=True)
+        path.write_bytes(bytes(size))
+        made.append(path)
+        time.sleep(0.01)
+    return made
+
+
+def test_past_its_size_the_folder_loses_its_oldest_files_first(tmp_path):
+    """Six files of 100 bytes under a bound of 350: the three oldest go, except a kept one, which counts all the
+    same (so the fourth oldest goes in its place); whatever their age."""
+    made = files_in_order(tmp_path, [100] * 6)
+    deleted = trim_folder(tmp_path, 350, keep={str(made[1])})
+    assert deleted == 3
+    assert sorted(files_under(tmp_path)) == sorted([made[1], made[4], made[5]])
+    assert trim_folder(tmp_path, 350, keep=set()) == 0  # within the bound: nothing more goes
+
+
+def test_the_cleaner_keeps_the_folder_within_its_bytes_between_age_cleanings(tmp_path):
+    """An hour's age and an hour between cleanings, as a server runs, but 250 bytes at most: uploads past the bound
+    are trimmed within seconds, the newest kept."""
+    cleaner = TempFileCleaner(tmp_path, 3600, 3600, keep=set, max_bytes=250, trim_every_s=0.1).start()
+    try:
+        made = files_in_order(tmp_path, [100] * 5)
+        assert wait_until(lambda: files_under(tmp_path) == set(made[-2:]), timeout_s=10), files_under(tmp_path)
+    finally:
+        cleaner.stop()

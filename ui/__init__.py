@@ -1,7 +1,7 @@
 """The Gradio user interface of EVS Video Chat, and the other faces of the same server.
 
     demo = ui.build_demo(engine, banner=None, delete_cache=(every_s, older_than_s))  # queue configured
-    cleaner = ui.start_cleaner(demo, every_s, older_than_s)   # also the images Gradio does not track
+    cleaner = ui.start_cleaner(demo, every_s, older_than_s, max_bytes)   # also the images Gradio does not track
     routes = ui.openai_routes(engine, max_file_bytes, fetch_video_urls=False)   # /v1/chat/completions, /v1/models
     routes += ui.live_routes(engine, max_source_pixels, idle_s)   # the /v1/live WebSocket (docs/live.md)
     demo.launch(app_kwargs={"routes": routes}, **ui.launch_kwargs(max_file_bytes))   # MCP server on

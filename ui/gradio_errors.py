@@ -23,9 +23,18 @@ def gradio_error(error: BaseException) -> gr.Error:
     return gr.Error(SERVER_FAULT, print_exception=False)
 
 
+def _count_refusal(owner, error: BaseException) -> None:
+    """A refusal the form's own checks made (an InputError the engine did not count: no upload, settings that
+    are not numbers) counted in /metrics as refused at the front door, when the handler's owner has an engine."""
+    engine = getattr(owner, "engine", None)
+    if isinstance(error, InputError) and engine is not None:
+        engine.metrics.refused(error, "front_door")
+
+
 def raises_gradio_errors(handler):
-    """`handler` (a coroutine or async generator function) raising gradio_error(...) instead of its own
-    errors. The wrapper keeps its signature and docstring, from which Gradio reads the API and the MCP tool."""
+    """`handler` (a coroutine or async generator function, a method) raising gradio_error(...) instead of its
+    own errors, a refusal counted (_count_refusal). The wrapper keeps its signature and docstring, from which
+    Gradio reads the API and the MCP tool."""
     if inspect.isasyncgenfunction(handler):
 
         @functools.wraps(handler)
@@ -37,6 +46,7 @@ def raises_gradio_errors(handler):
                     async for update in updates:
                         yield update
             except Exception as error:
+                _count_refusal(args[0] if args else None, error)
                 raise gradio_error(error) from None
 
         return streaming
@@ -46,6 +56,7 @@ def raises_gradio_errors(handler):
         try:
             return await handler(*args, **kwargs)
         except Exception as error:
+            _count_refusal(args[0] if args else None, error)
             raise gradio_error(error) from None
 
     return answering

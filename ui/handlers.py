@@ -24,6 +24,7 @@ from pruning import PRUNING_METHODS
 from ui import frame_files, media_view, overlays, stats_panel
 from ui.gradio_errors import raises_gradio_errors
 from ui.runs import RunView, answer_cards
+from ui.tab_pictures import TabPictures
 
 THINKING_TITLE = "Thinking"  # the title of the block that holds the model's thinking in the chat
 # Output order of the chat (browser) handler; layout.py wires components by these names.
@@ -41,7 +42,6 @@ CHAT_OUTPUTS = (
     "compare_summary",
     "turns",
     "video_choice",
-    "pictures",
     "asked_media",
 )
 BASELINE_TITLE = "q = 0 · all tokens"
@@ -55,6 +55,23 @@ def upload_paths(uploads) -> list[str]:
     if isinstance(uploads, str):
         return [uploads]
     return [item[0] if isinstance(item, (list, tuple)) else item for item in uploads if item]
+
+
+def client_of(request: gr.Request | None) -> str | None:
+    """Who asks, for the client's share of the queue (engine/front/shares.py): the tab's or gradio_client's
+    session, else the caller's address; None for a Python caller that passes no request."""
+    if request is None:
+        return None
+    if request.session_hash:
+        return f"session {request.session_hash}"
+    return f"address {request.client.host}" if request.client else None
+
+
+def continues(uploads: list[str], asked: list[str] | None) -> bool:
+    """Whether a conversation about `asked` goes on with `uploads`: the same ones, or more added after them (a
+    second video for a follow-up)."""
+    asked = list(asked or [])
+    return bool(asked) and uploads[: len(asked)] == asked
 
 
 def not_an_mcp_tool(fn):
@@ -98,6 +115,7 @@ class Handlers:
 
     def __init__(self, engine: Serving):
         self.engine = engine
+        self.pictures = TabPictures()  # the Video tab's latest pruning pictures, per browser tab
 
     @not_an_mcp_tool
     @raises_gradio_errors
@@ -119,6 +137,7 @@ class Handlers:
         compare_methods: bool = False,
         media: list | None = None,
         skip_still_patches: bool | None = None,
+        request: gr.Request = None,
     ) -> AsyncIterator[tuple]:
         """The `/ask` API endpoint: streams (answer, stats, figures, frames); see ui/__init__.py.
 
@@ -148,7 +167,13 @@ class Handlers:
         yield "", {"status": chosen.status}, figures_json, frames
         uploads = upload_paths(video) + upload_paths(media)
         async for index, event in follow(
-            self.engine, uploads, question, params_list, history_pairs(history), burst=len(params_list) > 1
+            self.engine,
+            uploads,
+            question,
+            params_list,
+            history_pairs(history),
+            burst=len(params_list) > 1,
+            client=client_of(request),
         ):
             runs[index].apply(event)
             if index != len(runs) - 1:
@@ -194,11 +219,16 @@ class Handlers:
         hear_soundtrack: bool,
         skip_still_patches: bool,
         turns: list,
+        asked_media: list,
+        request: gr.Request = None,
     ) -> AsyncIterator[tuple]:
-        """The browser's Ask: streams updates of CHAT_OUTPUTS (chat view, status, numbers, pictures).
+        """The browser's Ask (the button or Enter): streams updates of CHAT_OUTPUTS (chat view, status, numbers,
+        pictures).
 
         uploads: the strip's videos and pictures. turns: the earlier [question, answer, thinking] of this
-        conversation. The pruning picture shows the first video; the video choice switches to another.
+        conversation, and asked_media the uploads they were about: turns about other uploads (an answer that ended
+        after the strip changed) are no history of this question. The pruning picture shows the first video; the
+        video choice switches to another.
         """
         params = request_params(
             self.engine,
@@ -216,7 +246,8 @@ class Handlers:
         paths = upload_paths(uploads)
         if not paths:  # before the question shows up in the chat
             raise InputError(NO_VIDEO)
-        turns = list(turns or [])
+        turns = list(turns or []) if continues(paths, asked_media) else []
+        tab = request.session_hash if request is not None else None
         params_list = _params_for(bool(compare), bool(compare_methods), params)
         runs = [RunView.of(p) for p in params_list]
         chosen = runs[-1]
@@ -242,7 +273,9 @@ class Handlers:
             chat=chat_view(), question="", status=status(), **compare_cards(), compare_pictures=None, compare_summary=""
         )
         history = [(q, a) for q, a, _ in turns]
-        async for index, event in follow(self.engine, paths, question, params_list, history, burst=comparing):
+        async for index, event in follow(
+            self.engine, paths, question, params_list, history, burst=comparing, client=client_of(request)
+        ):
             runs[index].apply(event)
             is_chosen = index == len(runs) - 1
             if event.kind == "evs":
@@ -251,9 +284,10 @@ class Handlers:
                     shown = media_view.first_picture(chosen.pictures)
                     chosen_picture = dict(
                         **media_view.picture_outputs(shown),
-                        pictures=dict(chosen.pictures),
                         video_choice=media_view.video_choice(chosen.pictures, len(paths), shown.medium),
                     )
+                    if tab is not None:
+                        self.pictures.put(tab, chosen.pictures)
                 yield update(status=status(), **(chosen_picture if is_chosen else {}), **pictures)
             elif event.kind in ("thinking", "text"):
                 shown_answer = dict(chat=chat_view()) if is_chosen else {}
@@ -275,13 +309,14 @@ class Handlers:
             **compare_cards(),
         )
 
-    @staticmethod
-    def new_media(uploads: list | None, asked: list | None) -> tuple:
-        """Other uploads start a new conversation: clear everything shown about the old one. Uploads added
-        after the ones already asked about (a second video for a follow-up) keep the conversation going."""
-        paths, asked = upload_paths(uploads), list(asked or [])
-        if asked and paths[: len(asked)] == asked:
+    def new_media(self, uploads: list | None, asked: list | None, request: gr.Request = None) -> tuple:
+        """Other uploads start a new conversation: clear everything shown about the old one (an answer still
+        streaming is stopped by the same change: layout.py). Uploads added after the ones already asked about
+        (a second video for a follow-up) keep the conversation going."""
+        if continues(upload_paths(uploads), asked):
             return tuple(gr.skip() for _ in CHAT_OUTPUTS)
+        if request is not None:
+            self.pictures.drop(request.session_hash)
         cleared = dict(
             chat=[],
             status="",
@@ -295,10 +330,14 @@ class Handlers:
             compare_summary="",
             turns=[],
             video_choice=media_view.video_choice({}, 0, None),
-            pictures={},
             asked_media=[],
         )
         return tuple(cleared.get(name, gr.skip()) for name in CHAT_OUTPUTS)
+
+    def show_video(self, choice: str | None, request: gr.Request = None) -> tuple:
+        """The choice of video's change: the bars, heatmap and dimmed frames of the chosen video of the tab's
+        latest answer."""
+        return media_view.show(choice, self.pictures.get(request.session_hash) if request is not None else {})
 
 
 def _turn(question: str, thinking: str, answer: str, thinking_done: bool) -> list[dict]:

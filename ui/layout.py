@@ -15,7 +15,7 @@ from engine.config import MAX_FILE_BYTES, EngineConfig, FrameSamplingLimits, Gen
 from engine.front.door import defaults
 from engine.front.serving import Serving
 from pruning import PRUNING_METHODS
-from ui import media_view, stats_panel
+from ui import stats_panel
 from ui.handlers import CHAT_OUTPUTS, Handlers
 from ui.live_tab import HEAD_PATH as LIVE_HEAD_PATH
 from ui.live_tab import live_tab
@@ -166,7 +166,9 @@ def build_demo(
         _tool_endpoint(VideoQuestionTool(engine, policy), settings, engine.model_info["hears"])
         _wire_page(handlers, q_sweep, controls, shown, compare_row, sweep_view)
         demo.unload(live_feeds.close_session)
+        demo.unload(handlers.pictures.close_tab)
     demo.live_feeds = live_feeds  # the Live tab's open feeds and their sessions, for the tests
+    demo.tab_pictures = handlers.pictures  # the Video tab's pictures per open tab, for the tests
     demo.queue(default_concurrency_limit=None, max_size=QUEUE_MAX_SIZE)
     return demo
 
@@ -377,7 +379,6 @@ def _what_the_model_sees() -> dict:
     tokens per group, change between groups, the dimmed frames; the raw stats."""
     gr.Markdown("### What the model sees", elem_classes="evs-section")
     video_choice = gr.Radio([], label="Which video", visible=False, elem_id="evs-video-choice")
-    pictures = gr.State({})  # the latest answer's pruning pictures, by the video's place among the uploads
     with gr.Row(equal_height=True):
         # the figures carry their own titles
         bars = gr.Plot(label="Kept vs pruned tokens per temporal group", show_label=False, elem_id="evs-bars")
@@ -391,9 +392,7 @@ def _what_the_model_sees() -> dict:
     )
     with gr.Accordion("Raw stats (JSON)", open=False):
         stats_json = gr.JSON(elem_id="evs-stats-json")
-    return dict(
-        bars=bars, heatmap=heatmap, gallery=gallery, stats_json=stats_json, video_choice=video_choice, pictures=pictures
-    )
+    return dict(bars=bars, heatmap=heatmap, gallery=gallery, stats_json=stats_json, video_choice=video_choice)
 
 
 def _sweep_section() -> SweepView:
@@ -412,36 +411,41 @@ def _wire_page(
     handlers: Handlers, q_sweep: Sweep, controls: Controls, shown: dict, compare_row: gr.Column, sweep_view: SweepView
 ) -> None:
     """The browser's events: Ask (button or Enter), Sweep, Stop, other uploads, the choice of video, the compare
-    switch."""
+    switch.
+
+    One conversation at a time per tab: Ask and Enter are one event, so a question sent while an answer streams
+    waits for it (trigger_mode "always_last": the question box is read when its turn comes) and is answered after
+    it, in order, instead of racing it for the conversation. Other uploads stop an answer still streaming, whose
+    conversation they end."""
     c = controls
     chat_outputs = [shown[name] for name in CHAT_OUTPUTS]
-    asked = [
-        trigger(
-            handlers.chat,
-            inputs=[
-                c.media,
-                c.question,
-                c.pruning_rate,
-                c.pruning_method,
-                c.fps,
-                c.max_frames,
-                c.max_pixels,
-                c.max_new_tokens,
-                c.temperature,
-                c.compare,
-                c.compare_methods,
-                c.think,
-                c.hear,
-                c.skip_still,
-                shown["turns"],
-            ],
-            outputs=chat_outputs,
-            api_visibility="private",
-            concurrency_limit=None,
-            show_progress="hidden",
-        )
-        for trigger in (c.ask.click, c.question.submit)
-    ]
+    asked = gr.on(
+        triggers=[c.ask.click, c.question.submit],
+        fn=handlers.chat,
+        inputs=[
+            c.media,
+            c.question,
+            c.pruning_rate,
+            c.pruning_method,
+            c.fps,
+            c.max_frames,
+            c.max_pixels,
+            c.max_new_tokens,
+            c.temperature,
+            c.compare,
+            c.compare_methods,
+            c.think,
+            c.hear,
+            c.skip_still,
+            shown["turns"],
+            shown["asked_media"],
+        ],
+        outputs=chat_outputs,
+        api_visibility="private",
+        concurrency_limit=None,
+        show_progress="hidden",
+        trigger_mode="always_last",
+    )
     swept = c.sweep.click(
         question_to_sweep,
         inputs=[c.question, shown["turns"]],
@@ -470,13 +474,14 @@ def _wire_page(
         concurrency_limit=None,
         show_progress="hidden",
     )
-    c.stop.click(None, cancels=[*asked, swept])
+    c.stop.click(None, cancels=[asked, swept])
     c.media.change(
         handlers.new_media,
         inputs=[c.media, shown["asked_media"]],
         outputs=chat_outputs,
         api_visibility="private",
         queue=False,
+        cancels=[asked],
     )
     c.media.change(
         lambda: (None, None, SWEEP_PLACEHOLDER_HTML),
@@ -485,8 +490,8 @@ def _wire_page(
         queue=False,
     )
     shown["video_choice"].change(
-        media_view.show,
-        inputs=[shown["video_choice"], shown["pictures"]],
+        handlers.show_video,
+        inputs=[shown["video_choice"]],
         outputs=[shown["bars"], shown["heatmap"], shown["gallery"]],
         api_visibility="private",
         queue=False,

@@ -6,9 +6,13 @@ camera switched to a screen) or a time not after the last frame's opens a new on
 and clock are fixed. A feed that sends no frame for `idle_s` (a camera stopped, a stream ended) closes its session,
 and the tab's unload event (the tab closed or reloaded; Gradio sees its connection end) closes the feed and its
 session at once. Not a `gr.State`: Gradio keeps a closed tab's state for an hour before its `delete_callback` runs.
-A refusal (max_live_sessions reached, a frame refused) is one sentence in the tab's status line.
+A refusal (max_live_sessions reached, a frame refused) is one sentence in the tab's status line; so is a session the
+server ended (behind the replicas, a lost replica), and the next frame RETRY_S later opens a new one. Behind the
+replicas every session call is a Ray call: the tab's handlers run on Gradio's threads, and the one async handler,
+Ask, calls `ask` on a thread of its own.
 """
 
+import asyncio
 import logging
 import threading
 import time
@@ -19,7 +23,7 @@ import gradio as gr
 import numpy as np
 
 from engine.config import MAX_VIDEO_SOURCE_PIXELS, GenerationParams
-from engine.errors import SERVER_FAULT, InputError
+from engine.errors import SERVER_FAULT, InputError, SessionEnded
 from engine.front.serving import Serving
 from ui.live_frames import check_frame
 from ui.live_view import LiveView, stats_line
@@ -30,7 +34,8 @@ RATE_WINDOW_S = 5.0  # frames per second are counted over this trailing window
 # A feed without a frame this long closes its session (a stopped camera sends nothing, and Gradio tells the server
 # nothing): long enough to type a question about what was just seen after stopping.
 IDLE_S = 60.0
-# After a session was refused (max_live_sessions open), a feed tries again this much later, not at every frame.
+# After a session was refused (max_live_sessions open) or ended by the server (behind the replicas, its replica
+# lost), a feed opens a new one this much later, not at every frame: its status line says why meanwhile.
 RETRY_S = 5.0
 WAITING = "Press **Record** to stream frames to the server."
 NO_STREAM = "Nothing streamed yet: press **Record** (or **Watch**), then ask about what the camera shows."
@@ -112,11 +117,11 @@ class LiveFeed:
             self._pushed = (rate, skip, self.size, t_s)
             try:
                 self.live.push(frame, t_s)
-            except InputError as error:
+            except SessionEnded as error:  # the server's sentence (behind the replicas, its replica was lost)
+                self.problem, self._retry_s = str(error), now_s + RETRY_S  # a new session then
+                self._close_live()
+            except InputError as error:  # this frame: the session goes on
                 self.problem = str(error)
-                if self.live.stats()["closed"]:  # the session ended (the server's sentence): a new one later
-                    self._close_live()
-                    self._retry_s = now_s + RETRY_S
             except Exception:  # the session failed on the server (its sentence logged there): a new one later
                 log.exception("a live feed's push failed")
                 self.problem, self._retry_s = SERVER_FAULT, now_s + RETRY_S
@@ -159,8 +164,11 @@ class LiveFeed:
             return self.status(), gr.skip(), gr.skip(), gr.skip()
         try:
             stats, picture = live.stats(), live.recent_picture()
-        except InputError as error:  # the session ended meanwhile (behind the replicas, its replica was lost)
-            self.problem = str(error)
+        except SessionEnded as error:  # it ended meanwhile (behind the replicas, its replica was lost)
+            with self._lock:
+                if self.live is live:  # the next frame after RETRY_S opens a new one
+                    self.problem, self._retry_s = str(error), now_s + RETRY_S
+                    self._close_live()
             return self.status(), gr.skip(), gr.skip(), gr.skip()
         view.sample(stats, now_s)
         return self.status(), stats_line(stats, view.ttft_s), view.gallery(picture), view.figure()
@@ -182,10 +190,7 @@ class LiveFeed:
 
     def _close_live(self) -> None:
         if self.live is not None:
-            try:
-                self.live.close()
-            except InputError:  # behind the replicas: its replica is gone, and the session with it
-                pass
+            self.live.close()  # closing never raises (behind the replicas, a lost one is already gone)
         self.live = None
 
 
@@ -234,7 +239,7 @@ class LiveFeeds:
             return
         stream, text = None, ""
         try:
-            stream = live.ask(question or "")
+            stream = await asyncio.to_thread(live.ask, question or "")  # behind the replicas, a call to one
             async for event in stream.aevents():
                 if event.kind == "text":
                     text += event.text

@@ -7,7 +7,9 @@ sentence for each mistake; the session goes on after a mistake. The session clos
 the socket closes, when the client stops answering pings (uvicorn's), or when nothing has come for `idle_s`.
 
 Decoding a frame and pushing it (which makes each group's pixels with the HF processor) run on a worker thread,
-one message at a time per socket, so the server's event loop keeps serving everyone else.
+one message at a time per socket, so the server's event loop keeps serving everyone else; so does every other call
+of the session (behind the replicas each one is a Ray call, which may wait for its replica up to a minute). A
+session lost with its replica is replaced by a new one on the same socket, with one "status" message saying so.
 """
 
 import asyncio
@@ -20,12 +22,12 @@ from fastapi.routing import APIWebSocketRoute
 from starlette.websockets import WebSocketState
 
 from engine.config import MAX_VIDEO_SOURCE_PIXELS
-from engine.errors import SERVER_FAULT, BusyError, InputError
+from engine.errors import SERVER_FAULT, BusyError, InputError, SessionEnded, SessionLost
 from engine.front.door import history_pairs, request_params
+from engine.front.json_text import json_text
 from engine.front.serving import Serving
 from engine.stream import Stream
 from ui.live_frames import TIME_HEADER, frame_message
-from ui.openai_api import jsonable
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +43,10 @@ EVENT_KINDS = ("status", "thinking", "text")  # an answer's events sent on as th
 NOT_A_MESSAGE = 'A text message must be a JSON object whose "type" is "open", "ask", "stats" or "close".'
 OPENED_ALREADY = 'The live session is already open: "open" may only be the first message.'
 NO_QUESTION = 'An ask message needs a question: {"type": "ask", "question": "..."}.'
+REOPENED = (
+    "The server restarted the part of it that held this live session, so a new one goes on from the next frame: "
+    "questions are about what it has seen since."
+)
 
 
 def idle_sentence(idle_s: float) -> str:
@@ -68,6 +74,8 @@ class LiveSocket:
         self.socket, self.engine = socket, engine
         self.max_source_pixels, self.idle_s = max_source_pixels, idle_s
         self.live = None
+        self._params = None  # the session's settings, for a new session when its replica is lost
+        self._reopening = asyncio.Lock()
         self._send_lock = asyncio.Lock()
         self._answers: dict[asyncio.Task, Stream] = {}
         self._frames_since_stats = 0
@@ -81,7 +89,12 @@ class LiveSocket:
             if first is None:
                 return
             opening = self._open_message(first)
-            params = request_params(self.engine, **_settings(opening, OPEN_SETTINGS)) if opening else None
+            try:
+                params = request_params(self.engine, **_settings(opening, OPEN_SETTINGS)) if opening else None
+            except InputError:  # a session asked for and refused here, before the engine saw it
+                self.engine.metrics.live_session("refused")
+                raise
+            self._params = params
             self.live = await asyncio.to_thread(self.engine.open_live, params)
             tasks.append(asyncio.create_task(self._stats_every_second()))
             message = None if opening else first
@@ -105,7 +118,7 @@ class LiveSocket:
             for stream in self._answers.values():
                 stream.cancel()
             if self.live is not None:
-                await asyncio.to_thread(self.live.close)
+                await asyncio.to_thread(self.live.close)  # never raises (a lost replica's session is gone already)
 
     def _open_message(self, message) -> dict | None:
         """The first message when it is an "open" text message (parsed), else None: the engine's defaults."""
@@ -138,6 +151,8 @@ class LiveSocket:
 
     async def _handle(self, message: bytes | str) -> bool:
         """Do what one message asks; False when the socket is to close."""
+        if self.live is None:  # lost with its replica, and no other could be opened: the socket is closed
+            return False
         if isinstance(message, bytes):
             return await self._frame(message)
         try:
@@ -152,36 +167,52 @@ class LiveSocket:
         elif kind == "close":
             await self._close(1000)
             return False
-        else:
+        else:  # a malformed ask, refused here
+            self.engine.metrics.refused(where="front_door", busy=False)
             await self._error(OPENED_ALREADY if kind == "open" else NOT_A_MESSAGE)
         return True
 
     async def _frame(self, message: bytes) -> bool:
-        """Decode and push one frame; a bad one is one sentence, a session that ended closes the socket."""
+        """Decode and push one frame; a bad one is one sentence, a session lost with its replica is replaced, one
+        that the server ended otherwise (shutting down) closes the socket."""
         t_s = TIME_HEADER.unpack_from(message)[0] if len(message) >= TIME_HEADER.size else None
+        live = self.live
         try:
-            await asyncio.to_thread(self._push, message)
+            await asyncio.to_thread(self._push, live, message)
             self._frames_since_stats += 1
             return True
-        except InputError as error:
+        except SessionLost:
+            return await self._reopen(live)
+        except SessionEnded as error:  # closed by the server (shutting down): nothing more will be taken
             await self._error(str(error), t_s=t_s)
-            if self._ended():  # closed by the server (shutting down): nothing more will be taken
-                await self._close(TRY_AGAIN_LATER)
-                return False
+            await self._close(TRY_AGAIN_LATER)
+            return False
+        except InputError as error:  # this frame: the session goes on
+            await self._error(str(error), t_s=t_s)
             return True
         except RuntimeError as error:  # the session failed on the server (LiveSession says so in a sentence)
             await self._error(str(error) or SERVER_FAULT, t_s=t_s)
             await self._close(SERVER_ERROR)
             return False
 
-    def _push(self, message: bytes) -> None:
+    def _push(self, live, message: bytes) -> None:
         frame, t_s = frame_message(message, self.max_source_pixels)
-        self.live.push(frame, t_s)
+        live.push(frame, t_s)
 
-    def _ended(self) -> bool:
-        try:
-            return bool(self.live.stats().get("closed"))
-        except Exception:  # a replica's session that is lost cannot say: it has ended
+    async def _reopen(self, lost) -> bool:
+        """A new session in place of `lost`, whose replica is gone, with one status message; False (the socket
+        closed with the refusal's sentence) when none can be opened. Once per lost session, whoever finds it."""
+        async with self._reopening:
+            if self.live is not lost:
+                return True
+            try:
+                self.live = await asyncio.to_thread(self.engine.open_live, self._params)
+            except InputError as error:  # every replica full, or the server going down
+                self.live = None
+                await self._error(str(error))
+                await self._close(TRY_AGAIN_LATER)
+                return False
+            await self._send({"type": "status", "message": REOPENED})
             return True
 
     async def _ask(self, request: dict) -> None:
@@ -194,9 +225,13 @@ class LiveSocket:
                 raise InputError(NO_QUESTION)
             params = request_params(self.engine, **_settings(request, ASK_SETTINGS))
             history = history_pairs(request.get("history"))
-            stream = await asyncio.to_thread(self.live.ask, question, history, params)
+            live = self.live
+            stream = await asyncio.to_thread(live.ask, question, history, params)
         except (InputError, BusyError) as error:
+            self.engine.metrics.refused(error, "front_door")  # unless the engine refused it, and counted it
             await self._error(str(error), id=answer_id)
+            if isinstance(error, SessionLost):
+                await self._reopen(live)
             return
         task = asyncio.create_task(self._answer(answer_id, stream))
         self._answers[task] = stream
@@ -209,7 +244,7 @@ class LiveSocket:
                 if event.kind in EVENT_KINDS:
                     await self._send({"type": "event", "id": answer_id, "kind": event.kind, "text": event.text})
                 elif event.kind == "done":
-                    await self._send({"type": "done", "id": answer_id, "stats": jsonable(event.stats or {})})
+                    await self._send({"type": "done", "id": answer_id, "stats": event.stats or {}})
         except WebSocketDisconnect:
             pass
         except Exception as error:  # the engine's sentence: a mistake, busy, shutting down, a fault
@@ -232,7 +267,17 @@ class LiveSocket:
             pass
 
     async def _send_stats(self) -> None:
-        await self._send({"type": "stats", **jsonable(await asyncio.to_thread(self.live.stats))})
+        live = self.live
+        if live is None:
+            return
+        try:
+            stats = await asyncio.to_thread(live.stats)
+        except SessionLost:
+            await self._reopen(live)
+            return
+        except SessionEnded:  # closed by the server: the next frame says so
+            return
+        await self._send({"type": "stats", **stats})
 
     async def _error(self, sentence: str, **about) -> None:
         await self._send({"type": "error", "message": sentence, **{k: v for k, v in about.items() if v is not None}})
@@ -241,7 +286,7 @@ class LiveSocket:
         async with self._send_lock:
             if self.socket.client_state == WebSocketState.CONNECTED:
                 try:
-                    await self.socket.send_text(json.dumps(message))
+                    await self.socket.send_text(json_text(message))
                 except (RuntimeError, OSError):  # the client went away meanwhile
                     raise WebSocketDisconnect(1006) from None
 

@@ -61,14 +61,14 @@ class LiveView:
 
 
 def stats_line(stats: dict, ttft_s: float | None) -> str:
-    """The session's numbers in one line: its q, tokens held against the window, the share kept, lag p50/p95,
-    frames dropped, the last answer's TTFT."""
-    held, window = stats["video_tokens_held"], stats["window_tokens"]
+    """The session's numbers in one line: its q, tokens held against the window (and the video tokens of them),
+    the share kept, lag p50/p95, frames dropped, the last answer's TTFT."""
+    held, window, video = stats["kv_tokens_held"], stats["window_tokens"], stats["video_tokens_held"]
     parts = [
         f"q = {stats['pruning_rate']:g}",
-        f"held {held:,} of {window:,} tokens ({100 * held / window:.0f}% of the window)"
+        f"held {held:,} of {window:,} tokens ({100 * held / window:.0f}% of the window; {video:,} video)"
         if window
-        else f"held {held:,} tokens",
+        else f"held {held:,} tokens ({video:,} video)",
     ]
     if stats["video_tokens_total"]:
         parts.append(f"kept {stats['video_tokens_kept']:,} of {stats['video_tokens_total']:,}")

@@ -13,16 +13,16 @@ same rules as the OpenAI endpoint's `video_url` apply (ui/video_inputs.py): a da
 server named by its link or path, and other URLs only when the operator allows fetching.
 """
 
-import json
-
 import gradio as gr
 
 from engine.config import CPU_MAX_MEDIA, DEFAULT_PRUNING_RATE, GPU_MAX_MEDIA, GenerationParams
 from engine.errors import InputError
 from engine.front.checks import too_many_media
 from engine.front.door import follow, request_params
+from engine.front.json_text import json_text
 from engine.front.serving import Serving
 from ui.gradio_errors import raises_gradio_errors
+from ui.handlers import client_of
 from ui.runs import RunView
 from ui.video_inputs import VideoPolicy, local_files
 
@@ -57,6 +57,7 @@ class VideoQuestionTool:
         pruning_method: str | None = None,
         media: list[str] | None = None,
         skip_still_patches: bool | None = None,
+        request: gr.Request = None,
     ) -> str:
         """Answer a question about a video with a vision-language model that first drops the video tokens
         that barely change between frames (Efficient Video Sampling, EVS).
@@ -90,10 +91,11 @@ class VideoQuestionTool:
         local = await local_files(urls, self.policy)
         try:
             run = RunView.of(params)
-            async for _, event in follow(self.engine, [str(file.path) for file in local], question, [params], []):
+            paths = [str(file.path) for file in local]
+            async for _, event in follow(self.engine, paths, question, [params], [], client=client_of(request)):
                 run.apply(event)
             thinking = {"thinking": run.thinking} if params.enable_thinking else {}
-            return json.dumps({"answer": run.answer, **thinking, "stats": run.stats or {}})
+            return json_text({"answer": run.answer, **thinking, "stats": run.stats or {}})
         finally:
             for file in local:
                 file.release()

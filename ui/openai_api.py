@@ -15,9 +15,9 @@ engine's stats dict.
 
 Errors use OpenAI's error body, {"error": {"message", "type", "param", "code"}}, with one sentence:
 400 for what the caller got wrong (the engine's InputError: no video or picture, a bad rate, an unreadable,
-too long or too large file, a body nested deeper than MAX_BODY_DEPTH), 404 for another model, 413 for a body
-over the size limit, 422 for a body that is not a chat request, 429 when the engine's queue is full, 500 only
-for the server's own faults.
+too long or too large file, a body nested deeper than request_body.MAX_BODY_DEPTH or holding more than its
+MAX_CONTAINERS objects and arrays), 404 for another model, 413 for a body over the size limit, 422 for a body
+that is not a chat request, 429 when the engine's queue is full, 500 only for the server's own faults.
 """
 
 import asyncio
@@ -34,13 +34,16 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.requests import ClientDisconnect
 
-from engine.config import MAX_FILE_BYTES
+from engine.config import MAX_FILE_BYTES, GenerationParams
 from engine.errors import NO_VIDEO, SERVER_FAULT, BusyError, InputError
-from engine.front.checks import too_many_media
+from engine.front.checks import too_many_media, too_many_turns
 from engine.front.door import request_params
+from engine.front.json_text import json_text, jsonable
 from engine.front.serving import Serving
 from engine.stream import Event, Stream
+from ui.request_body import NOT_JSON, BodyRefused, LargeBodies, receive_body
 from ui.video_inputs import LocalVideo, VideoPolicy, local_files, video_policy
 
 log = logging.getLogger(__name__)
@@ -60,9 +63,10 @@ BODY_OVERHEAD_BYTES = 1 << 20
 BAD_ORDER = "The messages must alternate user and assistant turns, starting and ending with a user message."
 # A chat request nests a few levels (messages, a part, its url); a body nested far deeper is refused before
 # anything walks it (Python's JSON parser and validators recurse, and a recursion error is no user's sentence).
-MAX_BODY_DEPTH = 32
-TOO_DEEP = f"The request body nests JSON deeper than {MAX_BODY_DEPTH} levels."
 BAD_THINKING = "chat_template_kwargs.enable_thinking must be true or false."
+# A question, its answer, and room for system and developer messages between them.
+MESSAGES_PER_QUESTION = 4
+BODY_CUT = "The request body ended before it was complete."
 
 
 class ApiError(Exception):
@@ -88,7 +92,14 @@ class ApiError(Exception):
 
 
 def engine_error(error: BaseException) -> ApiError:
-    """The HTTP face of an engine error: 429 busy, 400 the caller's mistake, else 500 (logged)."""
+    """The HTTP face of an engine error: 429 busy, 400 the caller's mistake, else 500 (logged); a body refused
+    while it arrived, its own status."""
+    if isinstance(error, BodyRefused):
+        return ApiError(
+            error.status, str(error), "rate_limit_error" if error.status == 429 else "invalid_request_error"
+        )
+    if isinstance(error, ClientDisconnect):  # the client left while sending: no one reads this, and it is no fault
+        return ApiError(400, BODY_CUT)
     if isinstance(error, BusyError):
         return ApiError(429, str(error), "rate_limit_error", "server_busy")
     if isinstance(error, InputError):
@@ -212,21 +223,20 @@ def conversation(messages: list[dict]) -> Conversation:
     return Conversation(media, texts[-1], history)
 
 
-def nesting_depth(value) -> int:
-    """How deep JSON containers nest in `value` (0 for a scalar), counted without recursion."""
-    deepest, stack = 0, [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, (dict, list)):
-            deepest = max(deepest, depth)
-            children = item.values() if isinstance(item, dict) else item
-            stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
-    return deepest
+def check_message_count(messages: list, most_turns: int) -> None:
+    """Refuse a conversation past the engine's limit on earlier questions (its sentence), or with more than
+    MESSAGES_PER_QUESTION messages for each question it may hold, before pydantic validates the messages:
+    validating holds the GIL throughout, and 50,000 messages held every other request up for over a second."""
+    questions = sum(1 for message in messages if isinstance(message, dict) and message.get("role") == "user")
+    if questions - 1 > most_turns:
+        raise InputError(too_many_turns(questions - 1, most_turns))
+    most = MESSAGES_PER_QUESTION * (most_turns + 1)
+    if len(messages) > most:
+        raise ApiError(400, too_many_messages(len(messages), most))
 
 
-def jsonable(value):
-    """Stats as plain JSON types (numpy scalars become numbers)."""
-    return json.loads(json.dumps(value, default=lambda v: v.item() if hasattr(v, "item") else str(v)))
+def too_many_messages(sent: int, most: int) -> str:
+    return f"The request has {sent:,} messages; the limit is {most:,}: please start a new conversation."
 
 
 def usage(stats: dict) -> dict:
@@ -257,6 +267,7 @@ class ChatCompletions:
         self.engine = engine
         self.policy = policy
         self.model = engine.model_info["name"]
+        self.bodies = LargeBodies()
 
     def routes(self) -> list[APIRoute]:
         return [
@@ -271,29 +282,41 @@ class ChatCompletions:
         }
 
     async def completions(self, request: Request):
-        files: list[LocalVideo] = []
+        files: list[LocalVideo] = []  # the request's temporary files: its data: URLs decoded, its fetched videos
 
         def release() -> None:
             for file in files:
                 file.release()
 
         try:
-            chat = await self._chat_request(request)
-            chosen = conversation(chat.messages)
-            params = self._params(chat)
+            body, received = await self._body(request)
+            files += received.values()
+            # Off the event loop: parsing and walking up to MAX_TEXT_BYTES of JSON takes a while.
+            chat, chosen, params = await asyncio.to_thread(self._chat_parts, body)
             most = self.engine.model_info["max_media"]
-            if len(chosen.media_urls) > most:  # before any is decoded or fetched
+            if len(chosen.media_urls) > most:  # before any is fetched
                 raise InputError(too_many_media(len(chosen.media_urls), most))
-            files = await local_files(chosen.media_urls, self.policy)
-            stream = self.engine.submit(
-                media=[str(file.path) for file in files],
+            media = await local_files(chosen.media_urls, self.policy, received)
+            files += media
+            # submit tokenizes the question and history: other users' requests must not wait for it
+            stream = await asyncio.to_thread(
+                self.engine.submit,
+                media=[str(file.path) for file in media],
                 question=chosen.question,
                 params=params,
                 history=chosen.history,
+                client=f"address {request.client.host}" if request.client else None,
             )
-        except Exception as error:
+        except BaseException as error:
             release()
-            return (error if isinstance(error, ApiError) else engine_error(error)).response()
+            if not isinstance(error, Exception):  # cancelled: nothing to answer
+                raise
+            refusal = error if isinstance(error, ApiError) else engine_error(error)
+            if refusal.status < 500:  # the engine's own refusals are counted there, and not again
+                self.engine.metrics.refused(error, "front_door", busy=refusal.status == 429)
+            else:
+                self.engine.metrics.failed()
+            return refusal.response()
         reply = Reply(self.model, stream, params.max_new_tokens)
         if not chat.stream:
             try:
@@ -309,32 +332,33 @@ class ChatCompletions:
         except Exception as error:
             release()
             return engine_error(error).response()
-        return StreamingResponse(
+        return ClosingStreamingResponse(
             reply.chunks(opening, include_usage, release),
+            on_close=lambda: (reply.cancel(), release()),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
 
-    async def _chat_request(self, request: Request) -> ChatRequest:
+    async def _body(self, request: Request) -> tuple[bytes, dict[str, LocalVideo]]:
+        """The body's JSON text, its data: URLs decoded to files as they arrived (ui/request_body.py)."""
         limit = self.policy.max_bytes * 4 // 3 + BODY_OVERHEAD_BYTES
         declared = request.headers.get("content-length")
-        if declared and declared.isdigit() and int(declared) > limit:
-            raise ApiError(413, f"The request is larger than the limit of {limit / (1 << 20):.3g} MB.")
-        body = bytearray()
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > limit:
-                raise ApiError(413, f"The request is larger than the limit of {limit / (1 << 20):.3g} MB.")
+        size = int(declared) if declared and declared.isdigit() else None
+        return await receive_body(request.stream(), size, self.policy, limit, self.bodies)
+
+    def _chat_parts(self, body: bytes) -> tuple["ChatRequest", Conversation, GenerationParams]:
+        chat = self._chat_request(body)
+        return chat, conversation(chat.messages), self._params(chat)
+
+    def _chat_request(self, body: bytes) -> ChatRequest:
         try:
             payload = json.loads(body)
         except (ValueError, UnicodeDecodeError):
-            raise ApiError(400, "The request body must be JSON.") from None
-        except RecursionError:  # deeper than the parser's stack: far past MAX_BODY_DEPTH
-            raise ApiError(400, TOO_DEEP) from None
-        if nesting_depth(payload) > MAX_BODY_DEPTH:
-            raise ApiError(400, TOO_DEEP)
+            raise ApiError(400, NOT_JSON) from None
         if not isinstance(payload, dict):
             raise ApiError(400, "The request body must be a JSON object.")
+        if isinstance(payload.get("messages"), list):
+            check_message_count(payload["messages"], self.engine.model_info["max_history_turns"])
         try:
             chat = ChatRequest.model_validate(payload)
         except ValidationError as error:
@@ -374,6 +398,22 @@ class ChatCompletions:
         )
 
 
+class ClosingStreamingResponse(StreamingResponse):
+    """A StreamingResponse that calls `on_close` however it ends. Its body iterator's own `finally` is not enough: a
+    client that leaves before the first chunk makes Starlette end the response before it starts the iterator,
+    whose `finally` then never runs (the request would decode to its token limit, its files kept)."""
+
+    def __init__(self, content, on_close: Callable[[], object], **options):
+        super().__init__(content, **options)
+        self.on_close = on_close
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.on_close()
+
+
 class Reply:
     """One engine stream read as an OpenAI answer."""
 
@@ -382,6 +422,11 @@ class Reply:
         self.id = f"chatcmpl-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.events = stream.aevents()
+
+    def cancel(self) -> None:
+        """End the engine request, unless it has ended."""
+        if not self.stream.finished:
+            self.stream.cancel()
 
     def finish_reason(self, stats: dict) -> str:
         return "length" if (stats.get("generated_tokens") or 0) >= self.max_new_tokens else "stop"
@@ -433,7 +478,7 @@ class Reply:
             "model": self.model,
             "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}],
         }
-        return f"data: {json.dumps(chunk)}\n\n"
+        return f"data: {json_text(chunk)}\n\n"
 
     async def chunks(
         self, opening: list[Event], include_usage: bool, release: Callable[[], None]
@@ -465,10 +510,10 @@ class Reply:
                     "choices": [],
                     "usage": usage(stats),
                 }
-                yield f"data: {json.dumps(body)}\n\n"
+                yield f"data: {json_text(body)}\n\n"
             yield "data: [DONE]\n\n"
         except Exception as error:  # after the 200 status: OpenAI clients raise on an error event
-            yield f"data: {json.dumps(engine_error(error).body())}\n\n"
+            yield f"data: {json_text(engine_error(error).body())}\n\n"
         finally:
             if not self.stream.finished:
                 self.stream.cancel()

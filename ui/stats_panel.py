@@ -73,6 +73,17 @@ def _media(stats: dict) -> tuple[str, str, str] | None:
     )
 
 
+def _prefilled(stats: dict) -> str:
+    """How much of the prompt the model read now, and how much it reused from the conversation's KV cache."""
+    prefilled, prompt = stats["prefill_tokens"], stats["prompt_tokens"]
+    if prefilled >= prompt:
+        return f"prefilled all {prompt:,} prompt tokens; none came from the cache"
+    return (
+        f"prefilled {prefilled:,} of {prompt:,} prompt tokens; the other {prompt - prefilled:,} came from the KV "
+        "cache of this conversation"
+    )
+
+
 def stats_html(stats: dict | None) -> str:
     """A grid of small cards; the placeholder when `stats` is None (nothing answered yet)."""
     if stats is None:
@@ -107,8 +118,7 @@ def stats_html(stats: dict | None) -> str:
         (
             "Caches",
             f"features {_hit(stats['vit_cache_hit'])} · prefix {_hit(stats['prefix_cache_hit'])}",
-            f"prefilled {stats['prefill_tokens']:,} of {stats['prompt_tokens']:,} prompt tokens; "
-            "the rest came from the KV of this video's conversation",
+            _prefilled(stats),
         ),
     ]
     if soundtrack := _soundtrack(stats):

@@ -22,7 +22,7 @@ from engine.front.serving import Serving
 from pruning import PRUNING_METHODS
 from ui import figures
 from ui.gradio_errors import raises_gradio_errors
-from ui.handlers import not_an_mcp_tool, upload_paths
+from ui.handlers import client_of, not_an_mcp_tool, upload_paths
 from ui.runs import RunView, answer_cards
 
 DEFAULT_RATES = (0.0, 0.3, 0.5, 0.7, 0.9)
@@ -142,6 +142,7 @@ class Sweep:
         methods: str | Sequence[str] | None = None,
         media: list | None = None,
         skip_still_patches: bool | None = None,
+        request: gr.Request = None,
     ) -> AsyncIterator[tuple]:
         """The `/sweep` endpoint: streams (table, figure, answers_html); see ui/__init__.py.
 
@@ -176,7 +177,9 @@ class Sweep:
         yield gr.skip(), gr.skip(), answer_cards(runs, titles)
         last_update = time.monotonic()
         uploads = upload_paths(video) + upload_paths(media)
-        async for index, event in follow(self.engine, uploads, question, params_list, [], burst=True):
+        async for index, event in follow(
+            self.engine, uploads, question, params_list, [], burst=True, client=client_of(request)
+        ):
             runs[index].apply(event)
             now = time.monotonic()
             if event.kind == "done" or now - last_update >= UPDATE_EVERY_S:

@@ -19,7 +19,7 @@ import mimetypes
 import os
 import socket
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
@@ -33,6 +33,7 @@ from engine.reading.live_stream import is_public_address
 API_VIDEOS_FOLDER = "api-videos"  # under the upload folder, so the temp-file cleaner bounds it too
 GRADIO_FILE_ROUTE = "/gradio_api/file="
 FETCH_TIMEOUT_S = 30.0
+DATA_URL_SLICE = 1 << 20  # characters of a data: URL decoded at a time
 MAX_REDIRECTS = 3
 
 NOT_A_VIDEO_URL = (
@@ -43,13 +44,14 @@ BAD_DATA_URL = (
     "A data: URL must be a base64 video or picture, e.g. data:video/mp4;base64,AAAA... or "
     "data:image/png;base64,AAAA...."
 )
-BAD_BASE64 = "The video's data: URL is not valid base64."
+BAD_BASE64 = "The data: URL is not valid base64."
 NOT_UPLOADED = (
     "Only files uploaded to this server (POST /gradio_api/upload) can be named by path; "
-    "send other videos as a data: URL."
+    "send other videos and pictures as data: URLs."
 )
+# Said for a video_url and an image_url alike: the caller's part may name either.
 NO_FETCHING = (
-    "This server does not fetch video URLs; send the video as a data: URL, or upload it "
+    "This server does not fetch web URLs of videos or pictures; send the file as a data: URL, or upload it "
     "(POST /gradio_api/upload) and send its path."
 )
 
@@ -100,13 +102,19 @@ def too_large(limit_bytes: int, what: str = "video") -> InputError:
     return InputError(f"The {what} is larger than the limit of {limit_bytes / (1 << 20):.3g} MB.")
 
 
-async def local_files(urls: list[str], policy: VideoPolicy) -> list["LocalVideo"]:
+async def local_files(
+    urls: list[str], policy: VideoPolicy, received: Mapping[str, LocalVideo] | None = None
+) -> list["LocalVideo"]:
     """The files behind several URLs, in order (local_video's rules for each); those made before one that fails
-    are released."""
+    are released. received: data: URLs already decoded while the request arrived (ui/request_body.py), by the
+    placeholder the request's JSON holds in their place."""
     made: list[LocalVideo] = []
     try:
         for url in urls:
-            made.append(await local_video(url, policy))
+            if received and isinstance(url, str) and url in received:
+                made.append(received[url])
+            else:
+                made.append(await local_video(url, policy))
     except BaseException:
         for file in made:
             file.release()
@@ -164,30 +172,86 @@ def _new_temp_path(policy: VideoPolicy, suffix: str) -> Path:
     return folder / f"{uuid.uuid4().hex}{suffix}"
 
 
-def _decode_data_url(url: str, policy: VideoPolicy) -> LocalVideo:
-    header, comma, payload = url[len("data:") :].partition(",")
+def data_url_media_type(header: str) -> str:
+    """The media type of a data: URL from its header (what lies between "data:" and the comma), lower case;
+    InputError(BAD_DATA_URL) unless it says base64 and a video, a picture or no type at all."""
     media_type, *options = header.split(";")
     media_type = media_type.strip().lower()
-    picture = media_type.startswith("image/")
-    if (
-        not comma
-        or "base64" not in (o.strip().lower() for o in options)
-        or not (media_type.startswith("video/") or picture or media_type in ("", "application/octet-stream"))
+    if "base64" not in (o.strip().lower() for o in options) or not (
+        media_type.startswith(("video/", "image/")) or media_type in ("", "application/octet-stream")
     ):
         raise InputError(BAD_DATA_URL)
-    payload = "".join(payload.split())  # line breaks are allowed in base64
-    # Refused before decoding: the decoded bytes are 3/4 of the text.
-    if (len(payload) * 3) // 4 - payload.count("=") > policy.max_bytes:
-        raise too_large(policy.max_bytes, "picture" if picture else "video")
+    return media_type
+
+
+class Base64File:
+    """A data: URL's payload decoded into a new file of the API's temp folder as its text arrives (`feed`, any
+    number of times, with pieces of any length), so that neither the text nor the bytes are ever held whole:
+    refused with a sentence once the bytes pass policy.max_bytes or the text is not base64 (whitespace is
+    allowed, as in MIME). `finish` gives the file; `discard` deletes it."""
+
+    WHITESPACE = b" \t\n\r\x0b\x0c"
+
+    def __init__(self, policy: VideoPolicy, media_type: str):
+        self.limit = policy.max_bytes
+        self.what = "picture" if media_type.startswith("image/") else "video"
+        # A suffix for the people reading the folder; the engine reads the kind from the bytes.
+        suffix = mimetypes.guess_extension(media_type) if media_type.startswith(("video/", "image/")) else None
+        self.path = _new_temp_path(policy, suffix or ".mp4")
+        self._file = self.path.open("wb")
+        self._left = b""  # text past the last whole group of 4 characters
+        self._padded = False  # "=" seen: nothing but more "=" may follow
+        self.nbytes = 0
+
+    def feed(self, text: bytes) -> None:
+        text = text.translate(None, self.WHITESPACE)
+        if not text:
+            return
+        if self._padded and text.strip(b"="):
+            raise InputError(BAD_BASE64)
+        if (pad := text.find(b"=")) >= 0:
+            if text[pad:].strip(b"="):
+                raise InputError(BAD_BASE64)
+            self._padded = True
+        text = self._left + text
+        whole = len(text) // 4 * 4
+        self._left = text[whole:]
+        try:
+            data = base64.b64decode(text[:whole], validate=True)
+        except (binascii.Error, ValueError):
+            raise InputError(BAD_BASE64) from None
+        self.nbytes += len(data)
+        if self.nbytes > self.limit:
+            raise too_large(self.limit, self.what)
+        self._file.write(data)
+
+    def finish(self) -> LocalVideo:
+        if self._left:
+            raise InputError(BAD_BASE64)
+        self._file.close()
+        return LocalVideo(self.path, temporary=True)
+
+    def discard(self) -> None:
+        self._file.close()
+        self.path.unlink(missing_ok=True)
+
+
+def _decode_data_url(url: str, policy: VideoPolicy) -> LocalVideo:
+    """A data: URL given whole (the MCP tool's argument), decoded a slice at a time: no copy of it is made."""
+    start = url.find(",")
+    if start < 0:
+        raise InputError(BAD_DATA_URL)
+    sink = Base64File(policy, data_url_media_type(url[len("data:") : start]))
     try:
-        data = base64.b64decode(payload, validate=True)
-    except (binascii.Error, ValueError):
-        raise InputError(BAD_BASE64) from None
-    # A suffix for the people reading the folder; the engine reads the kind from the bytes.
-    suffix = mimetypes.guess_extension(media_type) if media_type.startswith(("video/", "image/")) else None
-    path = _new_temp_path(policy, suffix or ".mp4")
-    path.write_bytes(data)
-    return LocalVideo(path, temporary=True)
+        for at in range(start + 1, len(url), DATA_URL_SLICE):
+            piece = url[at : at + DATA_URL_SLICE]
+            if not piece.isascii():
+                raise InputError(BAD_BASE64)
+            sink.feed(piece.encode("ascii"))
+        return sink.finish()
+    except BaseException:
+        sink.discard()
+        raise
 
 
 class _PinnedTransport(httpx.AsyncHTTPTransport):

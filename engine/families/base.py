@@ -334,6 +334,12 @@ class Family:
         grid_thw = (int(grid_patches[0]), int(grid_patches[1]) // merge, int(grid_patches[2]) // merge)
         return VideoInputs(inputs["pixel_values"], grid_patches, grid_thw, 0.0, is_image=True)
 
+    def token_side(self, processor) -> int:
+        """The side in pixels of one language-model token of a picture (patch * merge): the smallest picture or
+        live frame side the model reads (the engine refuses smaller ones, engine/reading/media.py's too_small)."""
+        image_processor = processor.image_processor
+        return image_processor.patch_size * image_processor.merge_size
+
     def image_processor_kwargs(self, processor, max_pixels: int) -> dict:
         """Call kwargs that size a still image as one sampled frame: at most max_pixels (height*width), never
         upscaled below one token. ValueError below one token."""

@@ -139,6 +139,9 @@ class NemotronOmni(Family):
         grid_thw = (1, rows // self.merge_size, cols // self.merge_size)
         return VideoInputs(inputs["pixel_values"], torch.tensor([1, rows, cols]), grid_thw, 0.0, is_image=True)
 
+    def token_side(self, processor) -> int:
+        return self.patch_size * self.merge_size
+
     def image_processor_kwargs(self, processor, max_pixels):
         # The image processor resizes each image (up or down) into [min_num_patches, max_num_patches] patches
         # (the checkpoints: 1,024 to 13,312); the cap lowers both ends, never raises them.

@@ -10,6 +10,9 @@ from engine.config import EngineConfig, FrameSamplingLimits, GenerationParams
 from engine.errors import BAD_HISTORY, NO_VIDEO, InputError
 
 LIVE_PRUNING_METHOD = "evs"  # the one method with a causal form (pruning/causal.py)
+# What torch.Generator.manual_seed takes: a signed or an unsigned 64-bit number.
+SEED_RANGE = (-(1 << 63), (1 << 64) - 1)
+BAD_SEED = f"The seed must be a whole number from {SEED_RANGE[0]:,} to {SEED_RANGE[1]:,}."
 CONTROL_TOKEN = re.compile(r"<\|[a-z_]+\|>")
 
 
@@ -37,11 +40,11 @@ def check_params(question: str, params: GenerationParams, config: EngineConfig, 
     """Raise InputError for anything in the request a user could have got wrong."""
     if not isinstance(question, str) or not question.strip():
         raise InputError("Please type a question about the video.")
-    check_text(question, "question")
     if len(question) > config.max_question_chars:
         raise InputError(
             f"The question is {len(question):,} characters long; the limit is {config.max_question_chars:,}."
         )
+    check_text(question, "question")
     check_settings(params, config, limits)
 
 
@@ -62,8 +65,8 @@ def check_settings(params: GenerationParams, config: EngineConfig, limits: Frame
         and (temperature == 0 or temperature >= 0.01)
     ):
         raise InputError("The temperature must be 0 (greedy) or a number of at least 0.01.")
-    if not isinstance(params.seed, int):
-        raise InputError("The seed must be a whole number.")
+    if not isinstance(params.seed, int) or not SEED_RANGE[0] <= params.seed <= SEED_RANGE[1]:
+        raise InputError(BAD_SEED)
     if not isinstance(params.enable_thinking, bool):
         raise InputError("Think first must be true or false.")
     if params.hear_soundtrack is not None and not isinstance(params.hear_soundtrack, bool):
@@ -133,10 +136,34 @@ def check_request(
         raise InputError(NO_VIDEO)
     if len(media) > max_media:
         raise InputError(too_many_media(len(media), max_media))
+    history = history_turns(history, config)
+    for turn in history:
+        check_text(" ".join(turn), "conversation history")
+    return history
+
+
+def history_turns(history, config: EngineConfig) -> list[tuple[str, str]]:
+    """The history as (question, answer) string pairs, its turns and characters within their limits: checked
+    before anything tokenizes or searches it, so that megabytes of it cost a count, not seconds of the server."""
+    if hasattr(history, "__len__") and len(history) > config.max_history_turns:
+        raise InputError(too_many_turns(len(history), config.max_history_turns))
     try:
         history = [(str(asked), str(answered)) for asked, answered in history]
     except (TypeError, ValueError):
         raise InputError(BAD_HISTORY) from None
-    for turn in history:
-        check_text(" ".join(turn), "conversation history")
+    if len(history) > config.max_history_turns:
+        raise InputError(too_many_turns(len(history), config.max_history_turns))
+    chars = sum(len(asked) + len(answered) for asked, answered in history)
+    if chars > config.max_history_chars:
+        raise InputError(
+            f"The conversation so far is {chars:,} characters long; the limit is {config.max_history_chars:,}: "
+            "please start a new conversation."
+        )
     return history
+
+
+def too_many_turns(turns: int, most: int) -> str:
+    return (
+        f"The conversation so far has {turns:,} earlier questions; the limit is {most:,}: "
+        "please start a new conversation."
+    )

@@ -82,6 +82,10 @@ def request_params(
 def _number(value, kind: type, default):
     if value is None:
         return default
+    if kind is int and isinstance(value, int):  # exact: a float has 53 bits, a seed may have 64
+        return value
+    if kind is int and isinstance(value, str) and value.strip().lstrip("+-").isdigit():
+        return int(value)
     number = float(value)
     return int(round(number)) if kind is int else number
 
@@ -116,12 +120,16 @@ async def follow(
     history: Sequence[tuple[str, str]] = (),
     *,
     burst: bool = False,
+    client: str | None = None,
 ) -> AsyncIterator[tuple[int, Event]]:
     """Submit one request per params about the same uploads (media: one path, or several in order) and
-    yield (request index, event) as events arrive.
+    yield (request index, event) as events arrive. client: who asks (engine/front/shares.py), each request
+    counted in its share.
 
-    burst: submit them inside `engine.paused()`, in a thread, so that the worker takes them in one
-    iteration: each upload is read once and encoded by one ViT forward, and the prompts decode together.
+    Submitting runs in a thread, never on the event loop: `submit` tokenizes the question and history, which
+    other users' requests must not wait for. burst: submit them inside `engine.paused()`, so that the worker takes
+    them in one iteration: each upload is read once and encoded by one ViT forward, and the prompts decode
+    together.
     Raises InputError for the user's mistake (no upload, an upload swept away, the engine's checks), and
     whatever else a request failed with. However the iteration ends (finished, failed, cancelled, closed),
     unfinished requests are cancelled on the way out.
@@ -130,14 +138,12 @@ async def follow(
     streams: dict[int, Stream] = {}
     submitting: asyncio.Future | None = None
     try:
-        if burst:
-            submitting = asyncio.ensure_future(
-                asyncio.to_thread(_submit_burst, engine, streams, paths, question, params_list, history)
-            )
-            # shield: a cancelled caller must not abandon the thread's later submissions (see finally)
-            await asyncio.shield(submitting)
-        else:
-            _submit_all(engine, streams, paths, question, params_list, history)
+        submit = _submit_burst if burst else _submit_all
+        submitting = asyncio.ensure_future(
+            asyncio.to_thread(submit, engine, streams, paths, question, params_list, history, client)
+        )
+        # shield: a cancelled caller must not abandon the thread's later submissions (see finally)
+        await asyncio.shield(submitting)
         async with contextlib.aclosing(merged(streams)) as events:
             async for index, event, error in events:
                 if error is not None:
@@ -156,10 +162,11 @@ def _submit_burst(
     question: str,
     params_list: Sequence[GenerationParams],
     history: Sequence[tuple[str, str]],
+    client: str | None,
 ) -> None:
     """_submit_all while admission is held; returns once all are prepared. Blocks: run it in a thread."""
     with engine.paused():
-        _submit_all(engine, streams, paths, question, params_list, history)
+        _submit_all(engine, streams, paths, question, params_list, history, client)
 
 
 def _submit_all(
@@ -169,11 +176,12 @@ def _submit_all(
     question: str,
     params_list: Sequence[GenerationParams],
     history: Sequence[tuple[str, str]],
+    client: str | None,
 ) -> None:
     """One request per params, each stream filled in as it is submitted (a refusal halfway still leaves
     the caller what to cancel)."""
     for index, params in enumerate(params_list):
-        streams[index] = engine.submit(media=paths, question=question, params=params, history=history)
+        streams[index] = engine.submit(media=paths, question=question, params=params, history=history, client=client)
 
 
 def cancel_unfinished(streams: Mapping[int, Stream]) -> None:

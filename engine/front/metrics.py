@@ -2,9 +2,11 @@
 
 Each engine (and each ReplicatedEngine) holds its own registry, not prometheus_client's global one, so
 several engines in one process (tests, benchmarks) count apart. A request is counted once, where its
-stream ends (`Stream.on_end`), and a refused submit where `submit` raises: the same two places for
-the single engine and for the replicated client, which therefore counts every request it hands out
-without asking its replicas.
+stream ends (`Stream.on_end`), a refused submit where `submit` raises (the same two places for the single
+engine and for the replicated client, which therefore counts every request it hands out without asking its
+replicas), and a request a route refuses before the engine sees it (its body or message) by that route, as
+refused at the front door: so the outcomes add up to the requests received. Live sessions are counted apart
+from questions (`evs_live_sessions_total`).
 """
 
 import contextlib
@@ -16,6 +18,14 @@ from engine.errors import BusyError, InputError
 from engine.stream import Stream
 
 OUTCOMES = ("answered", "refused", "cancelled", "failed")
+# Where a refusal was decided: the front door (a route's own checks of the body or message, before the engine
+# sees it) or the engine (submit, a live question, or the upload's read, through the stream); and why: the
+# caller's mistake (bad_input) or a full server (busy: the queue, the live sessions, a restart).
+REFUSED_WHERE = ("front_door", "engine")
+REFUSED_REASONS = ("bad_input", "busy")
+# How a live session's ask to open ended (opened or refused), and how an opened one ended: closed by its user, or
+# lost (ended by the server: a fault, the shutdown, its replica gone).
+LIVE_EVENTS = ("opened", "refused", "closed", "lost")
 # Seconds: a tiny model on CPU answers in tenths, a long video on a GPU in tens.
 TIME_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 60, 120)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32)
@@ -36,6 +46,23 @@ class Metrics:
         self.requests = Counter("evs_requests", "Requests by how they ended", ["outcome"], registry=r)
         for outcome in OUTCOMES:  # every outcome shows from the first scrape, at 0
             self.requests.labels(outcome)
+        self.refusals = Counter(
+            "evs_refusals",
+            "Refused requests by where and why (they add up to outcome=refused)",
+            ["where", "reason"],
+            registry=r,
+        )
+        for where in REFUSED_WHERE:
+            for reason in REFUSED_REASONS:
+                self.refusals.labels(where, reason)
+        self.live_sessions = Counter(
+            "evs_live_sessions",
+            "Live sessions asked for (opened, refused) and how opened ones ended",
+            ["event"],
+            registry=r,
+        )
+        for event in LIVE_EVENTS:
+            self.live_sessions.labels(event)
         Gauge(
             "evs_running_requests",
             "Requests decoding (one engine), or sent to a replica and not ended (replicas)",
@@ -73,10 +100,30 @@ class Metrics:
         finally:
             self._counting = True
 
-    def refused(self) -> None:
-        """submit raised InputError or BusyError: no stream was made."""
+    def refused(self, error: BaseException | None = None, where: str = "engine", busy: bool | None = None) -> None:
+        """A request refused before a stream was made: submit (or a live question) raised `error`, an InputError
+        or BusyError (where "engine"), or a route refused the body or message (where "front_door"; busy: whether
+        it was for a full server, else read from `error`). An error is counted once: a route that passes on an
+        error the engine raised (and counted) does not count it again."""
+        if error is not None:
+            if getattr(error, "counted_refusal", False):
+                return
+            error.counted_refusal = True
+        if not self._counting:
+            return
+        busy = isinstance(error, BusyError) if busy is None else busy
+        self.requests.labels("refused").inc()
+        self.refusals.labels(where, "busy" if busy else "bad_input").inc()
+
+    def failed(self) -> None:
+        """A route failed on a request before the engine took it (a server fault: the caller read SERVER_FAULT)."""
         if self._counting:
-            self.requests.labels("refused").inc()
+            self.requests.labels("failed").inc()
+
+    def live_session(self, event: str) -> None:
+        """A live session asked for was opened or refused, or an opened one was closed or lost (LIVE_EVENTS)."""
+        if self._counting:
+            self.live_sessions.labels(event).inc()
 
     def ended(self, stream: Stream) -> None:
         """The stream is ending (done or error): count it by outcome, and what it measured."""
@@ -86,7 +133,12 @@ class Metrics:
         if error is not None:
             # As at submit: what the user is asked to fix (a bad video) or to retry (a replica's full queue,
             # or a replica lost, which is a BusyError too) is refused; anything else is the server's fault.
-            self.requests.labels("refused" if isinstance(error, (InputError, BusyError)) else "failed").inc()
+            if isinstance(error, (InputError, BusyError)):
+                error.counted_refusal = True  # a route that passes the stream's error on does not count it again
+                self.requests.labels("refused").inc()
+                self.refusals.labels("engine", "busy" if isinstance(error, BusyError) else "bad_input").inc()
+            else:
+                self.requests.labels("failed").inc()
         else:
             answered = not stream.cancelled
             self.requests.labels("answered" if answered else "cancelled").inc()

@@ -34,9 +34,11 @@ class Serving(Protocol):
         params: GenerationParams | None = None,
         history: Sequence[tuple[str, str]] = (),
         media: Sequence[str | Path] | None = None,
+        client: str | None = None,
     ) -> Stream:
         """Returns at once; InputError / BusyError for what is wrong now, the rest through the stream. video:
-        one upload; media: several, in order (model_info["max_media"] at most)."""
+        one upload; media: several, in order (model_info["max_media"] at most). client: who asks (a tab's
+        session, an API caller's address), held to its share of the queue (engine/front/shares.py)."""
 
     def open_live(self, params: GenerationParams | None = None):
         """A live session (engine/live/session.py's LiveSession, docs/live.md: push frames, ask about the stream so

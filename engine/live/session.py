@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from engine.config import FrameSampling, GenerationParams
-from engine.errors import InputError
+from engine.errors import InputError, SessionEnded
 from engine.families.base import Family, VideoFeatures
 from engine.prompt.unpruned import processor_inputs
 from engine.reading.video import SampledVideo
@@ -44,7 +44,8 @@ class LiveGroup:
     """One temporal group of a live stream, from its frames to its kept features.
 
     index: its place in the stream (0: the first group). times_s: its frames' capture times, seconds after the
-    stream's first frame. pushed_at: time.perf_counter() when its last frame was pushed. pixel_values (P, C) and
+    stream's first frame. pushed_at: time.perf_counter() when its last frame was handed to `push` (before the HF
+    processor ran on it: the lag counts the processor's time on the pushing thread). pixel_values (P, C) and
     grid_thw_patches (3,): the vision tower's input; grid_hw: (h, w) in LLM tokens. picture: (H, W, 3) uint8, its
     first frame as the model sees it (scaled to the session's max_pixels_per_frame), for the pruning picture.
     The worker sets encoded (h*w,) bool, the units the vision tower encodes (engine/prompt/units.py's rules, decided
@@ -92,6 +93,7 @@ class _Counts:
     video_tokens_held: int = 0
     vision_patches_total: int = 0
     vision_patches_encoded: int = 0
+    kv_tokens_held: int = 0
     lags: collections.deque = field(default_factory=collections.deque)  # (entered state at, lag in s)
 
 
@@ -104,8 +106,10 @@ class LiveSession:
             answer = live.ask("What moves?").result()
 
     session_id: the engine's number for it. params: its pruning rate, frame sampling and the defaults of its
-    questions. window_tokens: most video tokens its state holds (EngineConfig.live_window_tokens). ask(session,
-    question, history, params, groups): the engine's side of `ask`; wake(): tells the worker there is work.
+    questions. window_tokens: most tokens its state holds, text and video (EngineConfig.live_window_tokens).
+    ask(session, question, history, params, groups): the engine's side of `ask`; wake(): tells the worker there is
+    work; on_end(why): told once, when the session ends (why: CLOSED when its user closed it, else the server's
+    sentence).
     """
 
     def __init__(
@@ -119,24 +123,30 @@ class LiveSession:
         window_tokens: int,
         ask: Callable,
         wake: Callable,
+        on_end: Callable[[str], None] | None = None,
     ):
         self.id, self.params, self.sampling = session_id, params, sampling
         self.window_tokens = window_tokens
         self._loaded, self._family = loaded, family
         self._max_source_pixels = max_source_pixels
-        self._ask, self._wake = ask, wake
+        self._min_side = family.token_side(loaded.processor)
+        self._ask, self._wake, self._on_end = ask, wake, on_end
         self._lock = threading.Lock()
         self._in_state = threading.Condition(self._lock)  # notified as groups enter the state
         self._clock = CaptureClock(sampling.fps)
         self._last_s: float | None = None
         self._shape: tuple[int, ...] | None = None
         self._frames: list[tuple[np.ndarray, float]] = []  # sampled frames of the group being formed
-        self._pending: collections.deque[LiveGroup] = collections.deque()  # formed, not yet taken by the worker
+        # Groups formed and not yet taken by the worker, by index: two pushers' groups may be made in either order
+        # (each outside the lock), and the worker takes them in the stream's order only (take_pending).
+        self._pending: dict[int, LiveGroup] = {}
+        self._next_taken = 0  # the index of the next group the worker takes
         self._counts = _Counts()
         # The newest decided groups' (picture, centre time in s, kept (h, w) bool, dissimilarity (h, w) float16):
         # numpy copies, so that nothing here holds a group's features.
         self._recent: collections.deque[tuple] = collections.deque(maxlen=RECENT_GROUPS)
         self._ended: str | None = None  # why the session ended (CLOSED, or the server's sentence)
+        self._freed = threading.Event()  # the worker has dropped the session's state (it counts until then)
 
     # --- the caller's side ---------------------------------------------------------------------------------
     def push(self, frame, t_s: float) -> None:
@@ -144,10 +154,11 @@ class LiveSession:
         at once: a frame is sampled by its capture time at the session's fps, or not, and when the engine is
         behind a due frame is dropped (stats: frames_dropped). InputError for a frame or time that is wrong, or
         a session that has ended."""
-        frame = check_frame(frame, self._max_source_pixels)
+        pushed_at = time.perf_counter()  # the lag's start: the processor below is part of what a group waits for
+        frame = check_frame(frame, self._max_source_pixels, self._min_side)
         with self._lock:
             if self._ended:
-                raise InputError(self._ended)
+                raise SessionEnded(self._ended)
             t_s = check_time(t_s, self._last_s)
             if self._shape is not None and frame.shape != self._shape:
                 raise InputError(
@@ -170,7 +181,7 @@ class LiveSession:
             index = counts.groups_formed
             counts.groups_formed += 1
         try:  # the processor, outside the lock: the worker may read meanwhile
-            group = self._group(index, frames)
+            group = self._group(index, frames, pushed_at)
         except Exception:
             log.exception("live session %d: preparing group %d failed", self.id, index)
             self.end(FAILED)
@@ -178,10 +189,10 @@ class LiveSession:
         with self._lock:
             if self._ended:
                 return
-            self._pending.append(group)
+            self._pending[index] = group
         self._wake()
 
-    def _group(self, index: int, frames: list[tuple[np.ndarray, float]]) -> LiveGroup:
+    def _group(self, index: int, frames: list[tuple[np.ndarray, float]], pushed_at: float) -> LiveGroup:
         """The group's pixels, made by the HF processor as an upload's are (sized by the session's sampling)."""
         times = [time_s for _, time_s in frames]
         pictures = np.stack([resized(frame, self.sampling.max_pixels_per_frame) for frame, _ in frames])
@@ -203,7 +214,7 @@ class LiveSession:
         return LiveGroup(
             index,
             times,
-            time.perf_counter(),
+            pushed_at,
             pixels.pixel_values,
             pixels.grid_thw_patches,
             pixels.grid_thw[1:],
@@ -215,17 +226,21 @@ class LiveSession:
         as `Engine.submit` answers; the stream goes on meanwhile. history: earlier (question, answer) turns,
         written after the video (docs/live.md). params: the answer's settings (max_new_tokens, temperature,
         thinking, ...); the rate and frame sampling are the session's. InputError as `submit`, and for a
-        session that has ended or has no whole group yet."""
+        session that has no whole group yet; SessionEnded (an InputError) once it has ended."""
         with self._lock:
-            if self._ended:
-                raise InputError(self._ended)
             groups = self._counts.groups_formed
+        return self._ask(self, question, history, params or self.params, groups)
+
+    def check_askable(self, groups: int) -> None:
+        """SessionEnded once the session has ended, InputError while it has no whole group (`groups` is 0). The
+        engine's side of `ask` checks it, so that the refusal is counted with the others."""
+        if self._ended:
+            raise SessionEnded(self._ended)
         if groups == 0:
             raise InputError(
                 f"The live stream has no video yet: push at least {self._family.temporal_patch} frames "
                 f"{1 / self.sampling.fps:g} s apart before asking."
             )
-        return self._ask(self, question, history, params or self.params, groups)
 
     def wait(self, timeout_s: float | None = None) -> bool:
         """Block until every group formed so far is in the session's state (or the session has ended), at most
@@ -238,10 +253,12 @@ class LiveSession:
 
     def stats(self) -> dict:
         """frames_received, frames_sampled, frames_dropped; video_tokens_total and video_tokens_kept (every group
-        decided so far, before and after causal EVS); video_tokens_held (kept video tokens in the state now) and
-        window_tokens (the most it holds); vision_patches_total and vision_patches_encoded (every group decided so
-        far: its vision patches, and those the vision tower ran, not counting exact repeats of the group before and
-        skipped still units); lag_s: {"p50", "p95"} seconds from a group's last frame pushed to the
+        decided so far, before and after causal EVS); kv_tokens_held (every token in the state now: the prefix, each
+        held group's text and kept video), video_tokens_held (the kept video tokens of them) and window_tokens (the
+        most kv_tokens_held may be, but for a newest group larger than it alone); vision_patches_total and
+        vision_patches_encoded (every group decided so far: its vision patches, and those the vision tower ran, not
+        counting exact repeats of the group before and skipped still units); lag_s: {"p50", "p95"} seconds
+        from the `push` call of a group's last frame (the HF processor's time on the pushing thread included) to the
         group in the state, over the last minute (None before any); pruning_rate; closed."""
         with self._lock:
             counts = self._counts
@@ -254,6 +271,7 @@ class LiveSession:
                 "video_tokens_total": counts.video_tokens_total,
                 "video_tokens_kept": counts.video_tokens_kept,
                 "video_tokens_held": counts.video_tokens_held,
+                "kv_tokens_held": counts.kv_tokens_held,
                 "vision_patches_total": counts.vision_patches_total,
                 "vision_patches_encoded": counts.vision_patches_encoded,
                 "window_tokens": self.window_tokens,
@@ -297,8 +315,8 @@ class LiveSession:
         return self._ended
 
     def end(self, why: str) -> bool:
-        """End the session with `why`, the sentence push and ask answer from now on (the engine's shutdown, a
-        fault); True when this call ended it."""
+        """End the session with `why`, the sentence push and ask raise from now on (SessionEnded: the engine's
+        shutdown, a fault); True when this call ended it."""
         with self._lock:
             if self._ended:
                 return False
@@ -308,18 +326,38 @@ class LiveSession:
             self._recent.clear()
             self._in_state.notify_all()
         self._wake()
+        if self._on_end is not None:
+            self._on_end(why)
         return True
 
     def take_pending(self) -> list[LiveGroup]:
-        """The groups formed since the worker last asked, in order (the worker's)."""
+        """The groups made since the worker last asked that come next in the stream, in order: a group made
+        before an earlier one (by another pusher) waits for it (the worker's)."""
         with self._lock:
-            groups = list(self._pending)
-            self._pending.clear()
+            groups = []
+            while self._next_taken in self._pending:
+                groups.append(self._pending.pop(self._next_taken))
+                self._next_taken += 1
             return groups
 
+    def freed(self) -> None:
+        """The worker has dropped the ended session's state: it no longer counts against max_live_sessions."""
+        self._freed.set()
+
+    @property
+    def state_freed(self) -> bool:
+        return self._freed.is_set()
+
+    def wait_freed(self, timeout_s: float) -> bool:
+        """Block until the worker has dropped the session's state, at most timeout_s; True when it has."""
+        return self._freed.wait(timeout_s)
+
     def decided(self, group: LiveGroup) -> None:
-        """Causal EVS has decided the group (the worker's)."""
+        """Causal EVS has decided the group (the worker's; nothing once the session has ended, so that its
+        picture stays cleared)."""
         with self._lock:
+            if self._ended:
+                return
             self._counts.video_tokens_total += group.retention.numel()
             self._counts.video_tokens_kept += int(group.retention.sum())
             patches_per_unit = group.pixel_values.shape[0] // group.retention.numel()
@@ -334,12 +372,15 @@ class LiveSession:
                 )
             )
 
-    def entered_state(self, group: LiveGroup, held_tokens: int, now: float) -> None:
-        """The group is in the session's state, which now holds held_tokens kept video tokens (the worker's)."""
+    def entered_state(self, group: LiveGroup, video_tokens: int, kv_tokens: int, now: float) -> None:
+        """The group is in the session's state, which now holds kv_tokens tokens, video_tokens of them kept video
+        tokens (the worker's)."""
         with self._lock:
+            if self._ended:
+                return
             counts = self._counts
             counts.groups_in_state = group.index + 1
-            counts.video_tokens_held = held_tokens
+            counts.video_tokens_held, counts.kv_tokens_held = video_tokens, kv_tokens
             counts.lags.append((now, now - group.pushed_at))
             self._forget_old_lags(now)
             self._in_state.notify_all()

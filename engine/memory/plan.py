@@ -22,10 +22,12 @@ that hears, A audio tokens: the longest soundtrack it is given, EngineConfig.max
     live     = kv_per_token * (W + text + spare) + state_per_sequence  one live session's state (window W)
     L * live + N * row(V) + one(V) <= usable
 
-- A live session keeps its window of W video tokens (EngineConfig.live_window_tokens, by default the planned
-  video tokens of one request) and its text in its own state, once: it never joins the decode batch, a question
-  forks it into a row that N counts. L = the configured max_live_sessions, fewer when so many would leave no room
-  for one planned request (Plan.max_live_sessions); the rows are planned in what is left.
+- A live session keeps its window of W tokens (EngineConfig.live_window_tokens, by default the planned video
+  tokens of one request; the window counts every token of the state, its groups' text with their kept video) in
+  its own state, once: it never joins the decode batch, a question forks it into a row that N counts. The text
+  term is slack for it: a prefill of up to 4 groups enters the state before the oldest leave. L = the configured
+  max_live_sessions, fewer when so many would leave no room for one planned request (Plan.max_live_sessions); the
+  rows are planned in what is left. A closed session counts until the worker has freed its state.
 
 - kv_per_token = 2 (K and V) * KV layers * KV heads * head_dim * dtype bytes (147,456 on Qwen3-VL-4B in
   bf16). KV layers are the attention layers: all of them on Qwen2.5-VL and Qwen3-VL (MoE too); on the
@@ -93,7 +95,7 @@ class PlanSettings:
     memory held by the feature and prefix caches at their bounds. margin_fraction: of the free memory,
     kept back. kv_copies: of the decode batch's KV and recurrent state alive while it is rebuilt (module
     docstring). live_sessions: the configured most live sessions open at once (EngineConfig.max_live_sessions);
-    live_window_tokens: the video tokens each one's state holds at most (engine/worker/live.py).
+    live_window_tokens: the tokens each one's state holds at most, text and video (engine/worker/live.py).
     """
 
     planned_video_tokens: int
@@ -282,7 +284,7 @@ def plan_memory(dims: ModelDims, free_bytes: int, settings: PlanSettings) -> Pla
         f"one forward at a time: ViT {vit_forward / GIB:.2f} GiB, "
         f"{audio_forward}prefill {prefill_forward / GIB:.2f} GiB",
         f"live sessions: {max_live} of the {s.live_sessions} configured, {live_row / GIB:.2f} GiB each (a window "
-        f"of {s.live_window_tokens:,} video tokens, {s.text_tokens} text, {s.spare_tokens} spare"
+        f"of {s.live_window_tokens:,} tokens, {s.text_tokens} text, {s.spare_tokens} spare"
         f"{', and the recurrent state' if dims.linear else ''}): {live_bytes / GIB:.2f} GiB",
         running_note,
     )

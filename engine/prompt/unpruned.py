@@ -24,7 +24,8 @@ class MediumPrompt(VideoInputs):
     """One medium of a prompt as the processor gave it (VideoInputs: its pixels and grids; is_image for a still
     image), with what the engine adds: timestamps_s, the centre time of each temporal group of a video ([] for
     an image); audio, the audio tower's input of a video's soundtrack when it was heard, else None, and
-    audio_tokens, the tokens the processor wrote for it (0 when not heard)."""
+    audio_tokens, the tokens the processor wrote for it (0 when not heard). pixel_values and audio are None once
+    the vision forward is done with them (Request.drop_pixels): the grids and counts stay."""
 
     timestamps_s: list[float] = field(default_factory=list)
     audio: AudioInputs | None = None

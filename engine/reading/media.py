@@ -14,6 +14,18 @@ from .video import SampledVideo, file_sha256, read_upload, sampled_video
 MAX_ASPECT = 200
 
 
+def too_small(what: str, width: int, height: int, side: int) -> str | None:
+    """The sentence for a picture or live frame (`what`: "The picture", "The frame") with a side under `side`
+    pixels (Family.token_side: one token); None when it is large enough. Below one token the processor can only
+    blow a few pixels up (and a 1- or 3-pixel-high one it takes for channels first): the answer is noise."""
+    if min(width, height) >= side:
+        return None
+    return (
+        f"{what} is {width}x{height} pixels; this model reads pictures with each side at least {side} pixels "
+        "(one token); send a larger one."
+    )
+
+
 @dataclass(frozen=True)
 class StillImage:
     """A still picture as the model is given it.

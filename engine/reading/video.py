@@ -27,7 +27,7 @@ from engine.config import (
     READ_MEMORY_BYTES,
     FrameSampling,
 )
-from engine.errors import NO_VIDEO, InputError
+from engine.errors import EXPIRED_VIDEO, NO_VIDEO, InputError
 
 from .pool import Read, ReaderPool
 from .segments import assemble
@@ -130,7 +130,10 @@ def read_upload(
     """
     if not path or not Path(path).is_file():
         raise InputError(NO_VIDEO)
-    size_bytes = Path(path).stat().st_size
+    try:
+        size_bytes = Path(path).stat().st_size
+    except FileNotFoundError:  # deleted since is_file(): the temp-file cleaner took an old upload
+        raise InputError(EXPIRED_VIDEO) from None
     if size_bytes == 0:
         raise InputError(EMPTY)
     if size_bytes > max_bytes:

@@ -3,7 +3,6 @@ holds are typed for readers, under TYPE_CHECKING)."""
 
 from __future__ import annotations
 
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -13,6 +12,7 @@ from engine.detokenize import SplitDetokenizer
 from engine.stats import Stats
 from engine.stream import Stream
 
+from .admission import Ticket
 from .stage import Stage
 
 if TYPE_CHECKING:  # what the worker puts here is tensors; bookkeeping only holds them, without torch
@@ -59,7 +59,9 @@ class Request:
     tokens_seen: int = 0  # tokens in this row's own sequence so far (its next 1-D position)
     next_position: int = 0  # MRoPE position of the next token
     first_token_at: float | None = None
-    admission: threading.Semaphore | None = None  # the queue slot held until the worker takes the request
+    # Its share of the engine's admission: a queue slot until the worker takes the request, and the host bytes its
+    # frames and pixels hold until the vision forward is done with them.
+    admission: Ticket | None = None
     # A question asked of a live session: no video of its own to read, encode or prune; its prompt is its
     # session's state, forked at prefill (engine/worker/live.py), and its tail.
     live: LiveQuestion | None = None
@@ -74,9 +76,19 @@ class Request:
 
     def leave_queue(self) -> None:
         """Give back the admission slot (once), when the worker takes the request or it ends early."""
-        slot, self.admission = self.admission, None
-        if slot is not None:
-            slot.release()
+        if self.admission is not None:
+            self.admission.leave_queue()
+
+    def drop_pixels(self) -> None:
+        """The vision forward and the pruning picture are done with the request's media: drop its frames (the
+        frame cache keeps recent uploads' under its own bound), the processor's pixel values and the soundtrack's
+        audio-tower input, and give their bytes back to admission. Its prompt keeps every grid and count."""
+        self.media = None
+        if self.prompt is not None:
+            for part in self.prompt.media:
+                part.pixel_values = part.audio = None
+        if self.admission is not None:
+            self.admission.release_bytes()
 
     def abort(self, error: BaseException) -> None:
         """End the request with error: give back its queue slot and tensors, fail its stream."""
@@ -84,8 +96,9 @@ class Request:
         self.stream.fail(error)
 
     def release(self) -> None:
-        """The request has ended: give back its queue slot and drop its tensors to free their memory."""
-        self.leave_queue()
+        """The request has ended: give back its queue slot and bytes, and drop its tensors to free their memory."""
+        if self.admission is not None:
+            self.admission.close()
         self.media = self.prompt = self.plans = self.features = self.pruned = self.kv = None
         self.snapshots = {}
         self.stage = Stage.FINISHED

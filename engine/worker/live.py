@@ -7,6 +7,7 @@ their groups through their own lock (engine/live/session.py).
 """
 
 import collections
+import functools
 import logging
 import queue
 import time
@@ -40,7 +41,7 @@ class HeldGroup:
     dissimilarity: torch.Tensor  # (h, w) float32
     time_s: float  # the group's centre, seconds after the stream's first frame (as an upload's timestamps_s)
 
-    @property
+    @functools.cached_property
     def video_tokens(self) -> int:
         return int(self.tokens.is_video.sum())
 
@@ -61,11 +62,12 @@ class LiveStream:
         self.held: collections.deque[HeldGroup] = collections.deque()
         self.cache = None  # the session's Cache once its first group is in
         self.held_video_tokens = 0
+        self.held_group_tokens = 0  # every held group's tokens, its text with its kept video
 
     @property
     def tokens(self) -> int:
-        """Tokens in the state: the prefix and every held group's."""
-        return self.layout.prefix_ids.numel() + sum(group.tokens.ids.numel() for group in self.held)
+        """Tokens in the state (its KV slots): the prefix and every held group's."""
+        return self.layout.prefix_ids.numel() + self.held_group_tokens
 
 
 class LiveRunner:
@@ -100,6 +102,7 @@ class LiveRunner:
         for key, stream in list(self.streams.items()):
             if stream.session.ended:
                 del self.streams[key]  # its cache and groups go with it
+                stream.session.freed()
             else:
                 stream.waiting.extend(stream.session.take_pending())
 
@@ -172,6 +175,7 @@ class LiveRunner:
     def _fail(self, stream: LiveStream) -> None:
         stream.session.end(FAILED)
         self.streams.pop(stream.session.id, None)
+        stream.session.freed()
 
     def prefill(self, budget: int) -> int:
         """Prefill decided groups into their sessions' states, taking turns, until `budget` tokens are spent (at
@@ -230,19 +234,28 @@ class LiveRunner:
             held = HeldGroup(part, group.retention, group.dissimilarity, (group.times_s[0] + group.times_s[-1]) / 2)
             stream.held.append(held)
             stream.held_video_tokens += held.video_tokens
+            stream.held_group_tokens += held.tokens.ids.numel()
             self._evict(stream)
-            stream.session.entered_state(group, stream.held_video_tokens, now)
+            stream.session.entered_state(group, stream.held_video_tokens, stream.tokens, now)
         return ids.numel()
 
     def _evict(self, stream: LiveStream) -> None:
-        """Past the session's window the oldest groups leave the KV; the rest keep their positions, and recurrent
-        layers keep the state that has folded the groups in. The newest group always stays."""
-        window = stream.session.window_tokens
-        while stream.held_video_tokens > window and len(stream.held) > 1:
-            oldest = stream.held.popleft()
-            start = stream.layout.prefix_ids.numel()
-            drop_slots(stream.cache, start, start + oldest.tokens.ids.numel())
-            stream.held_video_tokens -= oldest.video_tokens
+        """Past the session's window, which counts every token of the state (the prefix, each group's text and
+        kept video), groups leave the KV: first the oldest that kept no video token (its time and markers alone),
+        then the oldest. The rest keep their positions, and recurrent layers keep the state that has folded the
+        groups in. Counting the text bounds a still screen, whose groups after the first keep no video token yet
+        each bring a `<t seconds>`; taking those first keeps the last picture of it that was kept. The newest group
+        always stays, and no more groups than the window has tokens: a Qwen2.5-VL group has no text, so one that
+        keeps no video holds nothing in the KV, yet its bookkeeping here would pile up."""
+        window, held = stream.session.window_tokens, stream.held
+        while (stream.tokens > window or len(held) > window) and len(held) > 1:
+            index = next((i for i in range(len(held) - 1) if not held[i].video_tokens), 0)
+            start = stream.layout.prefix_ids.numel() + sum(held[i].tokens.ids.numel() for i in range(index))
+            leaving = held[index]
+            del held[index]
+            drop_slots(stream.cache, start, start + leaving.tokens.ids.numel())
+            stream.held_video_tokens -= leaving.video_tokens
+            stream.held_group_tokens -= leaving.tokens.ids.numel()
 
     @staticmethod
     def _prefix(layout: LiveLayout) -> GroupTokens:
@@ -260,8 +273,9 @@ class LiveRunner:
         return stream is None or stream.session.groups_in_state >= request.live.groups
 
     def gone(self, request: Request) -> bool:
-        """Whether request is a live question whose session has ended before it was forked."""
-        return request.live is not None and request.live.session_id not in self.streams
+        """Whether request is a live question whose session has ended before it was forked (a forked one has its
+        own state, `pruned` among it, and goes on)."""
+        return request.live is not None and request.pruned is None and request.live.session_id not in self.streams
 
     def fork(self, request: Request) -> tuple[object, int]:
         """The question's own state: a copy of its session's at the stream's current end (KV up to it, the

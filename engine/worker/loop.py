@@ -8,6 +8,7 @@ results from each request's Stream.
 import logging
 import queue
 import threading
+import time
 
 import torch
 
@@ -60,6 +61,9 @@ class Worker(threading.Thread):
         self._stopping = threading.Event()
         self.admitting = threading.Event()  # cleared by Engine.paused() to line up a burst
         self.admitting.set()
+        # time.monotonic() at the end of the loop's latest turn: every 0.1 s at most when idle, after every
+        # iteration when busy; a device that hangs stops it (Engine.stalled_s).
+        self.turned_at = time.monotonic()
 
     # --- called from other threads -------------------------------------------------------------
     def enqueue(self, request: Request) -> None:
@@ -83,6 +87,7 @@ class Worker(threading.Thread):
                     log.exception("engine iteration failed")
                     self.runner.drop_batch()
                     self._end(self.scheduler.past_queue(), internal_error)
+                self.turned_at = time.monotonic()
         self._end([*self.scheduler, *self._drain_inbox()], shutting_down)
 
     def step(self) -> None:
@@ -90,7 +95,7 @@ class Worker(threading.Thread):
         self._collect(block=scheduler.idle and not live.busy and not (scheduler.waiting and self.admitting.is_set()))
         live.refresh()
         self._end([r for r in scheduler if r.stream.cancelled])
-        self._end([r for r in scheduler.waiting if live.gone(r)], live_session_ended)
+        self._end([r for r in scheduler if live.gone(r)], live_session_ended)  # admitted ones too
         if self.admitting.is_set():
             for request in scheduler.admit():
                 request.leave_queue()
@@ -113,9 +118,15 @@ class Worker(threading.Thread):
                 return
         arrived.extend(self._drain_inbox())
         for request in arrived:
-            if request is not None:
+            if request is None:
+                continue
+            try:
                 if request.live is None:
                     request.feature_keys = self.runner.vision.feature_keys(request)
+            except Exception:  # a bug: this request fails, its slot and bytes go back, the others are served
+                log.exception("request %d failed", request.id)
+                request.abort(internal_error())
+            else:
                 self.scheduler.add(request)
 
     def _drain_inbox(self) -> list[Request | None]:
@@ -145,6 +156,7 @@ class Worker(threading.Thread):
             try:
                 self.runner.prune(request)
                 events.pruned(request, self.temporal_patch)
+                request.drop_pixels()  # its features are in hand: frames and pixels need not wait for the answer
             except Exception:
                 log.exception("request %d failed", request.id)
                 self._end([request], internal_error)
@@ -153,6 +165,9 @@ class Worker(threading.Thread):
 
     def _prefill(self, batch: list[Request]) -> None:
         for request in batch:
+            if self.runner.live.gone(request):  # its session failed in this iteration's vision forward
+                self._end([request], live_session_ended)
+                continue
             try:
                 logits = self.runner.prefill(request)
                 finished = self._emit(request, logits)

@@ -22,6 +22,11 @@ Image.MAX_IMAGE_PIXELS = None
 # What a browser shows for a frame whose delay says 0 or 10 ms: 100 ms (animated GIFs rely on it).
 SHORTEST_FRAME_MS = 20
 DEFAULT_FRAME_MS = 100
+# Modes of one channel with more than 8 bits a value: 16-bit grey (PNG, TIFF), 32-bit integers, 32-bit floats.
+WIDE_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I", "F")
+# Modes with an alpha channel, premultiplied ("La", "RGBa") or not.
+ALPHA_MODES = ("RGBA", "LA", "PA", "La", "RGBa")
+BACKGROUND = (255, 255, 255, 255)  # what a transparent picture is shown over: white, as a page shows it
 
 
 def open_picture(path: str) -> Image.Image | None:
@@ -71,6 +76,8 @@ def _animated(
     starts_s, elapsed = [], 0.0
     for ordinal in range(count):
         picture.seek(ordinal)
+        if picture.format == "WEBP":  # Pillow reads a WebP frame's delay when it decodes the frame, not at seek
+            picture.load()
         starts_s.append(elapsed)
         delay_ms = picture.info.get("duration") or DEFAULT_FRAME_MS
         elapsed += (delay_ms if delay_ms >= SHORTEST_FRAME_MS else DEFAULT_FRAME_MS) / 1000
@@ -103,12 +110,43 @@ def _upright_rgb(picture: Image.Image) -> Image.Image:
 
 
 def _rgb(picture: Image.Image) -> Image.Image:
-    """RGB pixels; transparency over white, as a page shows a transparent picture."""
-    if picture.mode in ("RGBA", "LA", "PA") or (picture.mode == "P" and "transparency" in picture.info):
-        over = Image.new("RGBA", picture.size, (255, 255, 255, 255))
+    """RGB pixels: more than 8 bits a value scaled to 8 by their range (`_eight_bits`), never clipped; transparency
+    over white (BACKGROUND), as a page shows a transparent picture: an alpha channel, or a colour the file names
+    transparent (a tRNS chunk of a palette, grey or RGB PNG, a GIF's transparent index)."""
+    if picture.mode in WIDE_MODES:
+        picture = _eight_bits(picture)
+    if picture.mode in ALPHA_MODES or "transparency" in picture.info:
+        over = Image.new("RGBA", picture.size, BACKGROUND)
         over.alpha_composite(picture.convert("RGBA"))
         return over.convert("RGB")
     return picture.convert("RGB")
+
+
+def _eight_bits(picture: Image.Image) -> Image.Image:
+    """A one-channel picture of 16-bit, 32-bit or float values as 8-bit grey ("L", or "LA" where the file names a
+    value transparent), scaled by the range its values are stored in rather than clipped at 255 (which reads a
+    16-bit picture almost all white): 16-bit by 0-65535; 32-bit integers by the smallest of 0-255, 0-65535 and
+    0-(2^31-1) that holds them (Pillow opens some 16-bit PNGs as 32-bit), or their whole signed range when one is
+    negative; floats by 0-1 when they lie in it (the usual range of float pictures), else by their own lowest and
+    highest values. Values that are not numbers read as black."""
+    values = np.asarray(picture)
+    if picture.mode.startswith("I;16"):
+        low, high = 0.0, 65535.0
+    elif picture.mode == "I":
+        low = 0.0 if values.min(initial=0) >= 0 else -(2.0**31)
+        top = values.max(initial=0)
+        high = next(limit for limit in (255.0, 65535.0, 2.0**31 - 1) if top <= limit) if low == 0 else 2.0**31 - 1
+    else:  # "F"
+        finite = values[np.isfinite(values)]
+        low, high = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+        if low >= 0 and high <= 1:
+            low, high = 0.0, 1.0
+    scaled = (values.astype(np.float32) - low) * (255 / max(high - low, 1e-12))
+    grey = Image.fromarray(np.nan_to_num(scaled, nan=0.0).clip(0, 255).round().astype(np.uint8), "L")
+    if "transparency" not in picture.info:
+        return grey
+    alpha = np.where(values == picture.info["transparency"], 0, 255).astype(np.uint8)
+    return Image.merge("LA", (grey, Image.fromarray(alpha, "L")))
 
 
 def _resized(picture: Image.Image, height: int, width: int) -> Image.Image:

@@ -15,7 +15,7 @@ import av
 import numpy as np
 
 from ..frame_sampling import fit_pixels, next_due_s
-from .pyav_video import rgb_converter
+from .pyav_video import rgb_converter, video_stream
 
 # What FFmpeg may open for each scheme (an HLS playlist's segments come through http(s) and crypto).
 PROTOCOLS = {
@@ -83,9 +83,9 @@ def stream_frames(
         return {"status": "open_failed", "reason": open_failure(error)}
     sent = 0
     with container:
-        if not container.streams.video:
+        stream = video_stream(container)
+        if stream is None:
             return {"status": "unreadable"}
-        stream = container.streams.video[0]
         stream.codec_context.thread_type = "AUTO"
         stream.codec_context.thread_count = threads
         convert, stored_hw = None, None

@@ -99,9 +99,9 @@ def plan_file(
         # FFmpeg reads still images (PNG, JPEG, ...) through image demuxers as one-frame videos: not uploads.
         if container.format.name == "image2" or container.format.name.endswith("_pipe"):
             return {"status": "unreadable"}, None
-        if not container.streams.video:
+        stream = video_stream(container)
+        if stream is None:
             return {"status": "unreadable"}, None
-        stream = container.streams.video[0]
         width, height = stream.codec_context.width, stream.codec_context.height
         if width <= 0 or height <= 0:
             return {"status": "unreadable"}, None
@@ -203,7 +203,7 @@ def with_fresh_decoder(path: str, stored_hw: tuple[int, int], fit_hw: tuple[int,
     everywhere (MPEG-TS lands on a packet after the first keyframe), and a stream without times cannot seek
     at all."""
     with open_unprobed(path, decoding=True) as container:
-        stream = container.streams.video[0]
+        stream = video_stream(container)
         open_decoder(stream, stored_hw, fit_hw, threads)
         return decode(container, stream, rgb_converter(*fit_hw))
 
@@ -221,13 +221,21 @@ def open_unprobed(path: str, *, decoding: bool):
     """
     container = open_without_video_probe(path)
     name = container.format.name
-    streams = container.streams.video
+    stream = video_stream(container)
     if name in _INDEXED_FORMATS and (
-        not decoding or name == _MP4 or (streams and streams[0].codec_context.name in _UNREORDERED_CODECS)
+        not decoding or name == _MP4 or (stream is not None and stream.codec_context.name in _UNREORDERED_CODECS)
     ):
         return container
     container.close()
     return av.open(path)
+
+
+def video_stream(container):
+    """The container's first video stream that is a video: an mp3's or m4a's cover art is a video stream of one
+    picture marked as attached (FFmpeg's attached_pic disposition), and reads as a video of two copies of it
+    lasting 11 microseconds; None when there is no other."""
+    attached = av.stream.Disposition.attached_pic
+    return next((stream for stream in container.streams.video if not stream.disposition & attached), None)
 
 
 def open_without_video_probe(path: str):
@@ -381,12 +389,12 @@ def decode_everything(path: str, frame_indices: list[int], fit_hw: tuple[int, in
     (tests/test_video_decoding.py) and what it saves (bench/decoding.py). The file is opened in full, probe
     and all, both times: the reference takes none of the planned decode's shortcuts."""
     with av.open(path) as container:
-        stream = container.streams.video[0]
+        stream = video_stream(container)
         timeline = read_timeline(container, stream)
         stored_hw = (stream.codec_context.height, stream.codec_context.width)
     wanted = [int(timeline.pts[i]) for i in frame_indices]
     with av.open(path) as container:
-        stream = container.streams.video[0]
+        stream = video_stream(container)
         open_decoder(stream, stored_hw, fit_hw)
         taken, work = decode_in_order(container, stream, timeline, wanted, rgb_converter(*fit_hw))
     return np.stack([taken[pts][1] for pts in wanted]), work
