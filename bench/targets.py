@@ -261,7 +261,7 @@ def vision_target_rows(kinds: list[dict], limits: dict[str, float]) -> list[dict
                     key,
                     f"{kind}, {VISION_WAY} at q = {row['pruning_rate']:g}: {words}",
                     row[field],
-                    "median-TTFT run of its repeats",
+                    f"median-TTFT run of {row['runs']}",
                     limits,
                     "vision_skip",
                     {"kind": kind, "way": VISION_WAY},
