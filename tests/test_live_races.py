@@ -241,11 +241,11 @@ def test_two_pushers_groups_enter_the_state_in_the_streams_order(tiny_cache_dir,
         held = threading.Event(), threading.Event()  # (in group 0's pixels, released)
         make_group = live._group
 
-        def held_group(index, frames):
+        def held_group(index, frames, *rest):
             if index == 0:
                 held[0].set()
                 assert held[1].wait(HOLD_S)
-            return make_group(index, frames)
+            return make_group(index, frames, *rest)
 
         monkeypatch.setattr(live, "_group", held_group)
         first = threading.Thread(target=lambda: (live.push(FRAMES[0], 0.0), live.push(FRAMES[1], 0.5)))
