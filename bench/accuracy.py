@@ -32,6 +32,7 @@ sys.path.insert(0, str(REPO_ROOT))
 
 from assets.shapes import FPS, PAIR, QUESTIONS, asked, clip_pair, held_out_seeds, shape_clip, write_shape_clip  # noqa: E402
 from bench.accuracy_plot import DASHES, KINDS, kinds_of, svg_methods_plot, svg_plot  # noqa: E402
+from bench.admitted import submit_admitted  # noqa: E402
 from engine import Engine, EngineConfig, GenerationParams  # noqa: E402
 from pruning import PRUNING_METHODS  # noqa: E402
 
@@ -66,7 +67,7 @@ def measured(
 ) -> dict[str, dict]:
     """{str(rate): {"accuracy": {question type: share of seeds answered exactly}, "video_tokens_kept": mean,
     "video_tokens_total": mean}} with one pruning method; the token means are one clip's (the single-clip
-    questions'). clips: clip_files' for the seeds. Each rate's requests go in at once."""
+    questions'). clips: clip_files' for the seeds. Each rate's requests go in at once, as many as the engine takes."""
     table: dict[str, dict] = {}
     for rate in rates:
         params = GenerationParams(pruning_rate=rate, pruning_method=method, max_new_tokens=MAX_NEW_TOKENS)
@@ -74,8 +75,10 @@ def measured(
         for kind in kinds:
             for seed in seeds:
                 shown, text, expected = asked(seed, kind)
+                media = [clips[s] for s in shown]
+                submitted = [stream for _, _, stream in streams]
                 streams.append(
-                    (kind, expected, engine.submit(media=[clips[s] for s in shown], question=text, params=params))
+                    (kind, expected, submit_admitted(engine, submitted, media=media, question=text, params=params))
                 )
         right = dict.fromkeys(kinds, 0)
         kept, total = [], []
