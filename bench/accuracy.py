@@ -33,6 +33,7 @@ sys.path.insert(0, str(REPO_ROOT))
 
 from assets.shapes import FPS, PAIR, QUESTIONS, asked, clip_pair, held_out_seeds, shape_clip, write_shape_clip  # noqa: E402
 from bench.accuracy_plot import DASHES, KINDS, kinds_of, svg_methods_plot, svg_plot  # noqa: E402
+from bench.admitted import submit_admitted  # noqa: E402
 from engine import Engine, EngineConfig, GenerationParams  # noqa: E402
 from pruning import PRUNING_METHODS  # noqa: E402
 
@@ -68,8 +69,8 @@ def measured(
 ) -> dict[str, dict]:
     """{str(rate): {"accuracy": {question type: share of seeds answered exactly}, "video_tokens_kept": mean,
     "video_tokens_total": mean}} with one pruning method; the token means are one clip's (the single-clip
-    questions'). clips: clip_files' for the seeds. Each rate's requests go in at once; skip: every request skips
-    still patches."""
+    questions'). clips: clip_files' for the seeds. Each rate's requests go in at once, as many as the engine takes;
+    skip: every request skips still patches."""
     table: dict[str, dict] = {}
     for rate in rates:
         params = GenerationParams(
@@ -79,8 +80,10 @@ def measured(
         for kind in kinds:
             for seed in seeds:
                 shown, text, expected = asked(seed, kind)
+                media = [clips[s] for s in shown]
+                submitted = [stream for _, _, stream in streams]
                 streams.append(
-                    (kind, expected, engine.submit(media=[clips[s] for s in shown], question=text, params=params))
+                    (kind, expected, submit_admitted(engine, submitted, media=media, question=text, params=params))
                 )
         right = dict.fromkeys(kinds, 0)
         kept, total = [], []

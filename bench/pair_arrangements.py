@@ -42,6 +42,7 @@ from PIL import Image  # noqa: E402
 
 from assets.shapes import PAIR_ANSWERS, clip_pair, held_out_seeds, shape_clip  # noqa: E402
 from bench.accuracy import MAX_NEW_TOKENS, clip_files, parse_rates  # noqa: E402
+from bench.admitted import submit_admitted  # noqa: E402
 from engine import Engine, EngineConfig, GenerationParams  # noqa: E402
 from ui.openai_api import openai_routes  # noqa: E402
 
@@ -133,9 +134,11 @@ class OpenAIServer:
 
 
 def engine_answers(engine: Engine, asked: list[Asked], rate: float) -> list[str]:
-    """Each question's answer through Engine.submit, greedy; all submitted at once."""
+    """Each question's answer through Engine.submit, greedy; all submitted at once, as many as the engine takes."""
     params = GenerationParams(pruning_rate=rate, max_new_tokens=MAX_NEW_TOKENS)
-    streams = [engine.submit(media=list(a.media), question=a.question, params=params) for a in asked]
+    streams: list = []
+    for a in asked:
+        streams.append(submit_admitted(engine, streams, media=list(a.media), question=a.question, params=params))
     return [stream.result().text.strip() for stream in streams]
 
 

@@ -317,11 +317,11 @@ class ReplicatedEngine:
                         self._send(jobs[start : start + most])
 
     def _send(self, jobs: list[_Job]) -> None:
-        """Start the call for `jobs`; their slots go back when it ends, or at once when it cannot start (the
-        client's loop has stopped), their streams failed."""
+        """Start the call for `jobs`; their slots go back when it ends (_serve), or at once when it cannot start
+        (the client's loop has stopped), their streams failed."""
         serving = self._serve(jobs)
         try:
-            future = asyncio.run_coroutine_threadsafe(serving, self._loop)
+            asyncio.run_coroutine_threadsafe(serving, self._loop)
         except Exception:
             log.exception("sending %d requests failed", len(jobs))
             serving.close()
@@ -329,10 +329,10 @@ class ReplicatedEngine:
                 self._admission.release()
                 job.stream.fail(BusyError(RESTARTING))
             return
-        future.add_done_callback(lambda _: [self._admission.release() for _ in jobs])
 
     async def _serve(self, jobs: list[_Job]) -> None:
-        """Make the call for `jobs` (one video) and feed their streams until each has ended."""
+        """Make the call for `jobs` (one video) and feed their streams until each has ended; then give back their
+        queue slots, just before running_requests stops counting them."""
         task = asyncio.current_task()
         self._open[task] = len(jobs)
         streams = [job.stream for job in jobs]
@@ -359,6 +359,8 @@ class ReplicatedEngine:
             log.exception("serving a call failed")
             fail_unfinished(streams, RuntimeError(SERVER_FAULT))
         finally:
+            for _ in jobs:  # before the call stops counting: whoever sees it gone finds its slots free
+                self._admission.release()
             self._open.pop(task, None)
             end_cancelled(streams)
 
@@ -401,13 +403,12 @@ class ReplicatedEngine:
         _, params, history, _ = self._admit(f"live session {session}", question, params, history)
         try:
             stream = Stream(next(self._ids), on_end=self.metrics.ended)
-            future = asyncio.run_coroutine_threadsafe(
+            asyncio.run_coroutine_threadsafe(
                 self._serve_live(session, question.strip(), history, params, stream), self._loop
             )
         except BaseException:  # nothing was sent: the slot taken for it goes back
             self._admission.release()
             raise
-        future.add_done_callback(lambda _: self._admission.release())
         return stream
 
     async def _serve_live(self, session: str, question: str, history, params, stream: Stream) -> None:
@@ -426,6 +427,7 @@ class ReplicatedEngine:
             log.exception("a live question failed")
             fail_unfinished([stream], RuntimeError(SERVER_FAULT))
         finally:
+            self._admission.release()  # before the call stops counting, as in _serve
             self._open.pop(task, None)
             end_cancelled([stream])
 

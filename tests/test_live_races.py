@@ -63,17 +63,25 @@ def asked_in_a_thread(live, question: str) -> tuple[threading.Thread, dict]:
     return thread, outcome
 
 
+def held_question(engine: Engine, monkeypatch):
+    """A live session of `engine` with two groups in, and a question asked of it in a thread that is held once it
+    is past the session's checks (in `_check_text_tokens`), before its slot is taken: (live, held, thread,
+    outcome), the thread already held."""
+    held = Held("held question")
+    monkeypatch.setattr(engine, "_check_text_tokens", held.around(engine._check_text_tokens))
+    live = engine.open_live(Q)
+    play(live, FRAMES, fps=2)
+    thread, outcome = asked_in_a_thread(live, "held question")
+    assert held.entered.wait(HOLD_S)
+    return live, held, thread, outcome
+
+
 def test_a_question_held_while_its_session_closes_and_another_opens_gives_its_slot_back(tiny_cache_dir, monkeypatch):
     """The asking thread is held past the session's "ended" check, before its slot is taken: the session closes and
     another opens (which rebuilt the engine's layouts, so the lookup raised KeyError with the slot taken: after
     max_queue of them every request was refused as busy on an idle engine)."""
     with Engine(config(tiny_cache_dir, max_live_sessions=2, max_queue=4)) as engine:
-        held = Held("held question")
-        monkeypatch.setattr(engine, "_check_text_tokens", held.around(engine._check_text_tokens))
-        live = engine.open_live(Q)
-        play(live, FRAMES, fps=2)
-        thread, outcome = asked_in_a_thread(live, "held question")
-        assert held.entered.wait(HOLD_S)
+        live, held, thread, outcome = held_question(engine, monkeypatch)
         live.close()
         with engine.open_live(Q) as other:
             held.released.set()
@@ -89,12 +97,7 @@ def test_a_question_held_while_the_engine_shuts_down_is_told_so_and_gives_its_sl
     """The asking thread is held before its slot is taken while the engine shuts down: it was then enqueued after
     the worker's last look at its inbox, its result() never returned and its slot was never given back."""
     engine = Engine(config(tiny_cache_dir, max_queue=4))
-    held = Held("held question")
-    monkeypatch.setattr(engine, "_check_text_tokens", held.around(engine._check_text_tokens))
-    live = engine.open_live(Q)
-    play(live, FRAMES, fps=2)
-    thread, outcome = asked_in_a_thread(live, "held question")
-    assert held.entered.wait(HOLD_S)
+    live, held, thread, outcome = held_question(engine, monkeypatch)
     engine.shutdown()
     assert not engine._worker.is_alive()
     held.released.set()
@@ -241,11 +244,11 @@ def test_two_pushers_groups_enter_the_state_in_the_streams_order(tiny_cache_dir,
         held = threading.Event(), threading.Event()  # (in group 0's pixels, released)
         make_group = live._group
 
-        def held_group(index, frames):
+        def held_group(index, frames, *rest):
             if index == 0:
                 held[0].set()
                 assert held[1].wait(HOLD_S)
-            return make_group(index, frames)
+            return make_group(index, frames, *rest)
 
         monkeypatch.setattr(live, "_group", held_group)
         first = threading.Thread(target=lambda: (live.push(FRAMES[0], 0.0), live.push(FRAMES[1], 0.5)))
