@@ -8,15 +8,18 @@ LiveSession (engine/live/session.py).
 import dataclasses
 import itertools
 import threading
+import weakref
 
 import torch
 
-from .config import GenerationParams
+from .config import DEFAULT_LIVE_NOISE_FLOOR, GenerationParams
 from .detokenize import SplitDetokenizer
 from .errors import QUEUE_FULL, RESTARTING, SHUTTING_DOWN, BusyError, InputError
 from .front.checks import check_live_settings, check_request
 from .live.layout import LiveLayout
 from .live.session import LiveQuestion, LiveSession
+from .live.watch import Watch
+from .live.window import span_groups
 from .scheduling.request import Request
 from .stream import Event, Stream
 
@@ -31,6 +34,10 @@ class LiveSessions:
         self._lock = threading.Lock()
         self._open: list[LiveSession] = []
         self._layouts: dict[int, LiveLayout] = {}
+        self._watch_ids = itertools.count(1)
+        # Each watch's tail (its question's tokens after the window) and thinking switch; a watch that ends with its
+        # session drops out with it (weak keys)
+        self._watch_tails: weakref.WeakKeyDictionary[Watch, tuple[torch.Tensor, bool]] = weakref.WeakKeyDictionary()
         self._closed = False
 
     @property
@@ -45,19 +52,21 @@ class LiveSessions:
         """EngineConfig.max_live_sessions, or fewer where the memory plan has no room for so many."""
         return self._engine.memory_plan.max_live_sessions
 
+    @property
+    def noise_floor(self) -> float:
+        """The sessions' noise floor: EngineConfig.live_noise_floor, else the checkpoint's, else the default."""
+        engine = self._engine
+        for floor in (engine.config.live_noise_floor, engine.loaded.live_noise_floor):
+            if floor is not None:
+                return float(floor)
+        return DEFAULT_LIVE_NOISE_FLOOR
+
     def open(self, params: GenerationParams) -> LiveSession:
         engine = self._engine
         check_live_settings(params, engine.config, engine.frame_sampling_limits)
         sampling = params.frame_sampling or engine.default_frame_sampling
         family, loaded = engine.family, engine.loaded
-        layout = LiveLayout(
-            family,
-            loaded.processor.tokenizer,
-            loaded.processor.video_token,
-            family.video_token_id(loaded.model.config),
-            engine.system_prompt,
-            family.temporal_patch / sampling.fps,
-        )
+        layout = LiveLayout.of(loaded, family, engine.system_prompt, sampling.fps)
         with self._lock:
             if self._closed:
                 raise BusyError(RESTARTING)
@@ -78,6 +87,9 @@ class LiveSessions:
                 self.window_tokens,
                 ask=self._ask,
                 wake=engine._worker.wake,
+                span_groups=span_groups(loaded.live_span_s, sampling.fps, family.temporal_patch),
+                noise_floor=self.noise_floor,
+                watch=self._watch,
             )
             self._open.append(session)
             self._layouts = {s.id: self._layouts[s.id] for s in self._open if s.id in self._layouts}
@@ -90,12 +102,7 @@ class LiveSessions:
         session's state once its first `groups` groups are in it. The rate, the method (causal EVS) and the frame
         sampling are the session's."""
         engine = self._engine
-        params = dataclasses.replace(
-            params,
-            pruning_rate=session.params.pruning_rate,
-            pruning_method=session.params.pruning_method,
-            frame_sampling=session.sampling,
-        )
+        params = session_params(session, params)
         try:
             history = check_request(
                 [f"live session {session.id}"],
@@ -122,16 +129,34 @@ class LiveSessions:
             engine._admission.release()
             engine.metrics.refused()
             raise
-        stream = Stream(next(engine._ids), on_end=engine.metrics.ended)
+        request = self._request(session, question.strip(), history, params, groups, tail, thinking)
+        request.admission = engine._admission
+        request.stream.on_end = engine.metrics.ended
+        engine._worker.enqueue(request)
+        return request.stream
+
+    def _request(
+        self,
+        session: LiveSession,
+        question: str,
+        history: list[tuple[str, str]],
+        params: GenerationParams,
+        groups: int,
+        tail: torch.Tensor,
+        thinking: bool,
+        watch: Watch | None = None,
+    ) -> Request:
+        """A question asked of session when `groups` groups had formed, for the worker (a watch's ask when watch)."""
+        engine = self._engine
+        stream = Stream(next(engine._ids))
         request = Request(
             stream=stream,
             media_paths=[],
-            question=question.strip(),
+            question=question,
             history=history,
             params=params,
             frame_sampling=session.sampling,
-            admission=engine._admission,
-            live=LiveQuestion(session.id, groups, tail),
+            live=LiveQuestion(session.id, groups, tail, watch),
         )
         request.detokenizer = SplitDetokenizer(
             engine.loaded.processor.tokenizer, engine._think_end if thinking else None
@@ -144,8 +169,43 @@ class LiveSessions:
         stats.audio_tokens, stats.audio_seconds = 0, 0.0
         stats.read_video_s = stats.read_wait_s = stats.read_s = 0.0
         stream.push(Event("status", "waiting for the GPU"))
-        engine._worker.enqueue(request)
-        return stream
+        return request
+
+    def _watch(self, session: LiveSession, question: str, params: GenerationParams) -> Watch:
+        """The engine's side of LiveSession.watch: the question checked as an ask's, then held by the session; the
+        worker asks it (`watch_ask`) as the stream changes."""
+        engine = self._engine
+        params = session_params(session, params)
+        try:
+            check_request(
+                [f"live session {session.id}"], question, params, [], engine.config, engine.frame_sampling_limits, 1
+            )
+            engine._check_text_tokens(question, [])
+            thinking = params.enable_thinking and engine._think_end is not None
+            tail = self._layouts[session.id].tail(question.strip(), [], thinking)
+            engine.memory_plan.check_fits(
+                session.window_tokens, session.window_tokens + tail.numel(), params.max_new_tokens
+            )
+        except InputError:
+            engine.metrics.refused()
+            raise
+        watch = Watch(next(self._watch_ids), question.strip(), params, on_close=session.forget_watch)
+        self._watch_tails[watch] = (tail, thinking)
+        watch.make_ask = lambda: self.watch_ask(session, watch)
+        session.add_watch(watch, engine.config.max_watches_per_session)
+        return watch
+
+    def watch_ask(self, session: LiveSession, watch: Watch) -> Request:
+        """A watch's next ask, about the stream as it is in the session's state now (the worker's)."""
+        tail, thinking = self._watch_tails[watch]
+        question, params = watch.question, watch.params
+        request = self._request(session, question, [], params, session.groups_in_state, tail, thinking, watch)
+        request.stream.on_end = lambda stream: watch.answered(
+            stream.answer() if stream.error is None else None,
+            request.live_seen,
+            session.group_picture(request.live_seen[0]) if request.live_seen else None,
+        )
+        return request
 
     def shutdown(self) -> None:
         """End every session: pushing or asking answers the shutdown's sentence."""
@@ -154,3 +214,13 @@ class LiveSessions:
             sessions = list(self._open)
         for session in sessions:
             session.end(SHUTTING_DOWN)
+
+
+def session_params(session: LiveSession, params: GenerationParams) -> GenerationParams:
+    """A question's settings with the session's rate, method (causal EVS) and frame sampling."""
+    return dataclasses.replace(
+        params,
+        pruning_rate=session.params.pruning_rate,
+        pruning_method=session.params.pruning_method,
+        frame_sampling=session.sampling,
+    )
