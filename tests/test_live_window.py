@@ -1,16 +1,17 @@
-"""A live session's window (docs/live.md): a stream many times longer than it keeps at most its window of video
-tokens in the state, answers go on coming, positions are never used twice; an hour of frames leaves memory flat."""
+"""A live session's window (docs/live.md, "The window"): a stream many times longer than it holds at most its groups,
+opened by a whole key group, its state exactly a cold prefill of the window (its answers' logits are), its positions
+bounded however long the stream; an hour of frames leaves memory flat."""
 
 import numpy as np
 import pytest
-import torch
 
 from engine import Engine, EngineConfig, FrameSampling, GenerationParams
-from engine.state.lm_state import ATTENTION, LINEAR, drop_slots, new_cache, state_of
+from engine.live.window import LiveWindow
+from engine.state.lm_state import state_of
 from engine.worker.runner import ModelRunner
-from live_helpers import play
+from live_helpers import cold_logits, play
 
-WINDOW = 12  # video tokens: three groups of 2x2 at q = 0
+WINDOW = 12  # video tokens: three whole groups of 2x2
 
 
 def noise_frames(count: int, seed: int = 0) -> np.ndarray:
@@ -18,10 +19,16 @@ def noise_frames(count: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, (count, 64, 64, 3), dtype=np.uint8)
 
 
+def test_the_window_slides_a_key_group_at_a_time_and_starts_at_one():
+    window = LiveWindow.of(None, 64 * 196, 196)  # a GPU's default: 64 whole groups of 14x14, sliding 8 at a time
+    assert (window.groups, window.key_every) == (64, 8)
+    assert [window.start(n) for n in (1, 64, 65, 72, 73)] == [0, 0, 8, 8, 16]
+    assert all(window.is_key(window.start(n)) and n - window.start(n) <= 64 for n in range(1, 500))
+    assert LiveWindow.of(8, 784, 4) == LiveWindow(8, 1)  # the offline models' 8-s span: one group at a time
+
+
 @pytest.mark.parametrize("name", ["tiny-random", "tiny-random-qwen3.5"])
-def test_a_stream_many_times_its_window_holds_at_most_it_and_answers_with_fresh_positions(
-    name, tiny_cache_dir, monkeypatch
-):
+def test_a_stream_many_times_its_window_answers_as_a_cold_prefill_of_the_window(name, tiny_cache_dir, monkeypatch):
     asked = []
     prefill = ModelRunner.prefill
 
@@ -32,27 +39,25 @@ def test_a_stream_many_times_its_window_holds_at_most_it_and_answers_with_fresh_
 
     monkeypatch.setattr(ModelRunner, "prefill", question)
     config = EngineConfig(model=name, device="cpu", cache_dir=tiny_cache_dir, live_window_tokens=WINDOW)
-    with (
-        Engine(config) as engine,
-        engine.open_live(GenerationParams(pruning_rate=0.5, max_new_tokens=4, ignore_eos=True)) as live,
-    ):
-        stream = engine._worker.runner.live.streams
-        frames = noise_frames(80)
-        for start in range(0, 80, 20):  # 40 groups of 4 tokens, about half of them kept: some seven windows
+    params = GenerationParams(pruning_rate=0.5, max_new_tokens=3, ignore_eos=True, return_logits=True)
+    frames = noise_frames(80)
+    with Engine(config) as engine, engine.open_live(params) as live:
+        streams = engine._worker.runner.live.streams
+        for start in range(0, 80, 20):  # 40 groups of 4 tokens: the window of 3 slides 37 times
             play(live, frames[start : start + 20], fps=2, first=start)
             stats = live.stats()
-            assert 0 < stats["video_tokens_held"] <= WINDOW == stats["window_tokens"]
-            session = stream[live.id]
-            assert state_of(session.cache).tokens == session.tokens  # no slot left behind
-            assert live.ask("What changes?").result(60).stats["generated_tokens"] == 4
-        assert stats["video_tokens_total"] == 40 * 4 and stats["video_tokens_kept"] >= 6 * WINDOW
+            session = streams[live.id]
+            assert [held.index for held in session.held] == list(range(start // 2 + 7, start // 2 + 10))
+            assert state_of(session.cache).tokens == session.tokens  # the state is the window, nothing else
+            answer = live.ask("What changes?").result(60)
+            groups = start // 2 + 10
+            want = cold_logits(engine, frames, groups, "What changes?", answer.token_ids, 0.5)
+            assert np.abs(answer.logits - want).max() < 1e-4
+        assert stats["video_tokens_total"] == 40 * 4 and stats["video_tokens_held"] <= WINDOW
     for pruned in asked:
+        assert pruned.retention[0][:4].all(), "the window opens with its key group whole"
         assert pruned.visual_mask.sum() <= WINDOW
-        triples = pruned.positions[1:].T.tolist()
-        assert len(set(map(tuple, triples))) == len(triples)  # no two tokens at one position
-        assert torch.equal(pruned.positions[0], torch.arange(pruned.positions.shape[1]))
-    later_video = [p.positions[1:, p.visual_mask].min() for p in asked]
-    assert all(a < b for a, b in zip(later_video, later_video[1:]))  # the window moves on, never back
+    assert len({int(p.positions[1:].max()) for p in asked[1:]}) == 1, "positions do not grow with the stream"
 
 
 def resident_bytes() -> int:
@@ -62,7 +67,7 @@ def resident_bytes() -> int:
 
 def test_an_hour_of_frames_pushed_as_fast_as_they_go_leaves_memory_flat(tiny_cache_dir):
     """3,600 s of 8 fps frames pushed as fast as the engine takes them, sampled at 0.1 fps: 180 groups through a
-    window of about six, every other frame never due. Resident memory after the first ten minutes of the stream
+    window of three, every other frame never due. Resident memory after the first ten minutes of the stream
     grows by less than 30 MB to the end."""
     frames = noise_frames(15, seed=1)
     config = EngineConfig(model="tiny-random", device="cpu", cache_dir=tiny_cache_dir, live_window_tokens=WINDOW)
@@ -84,17 +89,3 @@ def test_an_hour_of_frames_pushed_as_fast_as_they_go_leaves_memory_flat(tiny_cac
         assert stats["video_tokens_total"] == 180 * 4 and stats["video_tokens_kept"] > 20 * WINDOW
         assert stats["video_tokens_held"] <= WINDOW
         assert grown < 30 << 20, grown
-
-
-def test_slots_taken_out_of_the_kv_leave_the_others_in_order_and_room_to_grow():
-    cache = new_cache((ATTENTION, LINEAR))
-    keys, values = torch.randn(1, 2, 10, 4), torch.randn(1, 2, 10, 4)
-    cache.layers[0].update(keys, values)
-    drop_slots(cache, 3, 7)
-    kept = [0, 1, 2, 7, 8, 9]
-    assert torch.equal(cache.layers[0].keys, keys[:, :, kept]) and torch.equal(
-        cache.layers[0].values, values[:, :, kept]
-    )
-    more = torch.randn(1, 2, 1, 4)
-    cache.layers[0].update(more, more)  # appends after the kept slots, in place
-    assert torch.equal(cache.layers[0].keys[:, :, -1:], more) and cache.get_seq_length() == 7

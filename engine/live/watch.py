@@ -72,7 +72,7 @@ class Watch:
         self._events: collections.deque[WatchEvent] = collections.deque(maxlen=MAX_EVENTS)
         self._taken = 0  # events the iterator has handed out
         self._events_total = 0
-        self._counts = {"asks": 0, "dropped": 0}
+        self._counts = {"asks": 0, "answered": 0, "dropped": 0}
         self._last: str | None = None  # the last answer
         self._changed = True  # something changed since the last ask (a new watch is asked for its first answer)
         self._asking = False  # an ask is under way
@@ -98,8 +98,9 @@ class Watch:
             yield event
 
     def stats(self) -> dict:
-        """asks: questions asked so far; events: answers that changed; dropped: asks due that the engine had no
-        room for (they are not queued); closed."""
+        """asks: questions asked so far; answered: of those, the ones answered (the rest failed, were taken back,
+        or are under way); events: answers that changed; dropped: asks due that the engine had no room for (they
+        are not queued); closed."""
         with self._lock:
             return {**self._counts, "events": self._events_total, "closed": self._ended is not None}
 
@@ -154,6 +155,7 @@ class Watch:
             self._asking = False
             if answer is None or self._ended:
                 return
+            self._counts["answered"] += 1
             text = answer.text.strip()
             if text == self._last:
                 return
