@@ -3,8 +3,6 @@ it, at the logit level; a still stretch asks nothing, a moving one at most once 
 below the noise floor; watches batched with questions and uploads answer as alone; users' questions take a watch's
 slot; bad input is one sentence and the session goes on."""
 
-import time
-
 import numpy as np
 import pytest
 
@@ -20,16 +18,6 @@ from test_live_window import WINDOW, noise_frames
 LOGITS = GenerationParams(pruning_rate=0.5, max_new_tokens=3, ignore_eos=True, return_logits=True)
 
 
-def settle(watch, timeout_s: float = 60.0) -> dict:
-    """The watch's stats once no ask of it is under way."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        stats = watch.stats()
-        if stats["answered"] + stats["dropped"] >= stats["asks"] or time.monotonic() > deadline:
-            return stats
-        time.sleep(0.01)
-
-
 def push_groups(live, frames: np.ndarray, watches=(), first: int = 0) -> None:
     """Push frames at 2 fps (frame i at (first + i) / 2 s); after each group, wait for it and for the watches'
     asks, so every group that changed is asked about."""
@@ -37,9 +25,8 @@ def push_groups(live, frames: np.ndarray, watches=(), first: int = 0) -> None:
         live.push(frame, (first + index) / 2)
         if index % 2:
             assert live.wait(60)
-            time.sleep(0.05)  # the worker's next iteration makes the asks the group made due
             for watch in watches:
-                settle(watch)
+                assert watch.wait_idle(live.groups_in_state, 60)
 
 
 @pytest.fixture(scope="module")
@@ -122,9 +109,9 @@ def test_watches_questions_and_uploads_in_one_burst_answer_as_alone(engine, clip
             else:
                 want = cold_logits(engine, mine, groups, "What is it?", answer.token_ids, 0.5)
                 assert np.abs(answer.logits - want).max() < 1e-4
-        for mine, pair in zip(frames, watches):
+        for live, mine, pair in zip(sessions, frames, watches):
             for watch in pair:
-                settle(watch)
+                assert watch.wait_idle(live.groups_in_state, 60)
                 assert watch.stats()["asks"] >= 2
                 for event in watch.poll():
                     want = cold_logits(engine, mine, event.group + 1, watch.question, event.logits.argmax(-1), 0.5)

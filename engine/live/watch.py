@@ -58,8 +58,9 @@ class WatchEvent:
 
 class Watch:
     """A standing question on a live session (`LiveSession.watch`). Iterating it blocks for the next event and ends
-    when it closes; `poll()` returns every event so far at once; `stats()` counts its asks and events;
-    `close()` ends it (closing its session ends it too).
+    when it closes (each iteration from the first event); `poll()` returns every event so far at once;
+    `events_after(n)` the ones after the first n; `stats()` counts its asks and events; `close()` ends it
+    (closing its session ends it too).
 
     watch_id: its number within the session; question, params: what is asked and the answers' settings;
     on_close(watch): tells the session it ended.
@@ -70,12 +71,13 @@ class Watch:
         self._on_close = on_close
         self._lock = threading.Condition()
         self._events: collections.deque[WatchEvent] = collections.deque(maxlen=MAX_EVENTS)
-        self._taken = 0  # events the iterator has handed out
         self._events_total = 0
         self._counts = {"asks": 0, "answered": 0, "dropped": 0}
         self._last: str | None = None  # the last answer
         self._changed = True  # something changed since the last ask (a new watch is asked for its first answer)
         self._asking = False  # an ask is under way
+        self._pending = False  # it was found due, and the worker has not yet made or dropped the ask
+        self._groups_seen = 0  # the stream's groups the watch has been told of
         self._ended: str | None = None
         self.make_ask: Callable[[], object] | None = None  # the engine's: a request for its next ask
 
@@ -86,23 +88,45 @@ class Watch:
             return list(self._events)
 
     def __iter__(self) -> Iterator[WatchEvent]:
+        seen = 0
         while True:
-            with self._lock:
-                self._lock.wait_for(lambda: self._ended is not None or self._taken < self._events_total)
-                if self._taken >= self._events_total:
-                    return
-                first_kept = self._events_total - len(self._events)
-                self._taken = max(self._taken, first_kept)
-                event = self._events[self._taken - first_kept]
-                self._taken += 1
-            yield event
+            events, seen = self.events_after(seen)
+            if not events:
+                return
+            yield from events
+
+    def events_after(self, seen: int, timeout_s: float | None = None) -> tuple[list[WatchEvent], int]:
+        """(the events after the first `seen` ever made, as many as are still kept; how many there have been),
+        waiting up to timeout_s (None: as long as it takes) for one while there is none and the watch is open."""
+        with self._lock:
+            self._lock.wait_for(lambda: self._ended is not None or self._events_total > seen, timeout_s)
+            new = max(0, min(len(self._events), self._events_total - seen))
+            return list(self._events)[len(self._events) - new :], self._events_total
 
     def stats(self) -> dict:
         """asks: questions asked so far; answered: of those, the ones answered (the rest failed, were taken back,
         or are under way); events: answers that changed; dropped: asks due that the engine had no room for (they
-        are not queued); closed."""
+        are not queued); asking: whether an ask is under way; groups_seen: the stream's groups in the state when
+        the watch was last told of one; closed."""
         with self._lock:
-            return {**self._counts, "events": self._events_total, "closed": self._ended is not None}
+            return {
+                **self._counts,
+                "events": self._events_total,
+                "asking": self._asking,
+                "groups_seen": self._groups_seen,
+                "closed": self._ended is not None,
+            }
+
+    def wait_idle(self, groups: int, timeout_s: float | None = None) -> bool:
+        """Block until the watch has been told of `groups` groups in the session's state and has no ask under way
+        (or it has ended), at most timeout_s; True when it is: a recording played to its end is watched to it."""
+        with self._lock:
+            return self._lock.wait_for(
+                lambda: (
+                    self._ended is not None or (self._groups_seen >= groups and not self._asking and not self._pending)
+                ),
+                timeout_s,
+            )
 
     def close(self) -> None:
         """End the watch: no more asks; an iterator ends after the events so far. Closing twice is harmless."""
@@ -130,29 +154,35 @@ class Watch:
         with self._lock:
             return self._ended is None and self._changed and not self._asking
 
-    def saw(self, changed: bool) -> bool:
-        """A group entered the state (changed: beyond the noise floor, or the stream's first); True when the watch
-        is due an ask now: something changed since its last ask and it has none under way."""
+    def saw(self, changed: bool, groups: int) -> bool:
+        """Groups entered the state, `groups` of the stream's in it now (changed: any beyond the noise floor, or
+        the stream's first); True when the watch is due an ask now: something changed since its last ask and it
+        has none under way."""
         with self._lock:
             self._changed = self._changed or changed
-            return self._ended is None and self._changed and not self._asking
+            self._groups_seen = groups
+            self._pending = self._ended is None and self._changed and not self._asking
+            self._lock.notify_all()
+            return self._pending
 
     def asking(self) -> None:
         """An ask was made for the changes so far."""
         with self._lock:
-            self._changed, self._asking = False, True
+            self._changed, self._asking, self._pending = False, True, False
             self._counts["asks"] += 1
 
     def dropped(self) -> None:
         """An ask due was not made, or was taken back, for want of room: the change waits for the next group."""
         with self._lock:
-            self._changed, self._asking = True, False
+            self._changed, self._asking, self._pending = True, False, False
             self._counts["dropped"] += 1
+            self._lock.notify_all()
 
     def answered(self, answer: Answer | None, seen: tuple[int, float], picture: EvsPicture | None) -> None:
         """An ask ended: its answer (None when it failed), the (group, t_s) it saw and that group's picture."""
         with self._lock:
             self._asking = False
+            self._lock.notify_all()
             if answer is None or self._ended:
                 return
             self._counts["answered"] += 1

@@ -126,7 +126,10 @@ class LiveRunner:
             else:
                 stream.waiting.extend(stream.session.take_pending())
                 if stream.held:  # a watch opened on a stream that has video is asked for its first answer
-                    self._due += [w for w in stream.session.watches() if w.due and w not in self._due]
+                    groups = stream.held[-1].index + 1
+                    self._due += [
+                        w for w in stream.session.watches() if w.due and w not in self._due and w.saw(False, groups)
+                    ]
 
     @property
     def busy(self) -> bool:
@@ -251,7 +254,7 @@ class LiveRunner:
         floor = stream.session.noise_floor
         changed = any(held.index == 0 or bool((held.dissimilarity > floor).any()) for held in groups)
         for watch in stream.session.watches():
-            if watch.saw(changed) and watch not in self._due:
+            if watch.saw(changed, groups[-1].index + 1) and watch not in self._due:
                 self._due.append(watch)
 
     def take_due(self) -> list[Watch]:
