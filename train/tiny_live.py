@@ -25,7 +25,19 @@ import numpy as np
 import torch
 
 from assets.clips import _city, _landscape
-from assets.shapes import HELD_OUT_FROM, PAIR, QUESTIONS, asked, held_out_seeds, shape_clip
+from assets.shapes import (
+    COLOURS,
+    DIRECTIONS,
+    HELD_OUT_FROM,
+    PAIR,
+    PAIR_ANSWERS,
+    QUESTIONS,
+    SHAPES,
+    STILL_SECONDS,
+    asked,
+    held_out_seeds,
+    shape_clip,
+)
 from assets.streams import LIVE_KINDS, NONE
 from engine.checkpoints.tiny import MODEL_NOTES_FILE
 from engine.config import video_tokens
@@ -57,10 +69,12 @@ SPAN_S = 8.0  # the clips the model learned are 8 s: the live window it reads
 # its group's most changed token by 0.26 or more (bench/noise_floor.py, docs/live.md).
 NOISE_FLOOR = 0.01
 LIVE_ABOUT = (
-    "live, it sees the last 8 s: ask what colour or shape is in view now (`none` when no shape is), "
-    '"Is there a red shape?" (yes/no), or which way the shape moves'
+    "In the Live tab it sees the last 8 s of the stream: ask what colour or shape is in view now (it answers "
+    '"none" when no shape is), "Is there a red shape?" (yes or no), or which way the shape moves.'
 )
-LIVE_NOTES = {"live_span_s": SPAN_S, "live_noise_floor": NOISE_FLOOR, "live_about": LIVE_ABOUT}
+# Every answer the model learned; the app marks any other as a guess.
+ANSWERS = [*COLOURS, *SHAPES, *DIRECTIONS, *(str(s) for s in STILL_SECONDS), *PAIR_ANSWERS, NONE, "yes", "no"]
+LIVE_NOTES = {"live_span_s": SPAN_S, "live_noise_floor": NOISE_FLOOR, "live_about": LIVE_ABOUT, "answers": ANSWERS}
 EVAL_Q = 0.7
 
 

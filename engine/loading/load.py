@@ -90,6 +90,9 @@ class LoadedModel:
     live_span_s: float | None = None
     live_noise_floor: float | None = None
     live_about: str | None = None
+    # The words a model trained here answers with (tiny-trained: colours, shapes, ...), so that the app can mark an
+    # answer outside them as the guess it is; None where the checkpoint does not say (a real model answers anything).
+    answers: tuple[str, ...] | None = None
     # The checkpoint's `video_pruning_rate` (config.json), the rate it was published to serve at; None if unsaid.
     video_pruning_rate: float | None = None
     # A hybrid model's linear-attention kernels (kernels.linear_attention_kernels); None without such layers.
@@ -176,9 +179,9 @@ def is_tiny_model(name: str) -> bool:
 
 
 def _model_notes(source: str) -> dict:
-    """{"system_prompt": ..., "about": ..., "live_about": ..., "live_span_s": ..., "live_noise_floor": ...} from a
-    local model folder's notes file, the text fields and positive numbers it holds and nothing else; {} when it
-    has none or it is not a JSON object."""
+    """{"system_prompt": ..., "about": ..., "live_about": ..., "live_span_s": ..., "live_noise_floor": ...,
+    "answers": (...)} from a local model folder's notes file, the text fields, positive numbers and list of words it
+    holds and nothing else; {} when it has none or it is not a JSON object."""
     try:
         notes = json.loads((Path(source) / MODEL_NOTES_FILE).read_text())
     except (OSError, ValueError):
@@ -191,7 +194,11 @@ def _model_notes(source: str) -> dict:
         for key in ("live_span_s", "live_noise_floor")
         if isinstance(notes.get(key), int | float) and not isinstance(notes[key], bool) and 0 < notes[key] < math.inf
     }
-    return {**texts, **numbers}
+    answers = notes.get("answers")
+    words = (
+        {"answers": tuple(answers)} if isinstance(answers, list) and all(isinstance(a, str) for a in answers) else {}
+    )
+    return {**texts, **numbers, **words}
 
 
 def model_dtype(name: str, device: torch.device) -> torch.dtype:
