@@ -65,7 +65,7 @@ STAMP_SCRIPT = """
     const context = canvas.getContext("2d");
     const draw = () => {
       context.drawImage(video, 0, 0);
-      const stamp = Date.now() %% (1 << BITS);
+      const stamp = Date.now() % (1 << BITS);
       for (let bit = 0; bit < BITS; bit++) {
         context.fillStyle = (stamp >> (BITS - 1 - bit)) & 1 ? "#ffffff" : "#000000";
         context.fillRect(bit * BLOCK, 0, BLOCK, BLOCK);

