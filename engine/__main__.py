@@ -222,6 +222,11 @@ def play_live(engine: Engine, args: argparse.Namespace, params, source: str | Pa
         feed = LiveStream.under_limits(source, sampling, engine.config)
     answers: queue.Queue = queue.Queue()  # answers and watches' events, printed in the order they come
     refused = []
+    asked: list = []  # the questions' streams, answered before the session closes
+
+    def ask(*item) -> None:
+        asked.append(item[-1])
+        answers.put(item)
 
     def printer() -> None:
         while (item := answers.get()) is not None:
@@ -254,7 +259,7 @@ def play_live(engine: Engine, args: argparse.Namespace, params, source: str | Pa
                 feed,
                 asked_at,
                 lambda: live.ask(args.question, params=params),
-                lambda *item: answers.put(item),
+                ask,
                 lambda line: print(f"[{line}]", file=sys.stderr),
                 as_fast_as_possible=args.as_fast_as_possible,
             )
@@ -262,6 +267,12 @@ def play_live(engine: Engine, args: argparse.Namespace, params, source: str | Pa
             live.wait(WATCH_END_S)
             for watch in watches:  # the end of a recording is watched to its end
                 watch.wait_idle(live.groups_in_state, WATCH_END_S)
+            for stream in asked:  # an answer under way is not cut off by the close below
+                if not isinstance(stream, InputError):
+                    try:
+                        stream.result()
+                    except InputError:
+                        pass  # the printer tells it
             session = live.stats()
             live.close()  # ends the watches: their threads have told every event
             for thread in telling:
