@@ -73,7 +73,11 @@ def _env_flag(name: str) -> bool:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Flags with environment defaults; argparse converts (and checks) string defaults with `type`."""
-    parser = argparse.ArgumentParser(prog="python app.py", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        # Named as it was started: `python app.py`, or the installed `evs-video-chat` (argparse's own default).
+        prog="python app.py" if Path(sys.argv[0]).name == "app.py" else None,
+        description=__doc__.splitlines()[0],
+    )
     parser.add_argument(
         "--model",
         default=_env("EVS_MODEL", default=DEFAULT_MODEL),

@@ -54,7 +54,11 @@ BAD_ASK_AT = "--ask-at takes seconds into the recording, 0 or more, separated by
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m engine", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        # `python -m engine` runs this file as __main__.py; the installed command is `evs-engine`.
+        prog="python -m engine" if Path(sys.argv[0]).name == "__main__.py" else None,
+        description=__doc__.splitlines()[0],
+    )
     parser.add_argument(
         "--describe", action="store_true", help="print what loading --model on --device would give, as JSON, and exit"
     )

@@ -67,21 +67,25 @@ class RecordedLive:
     fresh session (`replayed_answer`) and checks the answer it was shown against the engine's for the same frames.
 
     Pushes and questions take one lock, so a question's count is the frames the session had been given when it
-    counted its groups; `dropped_before` holds the frames the session had dropped by each question (a replay drops
-    none, so it matches only where that is 0). Anything else is the session's own.
+    counted its groups. Only the frames the session sampled are kept (`pushed`): a frame it skipped by its clock or
+    dropped because the engine was behind is not, so a replay forms the same groups however slow this machine was
+    (a frame left out moves no tick that a sampled one would not: engine/live/frames.py's CaptureClock).
+    `dropped_before` holds the frames the session had dropped by each question. Anything else is the session's own.
     """
 
     def __init__(self, live, params):
         self.live, self.params = live, params
-        self.pushed: list[tuple[np.ndarray, float]] = []
-        self.asked: list[tuple[str, tuple, object, int]] = []  # (question, history, params, frames pushed before)
+        self.pushed: list[tuple[np.ndarray, float]] = []  # the frames sampled, with their capture times
+        self.asked: list[tuple[str, tuple, object, int]] = []  # (question, history, params, frames sampled before)
         self.dropped_before: list[int] = []
         self._lock = threading.Lock()
 
     def push(self, frame, t_s: float) -> None:
         with self._lock:
+            sampled = self.live.stats()["frames_sampled"]
             self.live.push(frame, t_s)  # a refused frame raises before it is recorded
-            self.pushed.append((np.array(frame, copy=True), t_s))
+            if self.live.stats()["frames_sampled"] > sampled:
+                self.pushed.append((np.array(frame, copy=True), t_s))
 
     def ask(self, question: str, history=(), params=None):
         with self._lock:
@@ -101,7 +105,7 @@ class RecordedLive:
 
 
 def replayed_answer(engine, recorded: RecordedLive, question_index: int = 0) -> Answer:
-    """The answer a fresh session of `engine` gives when it is pushed the frames `recorded` had taken before its
+    """The answer a fresh session of `engine` gives when it is pushed the frames `recorded` had sampled before its
     question `question_index` (each group in the state before the next frame, so none is dropped) and asked it."""
     question, history, params, frames_before = recorded.asked[question_index]
     with engine.open_live(recorded.params) as live:

@@ -146,7 +146,8 @@ def test_upload_ask_and_see_answer_numbers_and_pictures(page, clip):
     titles = page.locator("#evs-compare-cards .evs-answer-title").all_inner_texts()
     assert titles == ["evs · q = 0.5", "uniform · q = 0.5", "vidcom2 · q = 0.5"]
     page.wait_for_function("document.querySelectorAll('#evs-compare-pictures img').length === 3", timeout=TIMEOUT_MS)
-    assert "by vidcom2" in page.locator("#evs-stats").inner_text()
+    # the stats panel is its own output, drawn after the cards on a busy machine
+    page.wait_for_function("document.querySelector('#evs-stats').innerText.includes('by vidcom2')", timeout=TIMEOUT_MS)
 
     # the sweep: five answers side by side (one row of cards), the plot and the per-rate table
     sweep_and_wait(page)

