@@ -306,7 +306,8 @@ def build_engine(args: argparse.Namespace, device: str, max_file_bytes: int) -> 
     except (ModelUnavailable, UnsupportedModel, OSError) as error:  # e.g. weights checked out as LFS pointers
         _fail(f"{detail}, and the offline {FALLBACK_MODEL} could not be loaded either ({one_line(error)}).")
     about = engine.model_info["about"] or "a tiny offline model"
-    return engine, f"{why} This app runs {FALLBACK_MODEL} instead, {about}."
+    live = f" {engine.model_info['live_about']}" if engine.model_info["live_about"] else ""
+    return engine, f"{why} This app runs {FALLBACK_MODEL} instead, {about}.{live}"
 
 
 def _fail(message: str, code: int = EXIT_MODEL_UNAVAILABLE) -> NoReturn:

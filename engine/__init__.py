@@ -20,9 +20,11 @@ A live session (Engine.open_live; docs/live.md) takes the same rooms another way
 pushed frame by capture time and makes each temporal group's pixels on the caller's thread (session.py,
 frames.py); worker/ encodes the groups in the shared vision forward, prunes each with causal EVS as it arrives
 (pruning/causal.py: the one method with a causal form, so front/ refuses a session another method) and prefills
-it into the session's own state (live.py), laid out as the upload of the same frames would be
-(live/layout.py); a question forks that state (scheduling/ admits it once its groups are in) and decodes with
-everyone else. live_sessions.py, at the top, opens sessions and turns their questions into requests.
+it into the session's own state (live.py), its window of the last groups laid out as the upload of those frames
+would be, opened by a whole key group (live/layout.py, live/window.py); a question forks that state (scheduling/
+admits it once its groups are in) and decodes with everyone else, and so does each ask of a standing question
+(live/watch.py), made when something in view changed, below users' questions. live_sessions.py, at the top,
+opens sessions and turns their questions into requests.
 
 Beside the path: memory/ plans how much fits on the device, loading/ picks the device and kernels and loads a
 model by name, checkpoints/ builds models without the Hub (tiny and random-weight ones). At the top of the
@@ -34,6 +36,7 @@ from .config import EngineConfig, FrameSampling, GenerationParams
 from .engine import Engine
 from .errors import BusyError, InputError, SessionEnded
 from .live.session import LiveSession
+from .live.watch import Watch, WatchEvent
 from .stats import STATS_KEYS
 from .stream import Answer, Event, EvsPicture, Stream
 
@@ -51,4 +54,6 @@ __all__ = [
     "STATS_KEYS",
     "SessionEnded",
     "Stream",
+    "Watch",
+    "WatchEvent",
 ]

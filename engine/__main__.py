@@ -12,7 +12,8 @@ its sentence and exits 2.
 `python -m engine --live clip.mp4 --ask-at 5,30,60 "What moves?" [--as-fast-as-possible]` plays a recording
 (or a stream URL at a public address) into a live session at its own pace, asks the question at each moment,
 and prints each answer as it streams with its stats, then the session's stats (docs/live.md, "A file played as
-live").
+live"); `--watch "Is there a red shape?"` (repeatable) holds a standing question on it and prints each of its
+events with its stream time.
 
 `python -m engine --describe --model random:Qwen/Qwen3-VL-4B-Instruct [--device cuda]` prints, as its last
 line, one JSON object describing what loading that model would give (parameters, vision_parameters,
@@ -41,6 +42,7 @@ from .engine import Engine
 from .errors import InputError, one_line
 from .front.door import request_params
 from .live.playback import play
+from .live.watch import WatchEvent
 from .loading.device import DeviceUnavailable
 from .loading.load import ModelUnavailable, UnsupportedModel, describe_model, resolve_device
 from .memory.dims import GIB
@@ -48,6 +50,7 @@ from .memory.plan import InsufficientMemory, checkpoint_config, checkpoint_plan
 from .reading.live_stream import STREAM_ENDED, LiveStream, public_stream_url, recording_path
 from .stream import Stream
 
+WATCH_END_S = 60.0  # at a recording's end, the longest its last groups and their watches' asks are waited for
 BAD_ASK_AT = "--ask-at takes seconds into the recording, 0 or more, separated by commas (e.g. 5,30,60); got {!r}."
 
 
@@ -93,6 +96,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="with --live: ask the question at these seconds of the recording, e.g. 5,30,60",
     )
     parser.add_argument(
+        "--watch",
+        action="append",
+        metavar="QUESTION",
+        help="with --live: a standing question, asked again as the stream changes; each change of its answer is "
+        "printed with its stream time (repeat for several)",
+    )
+    parser.add_argument(
         "--as-fast-as-possible",
         action="store_true",
         help="with --live: push frames as soon as they are read, waiting for the session instead "
@@ -132,8 +142,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args.question = args.question or args.live_question
     if args.live is not None:
-        if args.media is not None or args.ask_at is None or args.question is None:
-            parser.error("--live takes --ask-at and a question, and no --video or --image")
+        asks = args.ask_at is not None and args.question is not None
+        if args.media is not None or (args.ask_at is None) != (args.question is None) or not (asks or args.watch):
+            parser.error("--live takes --ask-at and a question, or --watch, or both, and no --video or --image")
+    elif args.watch:
+        parser.error("--watch goes with --live")
     elif not (args.describe or args.plan_gib) and (args.media is None or args.question is None):
         parser.error("--video (or --image) and --question are required (or --describe, or --plan-gib, or --live)")
     if args.plan_gib and min(args.plan_gib) <= 0:
@@ -250,6 +263,12 @@ def live_source(text: str) -> str | Path:
     return public_stream_url(text) if "://" in text else recording_path(text)
 
 
+def tell(watch, answers: queue.Queue) -> None:
+    """Each of the watch's events onto the printing queue, until the watch ends."""
+    for event in watch:
+        answers.put((watch.question, event))
+
+
 def play_live(engine: Engine, args: argparse.Namespace, params, source: str | Path, asked_at: list[float]) -> int:
     """--live: the feed played into a session, each answer printed in the order asked (one printing thread, so
     that the stream goes on while an answer decodes), then the session's stats. 2 when anything was refused."""
@@ -258,12 +277,22 @@ def play_live(engine: Engine, args: argparse.Namespace, params, source: str | Pa
         feed = LiveStream.of_file(source, sampling, engine.config)
     else:
         feed = LiveStream.under_limits(source, sampling, engine.config)
-    answers: queue.Queue = queue.Queue()
+    answers: queue.Queue = queue.Queue()  # answers and watches' events, printed in the order they come
     refused = []
     console = Console()
+    asked: list = []  # the questions' streams, answered before the session closes
+
+    def ask(*item) -> None:
+        asked.append(item[-1])
+        answers.put(item)
 
     def printer() -> None:
         while (item := answers.get()) is not None:
+            if isinstance(item[1], WatchEvent):
+                question, event = item
+                alert = "  ALERT" if event.alert else ""
+                console.line(f"[watch, the stream at {event.t_s:g} s] {question} {event.answer}{alert}")
+                continue
             moment_s, at_s, answer = item
             console.line(f"[{moment_s:g} s, the stream at {at_s:g} s] {args.question}")
             try:
@@ -279,19 +308,40 @@ def play_live(engine: Engine, args: argparse.Namespace, params, source: str | Pa
     printing.start()
     try:
         with feed, engine.open_live(params) as live:
+            watches = [live.watch(question, params) for question in args.watch or []]
+            telling = [threading.Thread(target=tell, args=(watch, answers), daemon=True) for watch in watches]
+            for thread in telling:
+                thread.start()
             started_s = time.monotonic()
             last_s = play(
                 live,
                 feed,
                 asked_at,
                 lambda: live.ask(args.question, params=params),
-                lambda *item: answers.put(item),
+                ask,
                 lambda line: console.line(f"[{line}]", to_stderr=True),
                 as_fast_as_possible=args.as_fast_as_possible,
             )
+            played_s = round(time.monotonic() - started_s, 3)
+            live.wait(WATCH_END_S)
+            for watch in watches:  # the end of a recording is watched to its end
+                watch.wait_idle(live.groups_in_state, WATCH_END_S)
+            for stream in asked:  # an answer under way is not cut off by the close below
+                if not isinstance(stream, InputError):
+                    try:
+                        stream.result()
+                    except InputError:
+                        pass  # the printer tells it
+            session = live.stats()
+            live.close()  # ends the watches: their threads have told every event
+            for thread in telling:
+                thread.join()
             answers.put(None)
             printing.join()
-            print(json.dumps({"session": live.stats(), "played_s": round(time.monotonic() - started_s, 3)}, indent=2))
+            summary = {"session": session, "played_s": played_s}
+            if watches:
+                summary["watches"] = [{"question": watch.question, **watch.stats()} for watch in watches]
+            print(json.dumps(summary, indent=2))
     finally:
         answers.put(None)
         printing.join()
@@ -308,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.plan_gib:
         return print_plans(args.model, args.plan_gib)
     try:  # before the model loads: a mistake here is told at once
-        asked_at = moments(args.ask_at) if args.live is not None else []
+        asked_at = moments(args.ask_at) if args.ask_at is not None else []
         source = live_source(args.live) if args.live is not None else None
     except InputError as error:
         print(f"error: {error}", file=sys.stderr)

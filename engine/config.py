@@ -172,19 +172,31 @@ class EngineConfig:
     memory_budget_bytes: int | None = None
     prefill_token_budget: int = 2048  # prompt tokens prefilled per iteration between decode steps (>= 1 prompt)
     # Live sessions (Engine.open_live, docs/live.md): how many may be open at once (the memory plan may allow
-    # fewer on a GPU), and the most tokens each one's state holds (its KV: the groups' text counted with their kept
-    # video) before its oldest groups leave it. None: the planned video tokens of one request (the device's
-    # default frame sampling), so that a session costs no more than an upload does.
+    # fewer on a GPU), and the most tokens each one's state holds (its KV: the prefix, and whole groups' text
+    # counted with their video; engine/live/window.py; a checkpoint that declares a span holds at most that). None:
+    # the planned video tokens of one request (the device's default frame sampling), so that a session costs no
+    # more than an upload does.
     max_live_sessions: int = 4
     live_window_tokens: int | None = None
     # A temporal group whose pixels equal the previous group's is not encoded: its tokens take the previous group's
     # features, which the tower would give it again (each temporal group is encoded alone). Off only for the
     # equivalence tests, which compare the two.
     vision_reuse: bool = True
+    # The dissimilarity at or below which a live token counts as unchanged: causal EVS keeps none such, and a
+    # watch is not asked again for them. None: the checkpoint's measured floor when it declares one, else
+    # DEFAULT_LIVE_NOISE_FLOOR. Standing questions (LiveSession.watch) one session may hold.
+    live_noise_floor: float | None = None
+    max_watches_per_session: int = 8
     cache_dir: Path = field(default_factory=default_cache_dir)
     # None: the model's own when its folder says (tiny-trained: none at all), else DEFAULT_SYSTEM_PROMPT.
     system_prompt: str | None = None
 
+
+# A live token that changed by no more than this is sensor or codec noise: measured on tiny-trained's vision tower
+# (python -m bench.noise_floor), a still camera with noise up to 8 levels and H.264 at 250 kbps-4 Mbps changed no
+# token by more than 1e-3, a shape moving or appearing changed one by 0.26 or more. A checkpoint's notes may say
+# its own (live_noise_floor); docs/live.md, "The noise floor".
+DEFAULT_LIVE_NOISE_FLOOR = 0.01
 
 # The pruning rate of a request that names none, unless the checkpoint's config.json says `video_pruning_rate`
 # (Engine.model_info["default_pruning_rate"] is the one in force).

@@ -156,6 +156,11 @@ class Engine:
             "is_tiny": loaded.is_tiny,
             "random_weights": loaded.random_weights,
             "about": loaded.about,
+            # Live sessions: what the model can be asked live, the seconds of stream it reads (None: its window
+            # alone bounds it), and the words it learned to answer with (None: any), for the app.
+            "live_about": loaded.live_about,
+            "live_span_s": loaded.live_span_s,
+            "answers": list(loaded.answers) if loaded.answers is not None else None,
         }
 
     @property

@@ -10,15 +10,18 @@ import functools
 import itertools
 import threading
 import time
+import weakref
 
 import torch
 
-from .config import GenerationParams
+from .config import DEFAULT_LIVE_NOISE_FLOOR, GenerationParams
 from .detokenize import SplitDetokenizer
 from .errors import RESTARTING, SHUTTING_DOWN, BusyError, InputError, SessionEnded
 from .front.checks import check_live_settings, check_request
 from .live.layout import LiveLayout
 from .live.session import CLOSED, LiveQuestion, LiveSession
+from .live.watch import Watch
+from .live.window import span_groups
 from .scheduling.request import Request
 from .stream import Event, Stream
 
@@ -36,6 +39,10 @@ class LiveSessions:
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._open: list[LiveSession] = []
+        self._watch_ids = itertools.count(1)
+        # Each watch's tail (its question's tokens after the window) and thinking switch; a watch that ends
+        # with its session drops out with it (weak keys)
+        self._watch_tails: weakref.WeakKeyDictionary[Watch, tuple[torch.Tensor, bool]] = weakref.WeakKeyDictionary()
         self._closed = False
 
     @property
@@ -50,6 +57,15 @@ class LiveSessions:
     def max_sessions(self) -> int:
         """EngineConfig.max_live_sessions, or fewer where the memory plan has no room for so many."""
         return self._engine.memory_plan.max_live_sessions
+
+    @property
+    def noise_floor(self) -> float:
+        """The sessions' noise floor: EngineConfig.live_noise_floor, else the checkpoint's, else the default."""
+        engine = self._engine
+        for floor in (engine.config.live_noise_floor, engine.loaded.live_noise_floor):
+            if floor is not None:
+                return float(floor)
+        return DEFAULT_LIVE_NOISE_FLOOR
 
     def open(self, params: GenerationParams) -> LiveSession:
         """A new session (Engine.open_live), counted in /metrics as opened, or refused (its InputError or
@@ -68,14 +84,7 @@ class LiveSessions:
         check_live_settings(params, engine.config, engine.frame_sampling_limits)
         sampling = params.frame_sampling or engine.default_frame_sampling
         family, loaded = engine.family, engine.loaded
-        layout = LiveLayout(
-            family,
-            loaded.processor.tokenizer,
-            loaded.processor.video_token,
-            family.video_token_id(loaded.model.config),
-            engine.system_prompt,
-            family.temporal_patch / sampling.fps,
-        )
+        layout = LiveLayout.of(loaded, family, engine.system_prompt, sampling.fps)
         deadline = time.monotonic() + FREEING_WAIT_S
         while (session := self._new_session(params, sampling, layout, deadline)) is None:
             # A closed session counts until the worker has freed its state (at its next step): wait for one.
@@ -89,6 +98,7 @@ class LiveSessions:
         """A new session counted among the open ones, or None where one that is closed has yet to have its state
         freed before `deadline`; BusyError when the engine is shutting down or as many are open as it takes."""
         engine = self._engine
+        family, loaded = engine.family, engine.loaded
         with self._lock:
             if self._closed:
                 raise BusyError(RESTARTING)
@@ -111,6 +121,9 @@ class LiveSessions:
                 ask=functools.partial(self._ask, layout),
                 wake=engine._worker.wake,
                 on_end=lambda why: engine.metrics.live_session("closed" if why == CLOSED else "lost"),
+                span_groups=span_groups(loaded.live_span_s, sampling.fps, family.temporal_patch),
+                noise_floor=self.noise_floor,
+                watch=functools.partial(self._watch, layout),
             )
             self._open.append(session)
             return session
@@ -124,12 +137,7 @@ class LiveSessions:
         the request enqueued under the lock shutdown takes, so that nothing is enqueued after the worker's last
         look at its inbox and nothing raised in between keeps the slot."""
         engine = self._engine
-        params = dataclasses.replace(
-            params,
-            pruning_rate=session.params.pruning_rate,
-            pruning_method=session.params.pruning_method,
-            frame_sampling=session.sampling,
-        )
+        params = session_params(session, params)
         try:
             session.check_askable(groups)
             history = check_request(
@@ -162,17 +170,28 @@ class LiveSessions:
             raise
         return request.stream
 
-    def _request(self, session: LiveSession, question: str, history, params, groups: int, tail, thinking) -> Request:
-        """The question as a request for the worker, its stream and stats begun."""
+    def _request(
+        self,
+        session: LiveSession,
+        question: str,
+        history: list[tuple[str, str]],
+        params: GenerationParams,
+        groups: int,
+        tail: torch.Tensor,
+        thinking: bool,
+        watch: Watch | None = None,
+    ) -> Request:
+        """A question asked of session when `groups` groups had formed, for the worker (a watch's ask when watch),
+        its stream and stats begun."""
         engine = self._engine
         request = Request(
             stream=Stream(next(engine._ids), on_end=engine.metrics.ended),
             media_paths=[],
-            question=question.strip(),
+            question=question,
             history=history,
             params=params,
             frame_sampling=session.sampling,
-            live=LiveQuestion(session.id, groups, tail),
+            live=LiveQuestion(session.id, groups, tail, watch),
         )
         request.detokenizer = SplitDetokenizer(
             engine.loaded.processor.tokenizer, engine._think_end if thinking else None
@@ -187,6 +206,52 @@ class LiveSessions:
         request.stream.push(Event("status", "waiting for the GPU"))
         return request
 
+    def _watch(self, layout: LiveLayout, session: LiveSession, question: str, params: GenerationParams) -> Watch:
+        """The engine's side of LiveSession.watch: the question checked as an ask's (the refusal counted), then held
+        by the session; the worker asks it (`watch_ask`) as the stream changes."""
+        engine = self._engine
+        params = session_params(session, params)
+        try:
+            if session.ended:
+                raise SessionEnded(session.ended)
+            check_request(
+                [f"live session {session.id}"], question, params, [], engine.config, engine.frame_sampling_limits, 1
+            )
+            engine._check_text_tokens(question, [])
+            thinking = params.enable_thinking and engine._think_end is not None
+            tail = layout.tail(question.strip(), [], thinking)
+            engine.memory_plan.check_fits(
+                session.window_tokens, session.window_tokens + tail.numel(), params.max_new_tokens
+            )
+            watch = Watch(next(self._watch_ids), question.strip(), params, on_close=session.forget_watch)
+            self._watch_tails[watch] = (tail, thinking)
+            watch.make_ask = lambda: self.watch_ask(session, watch)
+            session.add_watch(watch, engine.config.max_watches_per_session)
+        except InputError as error:
+            engine.metrics.refused(error)
+            raise
+        return watch
+
+    def watch_ask(self, session: LiveSession, watch: Watch) -> Request:
+        """A watch's next ask, about the stream as it is in the session's state now (the worker's). It goes the way
+        a user's live question does: the session's check first (SessionEnded once it has ended), then a queue
+        slot from the engine's admission (BusyError when the queue is full: the engine is behind, and the worker
+        drops the ask). It is made on the worker's own thread and taken straight into a decode slot there, never
+        put in the inbox, so it needs no submit lock: nothing can reach the inbox after the worker's last look.
+        Its answer goes to the watch, not to /metrics: a watch's asks are not requests anyone sent."""
+        engine = self._engine
+        groups = session.groups_in_state
+        session.check_askable(groups)
+        tail, thinking = self._watch_tails[watch]
+        request = self._request(session, watch.question, [], watch.params, groups, tail, thinking, watch)
+        request.admission = engine._admission.take(0)  # no bytes: its frames are the session's
+        request.stream.on_end = lambda stream: watch.answered(
+            stream.answer() if stream.error is None else None,
+            request.live_seen,
+            session.group_picture(request.live_seen[0]) if request.live_seen else None,
+        )
+        return request
+
     def shutdown(self) -> None:
         """End every session: pushing or asking answers the shutdown's sentence."""
         with self._lock:
@@ -194,3 +259,13 @@ class LiveSessions:
             sessions = list(self._open)
         for session in sessions:
             session.end(SHUTTING_DOWN)
+
+
+def session_params(session: LiveSession, params: GenerationParams) -> GenerationParams:
+    """A question's settings with the session's rate, method (causal EVS) and frame sampling."""
+    return dataclasses.replace(
+        params,
+        pruning_rate=session.params.pruning_rate,
+        pruning_method=session.params.pruning_method,
+        frame_sampling=session.sampling,
+    )

@@ -221,6 +221,10 @@ class Stream:
             raise TimeoutError(f"request {self.request_id} did not finish in {timeout_s} s")
         if self._error is not None:
             raise self._error
+        return self.answer()
+
+    def answer(self) -> Answer:
+        """What the stream holds now, without waiting: all of the answer once it has ended with done."""
         return Answer(
             "".join(self._text),
             self._stats or {},

@@ -9,8 +9,9 @@ has the rules measured against each other):
   trailing window: the last `window_groups` groups up to and including t (the first group left out, since it
   is kept whole anyway), with K = floor(n * h*w * (1 - q)) for a window of n groups, ranked by dissimilarity,
   ties to the earlier group and raster index, as offline.
-- A token that did not change at all (dissimilarity exactly 0) is not kept unless q = 0: it repeats the token
-  before it, and spending the rate on it starves the groups that do change when a still stretch ends.
+- A token that did not change beyond the noise floor (dissimilarity at most `floor`: 0, exactly unchanged, unless
+  the stream gives one) is not kept unless q = 0: it repeats the token before it, up to a camera's sensor and
+  codec noise, and spending the rate on it starves the groups that do change when a still stretch ends.
 - q = 0 keeps every token.
 
 Over a stretch whose changes are spread (a real camera's noise), the window's top share is 1 - q of it, so the
@@ -35,11 +36,12 @@ def _check_window(window_groups) -> int:
     return window_groups
 
 
-def newest_group_mask(window: torch.Tensor, q: float) -> torch.Tensor:
+def newest_group_mask(window: torch.Tensor, q: float, floor: float = 0.0) -> torch.Tensor:
     """The tokens of the window's last group that the rule keeps.
 
     window: (n, h*w) float32 dissimilarities of the trailing window's groups, oldest first, the group being
-    decided last (never the session's first group). Returns (h*w,) bool on window's device.
+    decided last (never the session's first group). floor: the noise floor, a dissimilarity at or below which a
+    token counts as unchanged. Returns (h*w,) bool on window's device.
     """
     n, tokens = window.shape
     if q == 0.0:
@@ -50,11 +52,11 @@ def newest_group_mask(window: torch.Tensor, q: float) -> torch.Tensor:
     newest = order[order >= (n - 1) * tokens] - (n - 1) * tokens
     mask = torch.zeros(tokens, dtype=torch.bool, device=window.device)
     mask[newest] = True
-    return mask & (window[-1] > 0)
+    return mask & (window[-1] > floor)
 
 
 def causal_retention_mask_from_dissimilarity(
-    dissimilarity: torch.Tensor, q, window_groups: int = WINDOW_GROUPS
+    dissimilarity: torch.Tensor, q, window_groups: int = WINDOW_GROUPS, floor: float = 0.0
 ) -> torch.Tensor:
     """The causal rule over a whole stream at once: (T, h, w) dissimilarity (group 0: the session's first) ->
     (T*h*w,) bool in raster order. Row block t depends on groups 0..t only, so it equals what `CausalEVS` decided
@@ -65,16 +67,18 @@ def causal_retention_mask_from_dissimilarity(
     flat = dissimilarity.to(torch.float32).reshape(t, h * w)
     mask = torch.ones(t, h * w, dtype=torch.bool, device=dissimilarity.device)
     for group in range(1, t):
-        mask[group] = newest_group_mask(flat[max(1, group - window_groups + 1) : group + 1], q)
+        mask[group] = newest_group_mask(flat[max(1, group - window_groups + 1) : group + 1], q, floor)
     return mask.reshape(-1)
 
 
-def causal_retention_mask(features: torch.Tensor, grid_thw, q, window_groups: int = WINDOW_GROUPS) -> torch.Tensor:
+def causal_retention_mask(
+    features: torch.Tensor, grid_thw, q, window_groups: int = WINDOW_GROUPS, floor: float = 0.0
+) -> torch.Tensor:
     """The causal rule over a whole stream's features: (T*h*w, D) rows in (t, h, w) raster order -> (T*h*w,)
     bool. What a live session keeps of the same groups, computed offline (tests, and a cold request that is to
     see what a live session saw)."""
     return causal_retention_mask_from_dissimilarity(
-        frame_dissimilarity(features, parse_grid(grid_thw)), q, window_groups
+        frame_dissimilarity(features, parse_grid(grid_thw)), q, window_groups, floor
     )
 
 
@@ -83,12 +87,13 @@ class CausalEVS:
     trailing window's dissimilarities: (window_groups - 1) * h*w floats and h*w * D features, whatever the
     stream's length.
 
-    q: the stream's pruning rate, in [0, 1) (ValueError otherwise).
+    q: the stream's pruning rate, in [0, 1) (ValueError otherwise). floor: the noise floor (newest_group_mask).
     """
 
-    def __init__(self, q, window_groups: int = WINDOW_GROUPS):
+    def __init__(self, q, window_groups: int = WINDOW_GROUPS, floor: float = 0.0):
         self.q = validate_pruning_rate(q)
         self.window_groups = _check_window(window_groups)
+        self.floor = float(floor)
         self._previous: torch.Tensor | None = None  # (h*w, D) the last group's features
         self._window: torch.Tensor | None = None  # (n, h*w) the last groups' dissimilarities, the first group never
 
@@ -111,4 +116,4 @@ class CausalEVS:
         window = newest if self._window is None else torch.cat([self._window, newest])
         self._window = window[-(self.window_groups - 1) :] if self.window_groups > 1 else None
         self._previous = features
-        return newest_group_mask(window, self.q), dissimilarity
+        return newest_group_mask(window, self.q, self.floor), dissimilarity

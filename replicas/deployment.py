@@ -21,7 +21,7 @@ from ray import serve
 from ray.serve.config import RequestRouterConfig
 from ray.serve.schema import LoggingConfig
 
-from engine import Engine, EngineConfig, LiveSession
+from engine import Engine, EngineConfig, InputError, LiveSession, Watch
 from engine.errors import LIVE_SESSION_LOST, SessionLost
 from engine.front.door import cancel_unfinished, merged, request_params
 from engine.stream import Stream
@@ -85,6 +85,7 @@ class EngineReplica:
         self.node = ray.get_runtime_context().get_node_id()
         self.files = VideoFiles()
         self.live: dict[str, LiveSession] = {}  # the live sessions this replica holds, by "<replica>/<id>"
+        self.watches: dict[tuple[str, int], Watch] = {}  # their watches, by (session, watch id)
 
     def describe(self) -> dict:
         """What the client's `model_info`, `default_frame_sampling` and the other read-only properties return."""
@@ -183,10 +184,44 @@ class EngineReplica:
         return await self._on_session(session, lambda live: {"caught_up": live.wait(timeout_s)})
 
     async def live_close(self, session: str) -> None:
-        """Close the session (its state is freed at the engine's next step); nothing when it is not here."""
+        """Close the session (its state is freed at the engine's next step, its watches end); nothing when it is
+        not here."""
         live = self.live.pop(session, None)
         if live is not None:
             live.close()
+        self.watches = {key: watch for key, watch in self.watches.items() if key[0] != session}
+
+    async def live_watch(self, session: str, question: str, params) -> dict:
+        """LiveSession.watch: {"watch": its id}, or an error."""
+
+        def watch(live: LiveSession) -> dict:
+            opened = live.watch(question, params)
+            self.watches = {key: w for key, w in self.watches.items() if not w.ended}
+            self.watches[session, opened.id] = opened
+            return {"watch": opened.id}
+
+        return await self._on_session(session, watch)
+
+    async def live_watch_events(self, session: str, watch: int, seen: int, timeout_s: float) -> dict:
+        """Watch.events_after(seen, timeout_s) of one of the session's watches, with its stats: {"events",
+        "total", "stats"}, or an error."""
+
+        def events(_live: LiveSession) -> dict:
+            held = self._watch(session, watch)
+            new, total = held.events_after(seen, timeout_s)
+            return {"events": new, "total": total, "stats": held.stats()}
+
+        return await self._on_session(session, events)
+
+    async def live_unwatch(self, session: str, watch: int) -> dict | None:
+        """Watch.close of one of the session's watches; an error when it has none of that id open."""
+        return await self._on_session(session, lambda _live: self._watch(session, watch, open_only=True).close())
+
+    def _watch(self, session: str, watch: int, open_only: bool = False) -> Watch:
+        held = self.watches.get((session, watch))
+        if held is None or (open_only and held.ended):
+            raise InputError(f"This live session has no open watch {watch}.")
+        return held
 
     async def _on_session(self, session: str, call):
         """call(LiveSession) in a thread, its result returned; an error (the session's sentence, or SessionLost

@@ -18,6 +18,7 @@ from .wire import ERROR, error_from_wire
 log = logging.getLogger(__name__)
 
 CALL_TIMEOUT_S = 60.0  # a push or a stats call; a replica that does not answer in this is taken as lost
+EVENTS_WAIT_S = 10.0  # the longest a watch's events call waits on the replica (an iterator calls again)
 
 
 class RemoteLiveSession:
@@ -65,6 +66,10 @@ class RemoteLiveSession:
     def stats(self) -> dict:
         return self._call("live_stats")["stats"]
 
+    def watch(self, question: str, params=None) -> "RemoteWatch":
+        """LiveSession.watch: the watch lives on the session's replica (its asks are that engine's)."""
+        return RemoteWatch(self, self._call("live_watch", question=question, params=params or self.params)["watch"])
+
     def recent_picture(self):
         """LiveSession.recent_picture, from the replica: an EvsPicture of the newest groups, or None."""
         return self._call("live_recent")["picture"]
@@ -91,3 +96,41 @@ class RemoteLiveSession:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class RemoteWatch:
+    """Watch's interface (poll, iteration, events_after, stats, close) for a watch on a session a replica holds.
+    session: the RemoteLiveSession; watch_id: the watch's id on its replica."""
+
+    def __init__(self, session: RemoteLiveSession, watch_id: int):
+        self._session, self.id = session, watch_id
+        self._closed = False
+
+    def events_after(self, seen: int, timeout_s: float | None = None) -> tuple[list, int]:
+        """Watch.events_after from the replica: one wait of at most EVENTS_WAIT_S there per call."""
+        wait = EVENTS_WAIT_S if timeout_s is None else min(timeout_s, EVENTS_WAIT_S)
+        reply = self._session._call(
+            "live_watch_events", wait + CALL_TIMEOUT_S, watch=self.id, seen=seen, timeout_s=wait
+        )
+        self._closed = reply["stats"]["closed"]
+        return reply["events"], reply["total"]
+
+    def poll(self) -> list:
+        return self.events_after(0, 0)[0]
+
+    def __iter__(self):
+        seen = 0
+        while True:
+            events, seen = self.events_after(seen)
+            if not events and self._closed:
+                return
+            yield from events
+
+    def stats(self) -> dict:
+        return self._session._call("live_watch_events", watch=self.id, seen=1 << 62, timeout_s=0)["stats"]
+
+    def close(self) -> None:
+        """Watch.close on the replica; closing twice is harmless here too."""
+        if not self._closed:
+            self._session._call("live_unwatch", watch=self.id)
+        self._closed = True

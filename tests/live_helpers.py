@@ -113,3 +113,37 @@ def replayed_answer(engine, recorded: RecordedLive, question_index: int = 0) -> 
             live.push(frame, t_s)
             assert live.wait(60), live.stats()
         return live.ask(question, history, params).result()
+
+
+def cold_logits(engine, frames: np.ndarray, groups: int, question: str, token_ids, q: float) -> np.ndarray:
+    """(A, V) float32: the logits a cold prefill of the live window gives each of token_ids, the answer to question
+    asked when `groups` groups of frames (pushed at 2 fps from 0 s, every one sampled) are in the state: the window
+    the engine's rule shows then (its key group whole), causal EVS over the frames up to it with the engine's noise
+    floor, laid out and prefilled in one forward by transformers' model (train.stream_examples, train.tiny_trained:
+    what training builds), not by the engine's state."""
+    import torch
+
+    import pruning
+    from engine.live.group import group_of
+    from engine.live.layout import LiveLayout
+    from engine.live.window import span_groups
+    from train.stream_examples import StreamExample, stream_prompts
+    from train.tiny_trained import teacher_forced_logits
+
+    loaded, family = engine.loaded, engine.family
+    sessions, sampling = engine._live, engine.default_frame_sampling
+    probe = group_of(loaded, family, sampling, 0, [(frames[0], 0.0), (frames[1], 0.5)])
+    layout = LiveLayout.of(loaded, family, engine.system_prompt, sampling.fps)
+    span = span_groups(loaded.live_span_s, sampling.fps, family.temporal_patch)
+    window = layout.window(span, sessions.window_tokens, probe.grid_hw)
+    start = window.start(groups)
+    first = max(0, start - (pruning.WINDOW_GROUPS - 1))
+    made = [
+        group_of(loaded, family, sampling, g, [(frames[2 * g + i], (2 * g + i) / 2) for i in range(2)])
+        for g in range(first, groups)
+    ]
+    example = StreamExample(0, made, first, start, question, "", q)
+    with torch.no_grad():
+        prompt = stream_prompts(loaded.model, family, layout, [example], sessions.noise_floor)[0]
+        logits, _ = teacher_forced_logits(loaded, family, [prompt], [torch.tensor(list(token_ids))])
+    return logits.numpy()

@@ -1,5 +1,7 @@
 """The Live tab's feeds on a real engine, without a browser: a tab's frames feed a session of its own, a new rate or
-frame size opens a new one, a refusal is a sentence in the status line, an idle feed closes its session."""
+frame size opens a new one, a refusal is a sentence in the status line, an idle feed closes its session; the
+tab's watches go with it to each session and list their events, alerts and guesses marked; a follow-up carries the
+conversation."""
 
 import asyncio
 import threading
@@ -11,8 +13,10 @@ import pytest
 
 from app_harness import wait_until
 from engine import Engine, EngineConfig
+from engine.live.watch import WatchEvent
 from live_helpers import clip_frames
 from ui.live_feeds import NO_STREAM, LiveFeed, LiveFeeds
+from ui.live_watches import GUESS, NO_EVENTS, event_html
 
 FRAMES = clip_frames(1_000_050, fps=2)
 
@@ -85,3 +89,53 @@ def test_an_idle_feed_closes_its_session_and_the_next_frame_opens_one(one_sessio
 
 async def last(updates):
     return [update async for update in updates][-1]
+
+
+def test_a_tabs_watch_lists_its_events_and_follows_the_tab_to_each_new_session(one_session_engine):
+    feeds = LiveFeeds(one_session_engine, idle_s=3600)  # never idle, however busy the machine
+    feed = feeds.feed("tab")
+    assert feeds.watch("   ", tab("tab")) == ("   ", "Type what to watch for, e.g. “Is there a red shape?”.")
+    box, listing = feeds.watch("What <b>moves</b>?", tab("tab"))  # before any frame: put on the first session
+    assert box == "" and "Watching for “What &lt;b&gt;moves&lt;/b&gt;?”" in listing and NO_EVENTS in listing
+    start = time.monotonic()
+    for index, frame in enumerate(FRAMES[:4]):
+        feed.arrive(frame, start + index / 2, 0.5)
+    first = feed.live
+    (watch,) = first.watches()
+    assert first.wait(60) and watch.wait_idle(first.groups_in_state, 60)
+    events = feed.updates(time.monotonic())[4]  # the tab's fifth output: the events list
+    assert events.count('<li class="evs-watch-event') == len(watch.poll()) >= 1
+    assert f"{watch.poll()[0].t_s:.1f} s</span>" in events and 'src="data:image/webp;base64,' in events
+    assert feed.updates(time.monotonic())[4] is not events  # nothing new: not sent again (gr.skip())
+    feed.arrive(FRAMES[4], start + 2.0, 0.7)  # a new rate opens a new session: the watch goes with the tab
+    assert watch.stats()["closed"] and len(feed.live.watches()) == 1 and feed.live.watches()[0] is not watch
+    assert feeds.unwatch(tab("tab")) == "" and not feed.live.watches()
+    feeds.close_session(tab("tab"))
+
+
+def test_a_follow_up_in_the_live_tab_carries_the_conversation_so_far(one_session_engine):
+    feeds = LiveFeeds(one_session_engine, idle_s=3600)
+    feed = feeds.feed("tab")
+    start = time.monotonic()
+    for index, frame in enumerate(FRAMES[:4]):
+        feed.arrive(frame, start + index / 2, 0.5)
+    assert feed.live.wait(60)
+    first = asyncio.run(last(feeds.ask("What moves?", tab("tab"))))
+    second = asyncio.run(last(feeds.ask("Which way?", tab("tab"))))
+    assert "a follow-up to 1 earlier" in second and "follow-up" not in first
+    said = first.split("\n\n<small>")[0]
+    assert feed.turns == [("What moves?", said), ("Which way?", second.split("\n\n<small>")[0])]
+    # the engine's answer with that history, asked again of the same frames
+    assert second.split("\n\n<small>")[0] == feed.live.ask("Which way?", [("What moves?", said)]).result().text
+    feeds.close_session(tab("tab"))
+
+
+def test_an_event_shows_an_alert_as_one_and_an_unknown_word_as_a_guess():
+    def event(answer, alert):
+        return WatchEvent(12.5, answer, alert, None, 24, None, {})
+
+    alert = event_html("Is there a red shape?", event("yes", True), ["yes", "no"])
+    assert 'class="evs-watch-event evs-watch-alert"' in alert and ">alert</span>" in alert and GUESS not in alert
+    guess = event_html("Is there a red shape?", event("<i>bnd</i>", False), ["yes", "no"])
+    assert "evs-watch-guess" in guess and GUESS in guess and "&lt;i&gt;bnd&lt;/i&gt;" in guess and "alert" not in guess
+    assert GUESS not in event_html("What moves?", event("bnd", False), None)  # a model that names no words

@@ -76,6 +76,23 @@ def test_a_recording_plays_at_its_own_pace():
     assert played["played_s"] >= 7.5  # from its first frame to its last at 7.5 s, as a camera would give them
 
 
+def test_watches_print_each_event_with_its_stream_time():
+    """Two --watch questions on the recording played as fast as possible: each prints its first answer at the
+    first group (0.5 s), then one line per change, each at a group's last frame; the summary counts them. The clip
+    holds still, crosses in a second and holds still again, so fewer asks than its 8 groups."""
+    watched = ["What colour is the shape?", "Is there a red shape?"]
+    done = engine_command("--live", str(CLIP), "--as-fast-as-possible", "--watch", watched[0], "--watch", watched[1])
+    assert done.returncode == 0, done.stderr
+    lines = re.findall(r"^\[watch, the stream at ([\d.]+) s\] (.+?) (\S+)(  ALERT)?$", done.stdout, re.M)
+    summary = json.loads(done.stdout[done.stdout.rindex('{\n  "session"') :])
+    for question, stats in zip(watched, summary["watches"]):
+        mine = [(float(t_s), answer) for t_s, asked, answer, _ in lines if asked == question]
+        assert stats["question"] == question and stats["events"] == len(mine) >= 1
+        assert mine[0][0] == 0.5 and all(t_s % 1 == 0.5 and t_s <= 7.5 for t_s, _ in mine)
+        assert 1 <= stats["asks"] < 8 and stats["dropped"] == 0 and stats["closed"]
+        assert all(a != b for (_, a), (_, b) in zip(mine, mine[1:]))
+
+
 @pytest.mark.parametrize(
     "arguments, sentence",
     [

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from engine import BusyError, Engine, EngineConfig, GenerationParams, InputError
-from engine.live import session as live_session
+from engine.live import group as live_group
 from engine.live.session import RECENT_GROUPS
 from engine.worker.vision import VisionEncoder
 from live_helpers import clip_frames, play, write_lossless
@@ -140,13 +140,13 @@ def test_frames_pushed_faster_than_the_engine_takes_them_are_dropped_and_counted
 def test_the_lag_counts_the_processor_on_the_pushing_thread(two_sessions_engine, monkeypatch):
     """A group's lag runs from the `push` call of its last frame, so the HF processor's time on the pushing thread is
     part of it: held here half a second longer than it takes, every lag is at least that."""
-    real = live_session.processor_inputs
+    real = live_group.processor_inputs
 
     def slower(*args, **kwargs):
         time.sleep(0.5)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(live_session, "processor_inputs", slower)
+    monkeypatch.setattr(live_group, "processor_inputs", slower)
     with two_sessions_engine.open_live(Q) as live:
         play(live, clip_frames(1_000_029, fps=2)[:4], fps=2)  # two groups, each waited for
         assert live.stats()["lag_s"]["p50"] >= 0.5

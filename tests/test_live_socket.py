@@ -215,3 +215,45 @@ def test_a_silent_client_is_told_and_its_session_closed(live_app):
     message, waited_s, code = asyncio.run(scenario())
     assert message == {"type": "error", "message": idle_sentence(IDLE_S)}
     assert IDLE_S - 0.5 <= waited_s < IDLE_S + 5 and code == 1000
+
+
+def test_a_watch_sends_its_events_and_bad_watch_messages_get_one_sentence_each(live_app, clip_jpegs):
+    """watch, then its events as the clip plays (the first answer at the first group, each with its stream time),
+    unwatch with its stats; a watch without a question, a taken id, unwatching twice: one sentence each, and the
+    session still answers."""
+    _, url = live_app
+
+    async def scenario():
+        socket = await opened(url)
+        await socket.send(json.dumps({"type": "watch", "id": "w1", "question": "What colour is the shape?"}))
+        watching = await replies(socket, "watching")
+        start = time.monotonic()
+        for t_s, image in clip_jpegs:
+            await paced(socket, frame_message(t_s, image), start + t_s)
+        await asyncio.sleep(1.5)  # the last group's ask and its event
+        await socket.send(json.dumps({"type": "watch", "id": "w1", "question": "Again?"}))
+        await socket.send(json.dumps({"type": "watch", "id": "w2"}))
+        await socket.send(json.dumps({"type": "unwatch", "id": "w1"}))
+        await socket.send(json.dumps({"type": "unwatch", "id": "w1"}))
+        await socket.send(
+            json.dumps({"type": "ask", "id": "q1", "question": QUESTION, "params": {"max_new_tokens": 4}})
+        )
+        got = watching + await replies(socket, "done")
+        await socket.close()
+        return got
+
+    got = asyncio.run(scenario())
+    assert got[0] == {"type": "watching", "id": "w1", "question": "What colour is the shape?"}
+    events = [m for m in got if m["type"] == "watch_event"]
+    assert events and events[0]["t_s"] == 0.5 and events[0]["previous"] is None and events[0]["group"] == 0
+    assert all(e["id"] == "w1" and isinstance(e["answer"], str) and e["alert"] is False for e in events)
+    assert [e["previous"] for e in events[1:]] == [e["answer"] for e in events[:-1]]
+    errors = [(m.get("id"), m["message"]) for m in got if m["type"] == "error"]
+    assert errors == [
+        ("w1", 'A watch "w1" is already open on this live session; unwatch it or pick another id.'),
+        ("w2", 'A watch message needs a question: {"type": "watch", "question": "..."}.'),
+        ("w1", 'There is no open watch "w1" on this live session.'),
+    ]
+    unwatched = next(m for m in got if m["type"] == "unwatched")
+    assert unwatched["id"] == "w1" and unwatched["stats"]["asks"] >= len(events) and unwatched["stats"]["closed"]
+    assert got[-1]["type"] == "done" and got[-1]["id"] == "q1"

@@ -1,19 +1,22 @@
-"""A live session's window (docs/live.md): a stream many times longer than it keeps at most its window of tokens
-(the groups' text counted with their kept video) in the state, answers go on coming, positions are never used twice;
-an hour of frames leaves memory flat, and so does half an hour of a still screen, whose groups keep no video."""
+"""A live session's window (docs/live.md, "The window"): a stream many times longer than it holds at most its groups,
+opened by a whole key group, its state exactly a cold prefill of the window (its answers' logits are) and never more
+than its window of tokens (the groups' text counted with their video), its positions bounded however long the
+stream; an hour of frames leaves memory flat, and so does half an hour of a still screen, whose groups keep no
+video."""
 
 import numpy as np
 import pytest
 import torch
 
 from engine import Engine, EngineConfig, FrameSampling, GenerationParams
-from engine.state.lm_state import ATTENTION, LINEAR, drop_slots, new_cache, state_of
+from engine.live.window import LiveWindow
+from engine.state.lm_state import state_of
 from engine.worker.runner import ModelRunner
-from live_helpers import play
+from live_helpers import cold_logits, play
 
-# Tokens: the tiny models' prefix (44) and about three groups of 2x2, each with some 15 tokens of `<t seconds>` and
-# markers.
-WINDOW = 100
+# Tokens: the tiny models' prefix (44) and three whole groups of 2x2, each counted at its most text (25 tokens: the
+# `<t seconds>` the latest time a stream can reach writes, and the markers).
+WINDOW = 44 + 3 * 29
 
 
 def noise_frames(count: int, seed: int = 0) -> np.ndarray:
@@ -21,10 +24,16 @@ def noise_frames(count: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, (count, 64, 64, 3), dtype=np.uint8)
 
 
+def test_the_window_slides_a_key_group_at_a_time_and_starts_at_one():
+    window = LiveWindow.of(None, 64 * 196, 196)  # a GPU's default: 64 whole groups of 14x14, sliding 8 at a time
+    assert (window.groups, window.key_every) == (64, 8)
+    assert [window.start(n) for n in (1, 64, 65, 72, 73)] == [0, 0, 8, 8, 16]
+    assert all(window.is_key(window.start(n)) and n - window.start(n) <= 64 for n in range(1, 500))
+    assert LiveWindow.of(8, 784, 4) == LiveWindow(8, 1)  # the offline models' 8-s span: one group at a time
+
+
 @pytest.mark.parametrize("name", ["tiny-random", "tiny-random-qwen3.5"])
-def test_a_stream_many_times_its_window_holds_at_most_it_and_answers_with_fresh_positions(
-    name, tiny_cache_dir, monkeypatch
-):
+def test_a_stream_many_times_its_window_answers_as_a_cold_prefill_of_the_window(name, tiny_cache_dir, monkeypatch):
     asked = []
     prefill = ModelRunner.prefill
 
@@ -35,28 +44,30 @@ def test_a_stream_many_times_its_window_holds_at_most_it_and_answers_with_fresh_
 
     monkeypatch.setattr(ModelRunner, "prefill", question)
     config = EngineConfig(model=name, device="cpu", cache_dir=tiny_cache_dir, live_window_tokens=WINDOW)
-    with (
-        Engine(config) as engine,
-        engine.open_live(GenerationParams(pruning_rate=0.5, max_new_tokens=4, ignore_eos=True)) as live,
-    ):
-        stream = engine._worker.runner.live.streams
-        frames = noise_frames(80)
-        for start in range(0, 80, 20):  # 40 groups of 4 tokens, about half of them kept: some seven windows
+    params = GenerationParams(pruning_rate=0.5, max_new_tokens=3, ignore_eos=True, return_logits=True)
+    frames = noise_frames(80)
+    with Engine(config) as engine, engine.open_live(params) as live:
+        streams = engine._worker.runner.live.streams
+        for start in range(0, 80, 20):  # 40 groups of 4 tokens: the window of 3 slides 37 times
             play(live, frames[start : start + 20], fps=2, first=start)
             stats = live.stats()
+            session = streams[live.id]
+            assert [held.index for held in session.held] == list(range(start // 2 + 7, start // 2 + 10))
             assert 0 < stats["video_tokens_held"] < stats["kv_tokens_held"] <= WINDOW == stats["window_tokens"]
-            session = stream[live.id]
-            assert state_of(session.cache).tokens == session.tokens == stats["kv_tokens_held"]  # no slot left behind
-            assert len(session.held) <= 3
-            assert live.ask("What changes?").result(60).stats["generated_tokens"] == 4
-        assert stats["video_tokens_total"] == 40 * 4 and stats["video_tokens_kept"] >= 10 * stats["video_tokens_held"]
+            # the state is the window, nothing else
+            assert state_of(session.cache).tokens == session.tokens == stats["kv_tokens_held"]
+            answer = live.ask("What changes?").result(60)
+            groups = start // 2 + 10
+            want = cold_logits(engine, frames, groups, "What changes?", answer.token_ids, 0.5)
+            assert np.abs(answer.logits - want).max() < 1e-4
+        assert stats["video_tokens_total"] == 40 * 4 and stats["video_tokens_held"] <= WINDOW
     for pruned in asked:
+        assert pruned.retention[0][:4].all(), "the window opens with its key group whole"
         assert pruned.prefix_len <= WINDOW  # the stream's part of the question's prompt, then its tail
         triples = pruned.positions[1:].T.tolist()
         assert len(set(map(tuple, triples))) == len(triples)  # no two tokens at one position
         assert torch.equal(pruned.positions[0], torch.arange(pruned.positions.shape[1]))
-    later_video = [p.positions[1:, p.visual_mask].min() for p in asked]
-    assert all(a < b for a, b in zip(later_video, later_video[1:]))  # the window moves on, never back
+    assert len({int(p.positions[1:].max()) for p in asked[1:]}) == 1, "positions do not grow with the stream"
 
 
 def resident_bytes() -> int:
@@ -66,7 +77,7 @@ def resident_bytes() -> int:
 
 def test_an_hour_of_frames_pushed_as_fast_as_they_go_leaves_memory_flat(tiny_cache_dir):
     """3,600 s of 8 fps frames pushed as fast as the engine takes them, sampled at 0.1 fps: 180 groups through a
-    window of about six, every other frame never due. Resident memory after the first ten minutes of the stream
+    window of three, every other frame never due. Resident memory after the first ten minutes of the stream
     grows by less than 30 MB to the end."""
     frames = noise_frames(15, seed=1)
     config = EngineConfig(model="tiny-random", device="cpu", cache_dir=tiny_cache_dir, live_window_tokens=WINDOW)
@@ -93,9 +104,10 @@ def test_an_hour_of_frames_pushed_as_fast_as_they_go_leaves_memory_flat(tiny_cac
 def test_half_an_hour_of_a_still_screen_holds_no_more_than_the_window_and_leaves_memory_flat(tiny_cache_dir):
     """A shared screen nobody touches: every frame the same, so at q = 0.7 each group after the first keeps no video
     token, yet each brings its `<t seconds>` and markers. 30 minutes of capture time at 1 fps, sampled at 0.25 fps
-    (225 groups, some five windows, waited for): the state never holds more than the default window (the planned
-    video tokens of a request, 784 here) and keeps the screen's picture (its first group), a question's prompt is
-    that and its own tail, and resident memory after the first ten minutes grows by less than 30 MB to the end.
+    (225 groups, some nine windows, waited for): the state never holds more than the default window (the planned
+    video tokens of a request, 784 here), every token counted, and keeps the screen's picture (its key group, whole),
+    a question's prompt is that and its own tail, and resident memory after the first ten minutes grows by less than
+    30 MB to the end.
     Before the window counted text, the state held 16,938 tokens after 1,000 groups of 2 fps while
     video_tokens_held said 4."""
     screen = np.full((64, 64, 3), 200, np.uint8)
@@ -122,19 +134,9 @@ def test_half_an_hour_of_a_still_screen_holds_no_more_than_the_window_and_leaves
         grown = resident_bytes() - early
         stats = live.stats()
         assert stats["frames_sampled"] == 450 and stats["video_tokens_kept"] == 4 and stats["frames_dropped"] == 0
-        assert window == 784 and window - 20 < stats["kv_tokens_held"] <= window
+        session = engine._worker.runner.live.streams[live.id]
+        # the prefix (44) and 25 groups at their most text (29 tokens each) fit 784; the window slides 3 at a time
+        assert window == 784 and stats["kv_tokens_held"] <= window and session.window == LiveWindow(25, 3)
+        assert 25 - 3 < len(session.held) <= 25
+        assert session.held[0].video_tokens == 4  # the screen's picture: the key group, whole
         assert grown < 30 << 20, grown
-
-
-def test_slots_taken_out_of_the_kv_leave_the_others_in_order_and_room_to_grow():
-    cache = new_cache((ATTENTION, LINEAR))
-    keys, values = torch.randn(1, 2, 10, 4), torch.randn(1, 2, 10, 4)
-    cache.layers[0].update(keys, values)
-    drop_slots(cache, 3, 7)
-    kept = [0, 1, 2, 7, 8, 9]
-    assert torch.equal(cache.layers[0].keys, keys[:, :, kept]) and torch.equal(
-        cache.layers[0].values, values[:, :, kept]
-    )
-    more = torch.randn(1, 2, 1, 4)
-    cache.layers[0].update(more, more)  # appends after the kept slots, in place
-    assert torch.equal(cache.layers[0].keys[:, :, -1:], more) and cache.get_seq_length() == 7

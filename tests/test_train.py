@@ -1,4 +1,5 @@
-"""train/tiny_trained.py learns on exactly what the engine serves, and its loss falls.
+"""train/tiny_trained.py learns on exactly what the engine serves, and its loss falls; train/tiny_live.py's model
+tells the engine and the page what it reads live.
 
 The served-prompt test runs one pruned request through the Engine, keeps what the engine pruned, and
 checks that the training path builds the same tokens, mask and positions from the same frames, and that
@@ -16,7 +17,8 @@ from engine import Engine, EngineConfig, GenerationParams
 from engine.checkpoints.tiny import MODEL_NOTES_FILE
 from engine.families.registry import family_for
 from engine.loading.load import load_model
-from train import tiny_trained
+from train import tiny_live, tiny_trained
+from ui.layout import default_banner
 
 Q = 0.7
 
@@ -101,3 +103,28 @@ def test_a_few_training_steps_lower_the_loss_and_save_a_loadable_model(tmp_path)
     assert json.loads((out / MODEL_NOTES_FILE).read_text())["system_prompt"] == ""
     assert json.loads((out / "training.json").read_text())["rates"] == list(tiny_trained.TRAIN_RATES)
     assert load_model(str(out), device="cpu").model.config.model_type == "qwen3_vl"
+
+
+def test_the_streams_stage_saves_a_model_whose_notes_tell_the_engine_and_the_page_what_it_reads_live(tmp_path):
+    """train/tiny_live.py, two steps from tiny-trained: the saved model loads with the live span, noise floor,
+    what it can be asked live and the words it learned; the banner says the live part; a notes file with wrong
+    values gives none of them."""
+    out = tmp_path / "model"
+    summary = tiny_live.train(
+        tiny_live.parser().parse_args(
+            ["--steps", "2", "--batch", "2", "--eval-every", "1", "--eval-clips", "1", "--out", str(out)]
+        )
+    )
+    assert summary["stage"] == "streams" and len(summary["log"]) == 2 and "live none" in summary["log"][0]
+    loaded = load_model(str(out), device="cpu")
+    assert (loaded.live_span_s, loaded.live_noise_floor) == (8.0, tiny_live.NOISE_FLOOR)
+    assert loaded.answers == tuple(tiny_live.ANSWERS) and {"none", "yes", "red", "up"} <= set(loaded.answers)
+    banner = default_banner({"name": "tiny-trained", "about": loaded.about, "live_about": loaded.live_about})
+    assert banner.endswith(tiny_live.LIVE_ABOUT) and banner.count(tiny_live.LIVE_ABOUT) == 1
+    fallback = f"The model is unavailable. This app runs tiny-trained instead, {loaded.about}. {loaded.live_about}"
+    assert default_banner({"live_about": loaded.live_about}, fallback) == fallback  # said once, not twice
+    notes = json.loads((out / MODEL_NOTES_FILE).read_text())
+    notes.update(live_span_s="8", live_noise_floor=-1, answers=["red", 3], live_about=None)
+    (out / MODEL_NOTES_FILE).write_text(json.dumps(notes))
+    wrong = load_model(str(out), device="cpu")
+    assert (wrong.live_span_s, wrong.live_noise_floor, wrong.answers, wrong.live_about) == (None, None, None, None)

@@ -69,6 +69,8 @@ def default_banner(model_info: dict, banner: str | None = None) -> str | None:
         )
     elif not banner and model_info.get("about"):
         notes.append(f"{model_info.get('name')} is {model_info['about']}.")
+    if model_info.get("live_about") and not (banner and model_info["live_about"] in banner):
+        notes.append(model_info["live_about"])
     if str(model_info.get("device", "")).startswith("cpu") and not model_info.get("is_tiny"):
         notes.append("Running on CPU, so answers are slow.")
     if not notes:

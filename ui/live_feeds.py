@@ -27,6 +27,7 @@ from engine.errors import SERVER_FAULT, InputError, SessionEnded
 from engine.front.serving import Serving
 from ui.live_frames import check_frame
 from ui.live_view import LiveView, stats_line
+from ui.live_watches import GUESS, TabWatches
 
 # A status update at most this often: each one is a message back to the browser.
 STATUS_EVERY_S = 1.0
@@ -40,6 +41,8 @@ RETRY_S = 5.0
 WAITING = "Press **Record** to stream frames to the server."
 NO_STREAM = "Nothing streamed yet: press **Record** (or **Watch**), then ask about what the camera shows."
 IDLE = "No frame came for {seconds:g} s, so the live session was closed; press **Record** to start a new one."
+# Earlier questions and answers a Live-tab question carries, the newest (as the Video tab's follow-ups do)
+MAX_TURNS = 8
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +56,9 @@ class LiveFeed:
     differences of arrival times are differences of capture times (a stream URL's frames bring their own).
     frames: frames taken; refused: frames not taken (too large); problem: the last refusal's sentence, or the
     source's last status line; live: the session (None before the first frame, after a refusal or when idle);
-    view: what the tab shows of it. open_live(rate, skip): the engine's open_live at that pruning rate, skipping
-    still patches or not.
+    view: what the tab shows of it; watches: the tab's standing questions, put on each session it opens; turns: the
+    (question, answer) pairs asked of the current session, a follow-up's history. open_live(rate, skip): the
+    engine's open_live at that pruning rate, skipping still patches or not.
     """
 
     open_live: object = None
@@ -67,6 +71,8 @@ class LiveFeed:
     live: object = None
     view: LiveView | None = None
     last_frame_s: float | None = None  # time.monotonic() of the last frame taken
+    watches: TabWatches = field(default_factory=TabWatches)
+    turns: list = field(default_factory=list)
     _first_s: float | None = None
     _last_status_s: float = float("-inf")
     _recent: deque = field(default_factory=deque)  # arrival times (time.monotonic()) in the last RATE_WINDOW_S
@@ -113,7 +119,8 @@ class LiveFeed:
                 except InputError as error:  # BusyError among them: max_live_sessions open
                     self.problem, self._retry_s = str(error), now_s + RETRY_S
                     return
-                self.view, self.problem = LiveView(now_s), None
+                self.view, self.turns = LiveView(now_s), []
+                self.problem = self.watches.attach(self.live)
             self._pushed = (rate, skip, self.size, t_s)
             try:
                 self.live.push(frame, t_s)
@@ -155,23 +162,31 @@ class LiveFeed:
             line += f" · {self.problem}"
         return line
 
-    def updates(self, now_s: float) -> tuple:
+    def updates(self, now_s: float, answers: list[str] | None = None) -> tuple:
         """The tab's outputs now: (status line, the session's numbers, the newest groups, the tokens-per-second
-        plot), each gr.skip() where there is nothing new."""
+        plot, the watches' events), each gr.skip() where there is nothing new. answers: the words the model
+        learned (an event's answer outside them is marked as a guess), None for any."""
         with self._lock:
             live, view = self.live, self.view
         if live is None:
-            return self.status(), gr.skip(), gr.skip(), gr.skip()
+            return self.status(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
         try:
             stats, picture = live.stats(), live.recent_picture()
+            events = self.watches.html(answers)
         except SessionEnded as error:  # it ended meanwhile (behind the replicas, its replica was lost)
             with self._lock:
                 if self.live is live:  # the next frame after RETRY_S opens a new one
                     self.problem, self._retry_s = str(error), now_s + RETRY_S
                     self._close_live()
-            return self.status(), gr.skip(), gr.skip(), gr.skip()
+            return self.status(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
         view.sample(stats, now_s)
-        return self.status(), stats_line(stats, view.ttft_s), view.gallery(picture), view.figure()
+        return (
+            self.status(),
+            stats_line(stats, view.ttft_s),
+            view.gallery(picture),
+            view.figure(),
+            gr.skip() if events is None else events,
+        )
 
     def close_if_idle(self, now_s: float, idle_s: float) -> bool:
         """Close the session when no frame came for idle_s; True when this call closed it."""
@@ -201,6 +216,7 @@ class LiveFeeds:
 
     def __init__(self, engine: Serving, max_pixels: int = MAX_VIDEO_SOURCE_PIXELS, idle_s: float = IDLE_S):
         self.engine, self.max_pixels, self.idle_s = engine, max_pixels, idle_s
+        self.answers = engine.model_info.get("answers")  # the words the model learned; None: any
         self._feeds: dict[str, LiveFeed] = {}
         self._lock = threading.Lock()
         self._watcher: threading.Thread | None = None
@@ -227,7 +243,24 @@ class LiveFeeds:
         now_s = time.monotonic()
         if frame is not None:
             feed.arrive(frame, now_s, rate, skip=skip)
-        return feed.updates(now_s) if feed.status_due(now_s) else (gr.skip(),) * 4
+        return feed.updates(now_s, self.answers) if feed.status_due(now_s) else (gr.skip(),) * 5
+
+    def watch(self, question: str, request: gr.Request) -> tuple[str, str]:
+        """The Watch-for box's button: a standing question on the tab's sessions. Returns (the box, emptied once
+        taken; the watches' list, or the refusal's sentence)."""
+        feed = self.feed(request.session_hash)
+        try:
+            feed.watches.add(question, feed.live)
+        except InputError as error:
+            return question, str(error)
+        return "", feed.watches.html(self.answers) or gr.skip()
+
+    def unwatch(self, request: gr.Request) -> str:
+        """The Clear button: the tab's watches end."""
+        feed = self._feeds.get(request.session_hash)
+        if feed is not None:
+            feed.watches.clear()
+        return ""
 
     async def ask(self, question: str, request: gr.Request):
         """The Ask button: the answer about what the tab's feed has streamed so far, as it streams (markdown),
@@ -237,18 +270,23 @@ class LiveFeeds:
         if live is None:
             yield feed.problem if feed is not None and feed.problem else NO_STREAM
             return
-        stream, text = None, ""
+        stream, text, history = None, "", list(feed.turns[-MAX_TURNS:])
         try:
-            stream = await asyncio.to_thread(live.ask, question or "")  # behind the replicas, a call to one
+            stream = await asyncio.to_thread(live.ask, question or "", history)  # behind the replicas, a call to one
             async for event in stream.aevents():
                 if event.kind == "text":
                     text += event.text
                     yield text
                 elif event.kind == "done":
                     feed.view.ttft_s = event.stats["ttft_s"]
+                    if feed.live is live:
+                        feed.turns.append((question.strip(), text.strip()))
+                    guess = self.answers is not None and text.strip() not in self.answers
+                    after = f" · a follow-up to {len(history)} earlier" if history else ""
                     yield (
-                        f"{text}\n\n<small>TTFT {event.stats['ttft_s']:.2f} s · "
-                        f"{event.stats['video_tokens_kept']:,} video tokens seen</small>"
+                        f"{text}\n\n<small>{'*' + GUESS[0].upper() + GUESS[1:] + '.* · ' if guess else ''}"
+                        f"TTFT {event.stats['ttft_s']:.2f} s · "
+                        f"{event.stats['video_tokens_kept']:,} video tokens seen{after}</small>"
                     )
         except InputError as error:
             yield str(error)

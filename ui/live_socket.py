@@ -40,13 +40,26 @@ OPEN_SETTINGS = frozenset({"pruning_rate", "fps", "max_pixels_per_frame", "skip_
 ASK_SETTINGS = frozenset({"max_new_tokens", "temperature", "enable_thinking"})
 EVENT_KINDS = ("status", "thinking", "text")  # an answer's events sent on as they come
 
-NOT_A_MESSAGE = 'A text message must be a JSON object whose "type" is "open", "ask", "stats" or "close".'
+NOT_A_MESSAGE = (
+    'A text message must be a JSON object whose "type" is "open", "ask", "watch", "unwatch", "stats" or "close".'
+)
 OPENED_ALREADY = 'The live session is already open: "open" may only be the first message.'
 NO_QUESTION = 'An ask message needs a question: {"type": "ask", "question": "..."}.'
 REOPENED = (
     "The server restarted the part of it that held this live session, so a new one goes on from the next frame: "
     "questions are about what it has seen since."
 )
+
+NO_WATCH_QUESTION = 'A watch message needs a question: {"type": "watch", "question": "..."}.'
+EVENTS_EVERY_S = 0.25  # how often the watches' new events are looked for and sent
+
+
+def no_watch(watch_id) -> str:
+    return f"There is no open watch {json.dumps(watch_id)} on this live session."
+
+
+def watch_taken(watch_id) -> str:
+    return f"A watch {json.dumps(watch_id)} is already open on this live session; unwatch it or pick another id."
 
 
 def idle_sentence(idle_s: float) -> str:
@@ -78,6 +91,8 @@ class LiveSocket:
         self._reopening = asyncio.Lock()
         self._send_lock = asyncio.Lock()
         self._answers: dict[asyncio.Task, Stream] = {}
+        # By id: [the watch, events sent so far, its question, its settings] (to watch again on a new session)
+        self._watches: dict[Any, list] = {}
         self._frames_since_stats = 0
         self._asked = 0
 
@@ -97,6 +112,7 @@ class LiveSocket:
             self._params = params
             self.live = await asyncio.to_thread(self.engine.open_live, params)
             tasks.append(asyncio.create_task(self._stats_every_second()))
+            tasks.append(asyncio.create_task(self._watch_events()))
             message = None if opening else first
             while True:
                 if message is not None and not await self._handle(message):
@@ -162,6 +178,10 @@ class LiveSocket:
         kind = request.get("type") if isinstance(request, dict) else None
         if kind == "ask":
             await self._ask(request)
+        elif kind == "watch":
+            await self._watch(request)
+        elif kind == "unwatch":
+            await self._unwatch(request)
         elif kind == "stats":
             await self._send_stats()
         elif kind == "close":
@@ -213,6 +233,12 @@ class LiveSocket:
                 await self._close(TRY_AGAIN_LATER)
                 return False
             await self._send({"type": "status", "message": REOPENED})
+            for watch_id, held in list(self._watches.items()):  # the lost session's watches, on the new one
+                try:
+                    held[:2] = [await asyncio.to_thread(self.live.watch, held[2], held[3]), 0]
+                except InputError as error:
+                    del self._watches[watch_id]
+                    await self._error(str(error), id=watch_id)
             return True
 
     async def _ask(self, request: dict) -> None:
@@ -236,6 +262,75 @@ class LiveSocket:
         task = asyncio.create_task(self._answer(answer_id, stream))
         self._answers[task] = stream
         task.add_done_callback(self._answers.pop)
+
+    async def _watch(self, request: dict) -> None:
+        """Open a watch (LiveSession.watch): "watching" with its id, then its events as they come."""
+        watch_id = request.get("id")
+        watch_id = watch_id if isinstance(watch_id, (str, int)) else f"w{len(self._watches) + 1}"
+        question = request.get("question")
+        try:
+            if not isinstance(question, str):
+                raise InputError(NO_WATCH_QUESTION)
+            if watch_id in self._watches:
+                raise InputError(watch_taken(watch_id))
+            params = request_params(self.engine, **_settings(request, ASK_SETTINGS))
+            live = self.live
+            watch = await asyncio.to_thread(live.watch, question, params)
+        except (InputError, BusyError) as error:
+            self.engine.metrics.refused(error, "front_door")  # unless the engine refused it, and counted it
+            await self._error(str(error), id=watch_id)
+            if isinstance(error, SessionLost):
+                await self._reopen(live)
+            return
+        self._watches[watch_id] = [watch, 0, question, params]
+        await self._send({"type": "watching", "id": watch_id, "question": question.strip()})
+
+    async def _unwatch(self, request: dict) -> None:
+        """Close a watch: "unwatched" with its stats; an id with no open watch is one sentence."""
+        watch_id = request.get("id")
+        held = self._watches.pop(watch_id, None) if isinstance(watch_id, (str, int)) else None
+        if held is None:
+            await self._error(no_watch(watch_id), id=watch_id if isinstance(watch_id, (str, int)) else None)
+            return
+        live = self.live
+        try:
+            await asyncio.to_thread(held[0].close)
+            stats = await asyncio.to_thread(held[0].stats)
+        except SessionEnded as error:  # the session is gone, and the watch with it
+            stats = None
+            if isinstance(error, SessionLost):
+                await self._reopen(live)
+        await self._send({"type": "unwatched", "id": watch_id, "stats": stats})
+
+    async def _watch_events(self) -> None:
+        """Every EVENTS_EVERY_S, each watch's new events, in order: {"type": "watch_event", "id", "t_s", "answer",
+        "alert", "previous", "group"}."""
+        try:
+            while True:
+                await asyncio.sleep(EVENTS_EVERY_S)
+                live = self.live
+                for watch_id, held in list(self._watches.items()):
+                    try:
+                        events, held[1] = await asyncio.to_thread(held[0].events_after, held[1], 0)
+                    except SessionLost:  # its watches go on the new session
+                        await self._reopen(live)
+                        break
+                    except SessionEnded:  # closed by the server: the next frame says so
+                        return
+                    for event in events:
+                        await self._send(
+                            {
+                                "type": "watch_event",
+                                "id": watch_id,
+                                "t_s": event.t_s,
+                                "answer": event.answer,
+                                "alert": event.alert,
+                                "previous": event.previous,
+                                "group": event.group,
+                            }
+                        )
+        except WebSocketDisconnect:
+            pass
 
     async def _answer(self, answer_id, stream: Stream) -> None:
         """An answer's events, sent on as they come, then its end with its stats (or its sentence)."""

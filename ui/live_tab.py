@@ -103,8 +103,8 @@ class StreamWatch:
                 else:
                     feed.problem = item
                 if isinstance(item, str) or feed.status_due(now_s):
-                    yield feed.updates(now_s)
-            yield feed.updates(time.monotonic())
+                    yield feed.updates(now_s, self.feeds.answers)
+            yield feed.updates(time.monotonic(), self.feeds.answers)
         finally:
             stream.close()
 
@@ -121,8 +121,10 @@ def live_tab(
         with gr.Column(scale=1, min_width=300):
             gr.Markdown(
                 "Stream your camera or a shared screen to the server, then ask about what it has seen while "
-                "it goes on. Choose the source, allow access, then press **Record**.",
+                "it goes on, or name something to watch for. Choose the source, allow access, then press "
+                "**Record**." + (f" {engine.model_info['live_about']}" if engine.model_info.get("live_about") else ""),
                 elem_classes="evs-live-intro",
+                elem_id="evs-live-intro",
             )
             source = gr.Radio(sources, value=sources[0], label="Source", elem_id="evs-live-source")
             inputs = {name: live_input(name, visible=name == SOURCES[0]) for name in SOURCES}
@@ -159,6 +161,18 @@ def live_tab(
             )
             ask = gr.Button("Ask", variant="primary", elem_id="evs-live-ask", min_width=80)
             answer = gr.Markdown(elem_id="evs-live-answer")
+            watch_for = gr.Textbox(
+                label="Watch for",
+                placeholder="Is there a red shape?",
+                info="Asked again each time something in view changes; each new answer is listed below.",
+                lines=1,
+                max_lines=2,
+                elem_id="evs-live-watch-for",
+            )
+            with gr.Row():
+                add_watch = gr.Button("Watch for it", elem_id="evs-live-watch-add", min_width=80)
+                clear_watches = gr.Button("Stop watching", elem_id="evs-live-watch-clear", min_width=80)
+            events = gr.HTML(elem_id="evs-live-events")
             numbers = gr.Markdown(elem_id="evs-live-numbers")
             groups = gr.Gallery(
                 label=GROUPS_LABEL,
@@ -170,7 +184,7 @@ def live_tab(
                 elem_id="evs-live-groups",
             )
             plot = gr.Plot(show_label=False, elem_id="evs-live-plot")
-    shown = [status, numbers, groups, plot]
+    shown = [status, numbers, groups, plot, events]
     feeds = LiveFeeds(engine, max_pixels=limits.max_video_source_pixels)
     for image in inputs.values():
         stream_frames(image, feeds.on_frame, inputs=[image, rate, skip], outputs=shown)
@@ -194,6 +208,15 @@ def live_tab(
         api_visibility="private",
         show_progress="hidden",
     )
+    gr.on(
+        [add_watch.click, watch_for.submit],
+        feeds.watch,
+        inputs=watch_for,
+        outputs=[watch_for, events],
+        api_visibility="private",
+        show_progress="hidden",
+    )
+    clear_watches.click(feeds.unwatch, outputs=events, api_visibility="private", show_progress="hidden")
     if policy.live_urls:
         watching = watch.click(
             StreamWatch(feeds, policy, sampling, limits).watch,

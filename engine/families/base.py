@@ -158,11 +158,12 @@ class Family:
         thinking is its enable_thinking, which a family without the switch ignores."""
         return ""
 
-    def live_group_text(self, group: int, times_s: list[float]) -> tuple[str, str]:
+    def live_group_text(self, group: int, times_s: list[float], first: bool) -> tuple[str, str]:
         """(text before its video tokens, text after them) of one temporal group of a live stream, as the HF
         processor writes that group of a video: group is its index from the stream's start, times_s its frames'
-        capture times in seconds from the stream's first frame (engine/live/layout.py; the live tests compare
-        the result with the processor's prompt for the same frames)."""
+        capture times in seconds from the stream's first frame, first whether it opens the window (written as
+        a video's first group; engine/live/layout.py; the live tests compare the result with the processor's
+        prompt for the same frames)."""
         raise NotImplementedError
 
     def video_runs(self, grid_thw: tuple[int, int, int]) -> list[tuple[int, int]]:

@@ -74,7 +74,7 @@ class NemotronOmni(Family):
         # The processor expands it into `<img>` + one `<image>` per token + `</img>`, as it writes a tubelet.
         return "<image>\n"
 
-    def live_group_text(self, group, times_s):
+    def live_group_text(self, group, times_s, first):
         # The processor labels each tubelet with its frames' numbers and times and joins tubelets by newlines. It
         # writes a frame's time as its index times a whole number of milliseconds per frame of the file; a live
         # stream has no file rate, so the capture time is written (the same at 8 fps, and at any rate whose frame
@@ -84,7 +84,7 @@ class NemotronOmni(Family):
             f"{time_s:.2f} seconds"
             for offset, time_s in enumerate(times_s)
         ]
-        return ("\n" if group else "") + " and ".join(labels) + ": <img>", self._VIDEO_END
+        return ("" if first else "\n") + " and ".join(labels) + ": <img>", self._VIDEO_END
 
     def video_runs(self, grid_thw):
         return [(t, 1) for t in range(grid_thw[0])]  # each tubelet its own `<img>...</img>`

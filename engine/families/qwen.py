@@ -43,7 +43,7 @@ class Qwen3VL(Family):
         # The processor adds the per-group timestamps and vision markers itself.
         return "<|video_pad|>"
 
-    def live_group_text(self, group, times_s):
+    def live_group_text(self, group, times_s, first):
         # The processor's `<t seconds>`: the mean of the group's first and last frame's time.
         return f"<{(times_s[0] + times_s[-1]) / 2:.1f} seconds><|vision_start|>", "<|vision_end|>"
 
@@ -139,7 +139,7 @@ class Qwen25VL(Family):
     def video_placeholder(self) -> str:
         return "<|vision_start|><|video_pad|><|vision_end|>"
 
-    def live_group_text(self, group, times_s):
+    def live_group_text(self, group, times_s, first):
         return "", ""  # the groups' tokens follow one another inside the placeholder's markers
 
     def video_runs(self, grid_thw):

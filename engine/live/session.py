@@ -19,12 +19,12 @@ import torch
 
 from engine.config import FrameSampling, GenerationParams
 from engine.errors import InputError, SessionEnded
-from engine.families.base import Family, VideoFeatures
-from engine.prompt.unpruned import processor_inputs
-from engine.reading.video import SampledVideo
+from engine.families.base import Family
 from engine.stream import EvsPicture, Stream
 
-from .frames import CaptureClock, check_frame, check_time, resized
+from .frames import CaptureClock, check_frame, check_time
+from .group import LiveGroup, group_of
+from .watch import Watch
 
 # Groups formed and not yet in the session's state: past this many the engine is behind, and due frames are
 # dropped instead of queued (4 s of video at 2 fps; a group's pixels are a few MB at the GPU's frame size).
@@ -39,42 +39,17 @@ FAILED = "The live session failed on the server; please open a new one."
 log = logging.getLogger(__name__)
 
 
-@dataclass(eq=False)
-class LiveGroup:
-    """One temporal group of a live stream, from its frames to its kept features.
-
-    index: its place in the stream (0: the first group). times_s: its frames' capture times, seconds after the
-    stream's first frame. pushed_at: time.perf_counter() when its last frame was handed to `push` (before the HF
-    processor ran on it: the lag counts the processor's time on the pushing thread). pixel_values (P, C) and
-    grid_thw_patches (3,): the vision tower's input; grid_hw: (h, w) in LLM tokens. picture: (H, W, 3) uint8, its
-    first frame as the model sees it (scaled to the session's max_pixels_per_frame), for the pruning picture.
-    The worker sets encoded (h*w,) bool, the units the vision tower encodes (engine/prompt/units.py's rules, decided
-    causally), features, then kept (the features' rows EVS kept), retention (h*w,) bool and dissimilarity (h, w).
-    """
-
-    index: int
-    times_s: list[float]
-    pushed_at: float
-    pixel_values: torch.Tensor
-    grid_thw_patches: torch.Tensor
-    grid_hw: tuple[int, int]
-    picture: np.ndarray | None = None
-    encoded: torch.Tensor | None = None
-    features: VideoFeatures | None = None
-    kept: VideoFeatures | None = None
-    retention: torch.Tensor | None = None
-    dissimilarity: torch.Tensor | None = None
-
-
 @dataclass(frozen=True)
 class LiveQuestion:
     """What a question asked of a live session carries to the worker (Request.live): its session, how many of
-    the stream's groups had been formed when it was asked (it is forked once they are all in the state), and
-    its tail: the video's close, the earlier turns, the question and the answer's opening, as token ids (T,)."""
+    the stream's groups had been formed when it was asked (it is forked once they are all in the state), its
+    tail: the video's close, the earlier turns, the question and the answer's opening, as token ids (T,); and
+    for a watch's ask, the watch (such an ask runs below users' questions and is dropped rather than queued)."""
 
     session_id: int
     groups: int
     tail_ids: torch.Tensor
+    watch: Watch | None = None
 
     @property
     def tail_tokens(self) -> int:
@@ -104,12 +79,15 @@ class LiveSession:
         with engine.open_live(GenerationParams(pruning_rate=0.7)) as live:
             live.push(frame, t_s)                 # (H, W, 3) uint8 RGB, its capture time in seconds
             answer = live.ask("What moves?").result()
+            watch = live.watch("Is there a red shape?")   # asked again as the stream changes: watch.poll()
 
     session_id: the engine's number for it. params: its pruning rate, frame sampling and the defaults of its
-    questions. window_tokens: most tokens its state holds, text and video (EngineConfig.live_window_tokens).
-    ask(session, question, history, params, groups): the engine's side of `ask`; wake(): tells the worker there is
-    work; on_end(why): told once, when the session ends (why: CLOSED when its user closed it, else the server's
-    sentence).
+    questions. window_tokens: most tokens its state holds, text and video (EngineConfig.live_window_tokens);
+    span_groups: the most groups the checkpoint reads (its declared span; None: no span); noise_floor: the
+    dissimilarity at or below which a token counts as unchanged (causal EVS keeps none such, and a watch is not
+    asked for it). ask(session, question, history, params, groups): the engine's side of `ask`; watch(session,
+    question, params): the engine's side of `watch`; wake(): tells the worker there is work; on_end(why): told once,
+    when the session ends (why: CLOSED when its user closed it, else the server's sentence).
     """
 
     def __init__(
@@ -124,9 +102,14 @@ class LiveSession:
         ask: Callable,
         wake: Callable,
         on_end: Callable[[str], None] | None = None,
+        span_groups: int | None = None,
+        noise_floor: float = 0.0,
+        watch: Callable | None = None,
     ):
         self.id, self.params, self.sampling = session_id, params, sampling
-        self.window_tokens = window_tokens
+        self.window_tokens, self.span_groups, self.noise_floor = window_tokens, span_groups, noise_floor
+        self._watch = watch
+        self._watches: list[Watch] = []
         self._loaded, self._family = loaded, family
         self._max_source_pixels = max_source_pixels
         self._min_side = family.token_side(loaded.processor)
@@ -142,8 +125,8 @@ class LiveSession:
         self._pending: dict[int, LiveGroup] = {}
         self._next_taken = 0  # the index of the next group the worker takes
         self._counts = _Counts()
-        # The newest decided groups' (picture, centre time in s, kept (h, w) bool, dissimilarity (h, w) float16):
-        # numpy copies, so that nothing here holds a group's features.
+        # The newest decided groups' (picture, centre time in s, kept (h, w) bool, dissimilarity (h, w) float16,
+        # index): numpy copies, so that nothing here holds a group's features.
         self._recent: collections.deque[tuple] = collections.deque(maxlen=RECENT_GROUPS)
         self._ended: str | None = None  # why the session ended (CLOSED, or the server's sentence)
         self._freed = threading.Event()  # the worker has dropped the session's state (it counts until then)
@@ -194,32 +177,7 @@ class LiveSession:
 
     def _group(self, index: int, frames: list[tuple[np.ndarray, float]], pushed_at: float) -> LiveGroup:
         """The group's pixels, made by the HF processor as an upload's are (sized by the session's sampling)."""
-        times = [time_s for _, time_s in frames]
-        pictures = np.stack([resized(frame, self.sampling.max_pixels_per_frame) for frame, _ in frames])
-        fps = self.sampling.fps
-        video = SampledVideo(
-            frames=pictures,
-            frame_indices=[round(t * fps) for t in times],
-            timestamps_s=times,
-            native_fps=fps,
-            total_frames=len(times),
-            duration_s=len(times) / fps,
-            sampled_fps=fps,
-            content_hash="",
-        )
-        inputs = processor_inputs(
-            self._loaded, video, self._family.video_placeholder(), self.sampling.max_pixels_per_frame
-        )
-        pixels = self._family.video_inputs(inputs, self._loaded.model.config)
-        return LiveGroup(
-            index,
-            times,
-            pushed_at,
-            pixels.pixel_values,
-            pixels.grid_thw_patches,
-            pixels.grid_thw[1:],
-            picture=pictures[0].copy(),
-        )
+        return group_of(self._loaded, self._family, self.sampling, index, frames, pushed_at)
 
     def ask(self, question: str, history=(), params: GenerationParams | None = None) -> Stream:
         """A question about the stream up to now (every group whose frames were pushed), answered in a Stream
@@ -241,6 +199,52 @@ class LiveSession:
                 f"The live stream has no video yet: push at least {self._family.temporal_patch} frames "
                 f"{1 / self.sampling.fps:g} s apart before asking."
             )
+
+    def watch(self, question: str, params: GenerationParams | None = None) -> Watch:
+        """A standing question: asked again each time something in view changed (at most once per temporal group),
+        an event each time its answer changes (docs/live.md, "Watches"). params: its answers' settings, as ask's.
+        InputError for a bad question or settings, a session that has ended, or more watches than the engine
+        takes per session (EngineConfig.max_watches_per_session)."""
+        watch = self._watch(self, question, params or self.params)
+        self._wake()
+        return watch
+
+    def add_watch(self, watch: Watch, most: int) -> None:
+        """Hold a new watch, unless `most` are open (InputError; the engine's side of `watch`)."""
+        with self._lock:
+            if self._ended:
+                raise SessionEnded(self._ended)
+            self._watches = [w for w in self._watches if not w.ended]
+            if len(self._watches) >= most:
+                raise InputError(
+                    f"This live session already has {most} watches, as many as it takes; close one to add another."
+                )
+            self._watches.append(watch)
+
+    def watches(self) -> list[Watch]:
+        """The open watches, oldest first."""
+        with self._lock:
+            return [watch for watch in self._watches if not watch.ended]
+
+    def forget_watch(self, watch: Watch) -> None:
+        """A watch was closed."""
+        with self._lock:
+            self._watches = [w for w in self._watches if w is not watch and not w.ended]
+
+    def group_picture(self, index: int) -> EvsPicture | None:
+        """The pruning picture of group `index` alone while it is among the newest decided groups, else None."""
+        with self._lock:
+            recent = [entry for entry in self._recent if entry[4] == index]
+        if not recent:
+            return None
+        picture, time_s, kept, dissimilarity, _ = recent[0]
+        return EvsPicture(
+            frames=picture[None],
+            timestamps_s=[time_s],
+            grid_thw=(1, *kept.shape),
+            kept_mask=kept[None],
+            dissimilarity=dissimilarity[None],
+        )
 
     def wait(self, timeout_s: float | None = None) -> bool:
         """Block until every group formed so far is in the session's state (or the session has ended), at most
@@ -288,7 +292,7 @@ class LiveSession:
             recent = list(self._recent)
         if not recent:
             return None
-        pictures, times_s, kept, dissimilarity = zip(*recent)
+        pictures, times_s, kept, dissimilarity, _ = zip(*recent)
         return EvsPicture(
             frames=np.stack(pictures),
             timestamps_s=list(times_s),
@@ -325,6 +329,9 @@ class LiveSession:
             self._frames = []
             self._recent.clear()
             self._in_state.notify_all()
+            watches, self._watches = self._watches, []
+        for watch in watches:
+            watch.end(why)
         self._wake()
         if self._on_end is not None:
             self._on_end(why)
@@ -369,8 +376,10 @@ class LiveSession:
                     (group.times_s[0] + group.times_s[-1]) / 2,
                     group.retention.reshape(group.grid_hw).numpy(),
                     group.dissimilarity.numpy().astype(np.float16),
+                    group.index,
                 )
             )
+        group.picture = None  # the copy above is the one kept
 
     def entered_state(self, group: LiveGroup, video_tokens: int, kv_tokens: int, now: float) -> None:
         """The group is in the session's state, which now holds kv_tokens tokens, video_tokens of them kept video

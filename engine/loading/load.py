@@ -7,6 +7,7 @@ Tiny models are built into the cache folder first and then read through the very
 
 import json
 import logging
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -83,6 +84,15 @@ class LoadedModel:
     # else None and the engine's default; `about`: what the model knows, for the app's banner.
     system_prompt: str | None = None
     about: str | None = None
+    # For live sessions (engine/live/window.py): the seconds of stream the checkpoint learned to read (the offline
+    # models': 8), its vision tower's noise floor (the dissimilarity of a still camera's sensor and codec noise),
+    # and what it can be asked live, for the app; None where the checkpoint does not say.
+    live_span_s: float | None = None
+    live_noise_floor: float | None = None
+    live_about: str | None = None
+    # The words a model trained here answers with (tiny-trained: colours, shapes, ...), so that the app can mark an
+    # answer outside them as the guess it is; None where the checkpoint does not say (a real model answers anything).
+    answers: tuple[str, ...] | None = None
     # The checkpoint's `video_pruning_rate` (config.json), the rate it was published to serve at; None if unsaid.
     video_pruning_rate: float | None = None
     # A hybrid model's linear-attention kernels (kernels.linear_attention_kernels); None without such layers.
@@ -169,7 +179,8 @@ def is_tiny_model(name: str) -> bool:
 
 
 def _model_notes(source: str) -> dict:
-    """{"system_prompt": ..., "about": ...} from a local model folder's notes file, the text fields it
+    """{"system_prompt": ..., "about": ..., "live_about": ..., "live_span_s": ..., "live_noise_floor": ...,
+    "answers": (...)} from a local model folder's notes file, the text fields, positive numbers and list of words it
     holds and nothing else; {} when it has none or it is not a JSON object."""
     try:
         notes = json.loads((Path(source) / MODEL_NOTES_FILE).read_text())
@@ -177,7 +188,17 @@ def _model_notes(source: str) -> dict:
         return {}
     if not isinstance(notes, dict):
         return {}
-    return {key: notes[key] for key in ("system_prompt", "about") if isinstance(notes.get(key), str)}
+    texts = {key: notes[key] for key in ("system_prompt", "about", "live_about") if isinstance(notes.get(key), str)}
+    numbers = {
+        key: float(notes[key])
+        for key in ("live_span_s", "live_noise_floor")
+        if isinstance(notes.get(key), int | float) and not isinstance(notes[key], bool) and 0 < notes[key] < math.inf
+    }
+    answers = notes.get("answers")
+    words = (
+        {"answers": tuple(answers)} if isinstance(answers, list) and all(isinstance(a, str) for a in answers) else {}
+    )
+    return {**texts, **numbers, **words}
 
 
 def model_dtype(name: str, device: torch.device) -> torch.dtype:

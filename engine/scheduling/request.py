@@ -65,6 +65,8 @@ class Request:
     # A question asked of a live session: no video of its own to read, encode or prune; its prompt is its
     # session's state, forked at prefill (engine/worker/live.py), and its tail.
     live: LiveQuestion | None = None
+    # What a live question saw once forked: (the newest group's index, the capture time of its last frame).
+    live_seen: tuple[int, float] | None = None
 
     @property
     def id(self) -> int:

@@ -77,13 +77,25 @@ class Scheduler:
         self.encoding: list[Request] = []  # in the order they will be encoded
         self.prefilling: deque[Request] = deque()
         self.running: dict[int, Request] = {}  # by request id, in the decode batch
+        self.preempted: list[Request] = []  # watches' asks taken back to make room for users' requests
 
     # --- what to run ---------------------------------------------------------------------------
+    @property
+    def free(self) -> int:
+        """Slots free past the queue."""
+        return self.max_running - len(self.encoding) - len(self.prefilling) - len(self.running)
+
     def admit(self) -> list["Request"]:
         """Move waiting requests that are ready into ENCODING while decode slots are free (a live question, which
-        has no video of its own, straight into PREFILLING); returns them."""
-        free = self.max_running - len(self.encoding) - len(self.prefilling) - len(self.running)
-        new = [request for request in self.waiting if self.ready(request)][: max(0, free)]
+        has no video of its own, straight into PREFILLING); returns them. Watches' asks give their slots to users'
+        requests: as many as the ready ones lack are taken back (`preempted`, the newest first)."""
+        ready = [request for request in self.waiting if self.ready(request)]
+        if len(ready) > self.free:
+            asks = [r for r in [*self.prefilling, *self.running.values()] if r.live is not None and r.live.watch]
+            for request in asks[::-1][: len(ready) - max(0, self.free)]:
+                self.remove(request)
+                self.preempted.append(request)
+        new = ready[: max(0, self.free)]
         for request in new:
             self.waiting.remove(request)
         new.sort(key=self.remaining_work)  # stable: arrival order among equals
@@ -150,6 +162,15 @@ class Scheduler:
             batch.append(request)
             spent += tokens
         return batch
+
+    def take_background(self, request: "Request") -> bool:
+        """Take a watch's ask straight into PREFILLING if it fits now: a slot free and no user's request ready to
+        take it; False otherwise (it is dropped, never queued)."""
+        if self.free <= 0 or any(self.ready(waiting) for waiting in self.waiting):
+            return False
+        request.stage = Stage.PREFILLING
+        self.prefilling.append(request)
+        return True
 
     # --- moves -----------------------------------------------------------------------------------
     def add(self, request: "Request") -> None:

@@ -50,15 +50,6 @@ class GrowingLayer(DynamicLayer):
         self.values = self._value_buffer[:, :, :end]
         return self.keys, self.values
 
-    def drop(self, start: int, stop: int) -> None:
-        """Take slots start..stop out of the KV, in place: the slots after them move up, keeping their keys as they
-        are (rotated at their own positions), and the capacity is kept for the tokens to come."""
-        length, gone = self.get_seq_length(), stop - start
-        for buffer in (self._key_buffer, self._value_buffer):
-            buffer[:, :, start : length - gone] = buffer[:, :, stop:length].clone()
-        self.keys = self._key_buffer[:, :, : length - gone]
-        self.values = self._value_buffer[:, :, : length - gone]
-
     @classmethod
     def holding(cls, key_buffer: torch.Tensor, value_buffer: torch.Tensor, length: int) -> "GrowingLayer":
         """A layer whose KV is the first `length` slots of (B, heads, capacity, head_dim) buffers; the next
@@ -212,15 +203,6 @@ def state_of(cache: Cache) -> LMState:
         else:
             layers.append(KV(layer.keys, layer.values))
     return LMState(tuple(layers))
-
-
-def drop_slots(cache: Cache, start: int, stop: int) -> None:
-    """Take KV slots start..stop out of every attention layer of a one-sequence cache the engine made (new_cache,
-    cache_of); recurrent layers keep their state, which has already folded those tokens in (a live stream's oldest
-    groups leaving its window: engine/worker/live.py)."""
-    for layer in cache.layers:
-        if isinstance(layer, GrowingLayer):
-            layer.drop(start, stop)
 
 
 def cache_of(state: LMState) -> Cache:

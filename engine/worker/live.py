@@ -1,13 +1,13 @@
 """The worker's side of live sessions: each session's groups through the shared vision forward, causal EVS, and
-prefill into the session's own state between everyone else's work; the oldest groups leaving the state past its
-window; a question forking the state at the stream's current end (docs/live.md).
+prefill into the session's own state between everyone else's work; the window sliding past its span, rebuilt
+from its key group (engine/live/window.py); a question forking the state at the stream's current end; a watch's
+ask made when a group that changed enters the state (docs/live.md).
 
 Only the worker thread calls it, as the runner. Sessions arrive from callers' threads through a queue and tell
 their groups through their own lock (engine/live/session.py).
 """
 
 import collections
-import functools
 import logging
 import queue
 import time
@@ -17,11 +17,13 @@ import torch
 
 import pruning
 from engine.families.base import Family, VideoFeatures, VideoInputs
-from engine.live.layout import GroupTokens, LiveLayout
-from engine.live.session import FAILED, MAX_GROUPS_BEHIND, LiveGroup, LiveSession
-from engine.prompt.pruned import PrunedPrompt
+from engine.live.group import LiveGroup
+from engine.live.layout import GroupTokens, LiveLayout, window_prompt
+from engine.live.session import FAILED, MAX_GROUPS_BEHIND, LiveSession
+from engine.live.watch import Watch
+from engine.live.window import LiveWindow
 from engine.scheduling.request import Request
-from engine.state.lm_state import cache_of, drop_slots, new_cache, state_of
+from engine.state.lm_state import cache_of, new_cache, state_of
 
 from .lm import LMInput, embed_prompt, lm_logits
 
@@ -34,16 +36,39 @@ GROUP_TEXT_TOKENS = 16
 
 @dataclass
 class HeldGroup:
-    """A group in a session's state: its kept tokens (ids, positions) and what EVS decided for it."""
+    """A group in a session's window: what EVS decided for it, its kept features (to lay the window out again
+    when it slides) and, while it may open a window (a key group), its whole features; once laid out in the
+    state, its tokens there (ids, positions)."""
 
-    tokens: GroupTokens
-    retention: torch.Tensor  # (h*w,) bool
+    group: LiveGroup  # index, times_s, grid_hw; its pixels and features are let go once it is decided
+    retention: torch.Tensor  # (h*w,) bool, as causal EVS decided it
     dissimilarity: torch.Tensor  # (h, w) float32
-    time_s: float  # the group's centre, seconds after the stream's first frame (as an upload's timestamps_s)
+    kept: VideoFeatures  # the rows of retention
+    whole: VideoFeatures | None  # every row, for a key group; None otherwise or once it can no longer open a window
+    tokens: GroupTokens | None = None
+    opens: bool = False  # it opens the window: laid out whole
 
-    @functools.cached_property
+    @property
+    def index(self) -> int:
+        return self.group.index
+
+    @property
+    def time_s(self) -> float:
+        """The group's centre, seconds after the stream's first frame (as an upload's timestamps_s)."""
+        return (self.group.times_s[0] + self.group.times_s[-1]) / 2
+
+    @property
+    def shown(self) -> torch.Tensor:
+        """(h*w,) bool: the tokens the window shows, all of a group that opens it."""
+        return torch.ones_like(self.retention) if self.opens else self.retention
+
+    @property
+    def features(self) -> VideoFeatures:
+        return self.whole if self.opens else self.kept
+
+    @property
     def video_tokens(self) -> int:
-        return int(self.tokens.is_video.sum())
+        return int(self.shown.sum())
 
 
 class LiveStream:
@@ -53,21 +78,24 @@ class LiveStream:
 
     def __init__(self, session: LiveSession, layout: LiveLayout, still: pruning.CausalStill | None):
         self.session, self.layout = session, layout
-        self.rule = pruning.CausalEVS(session.params.pruning_rate)
+        self.rule = pruning.CausalEVS(session.params.pruning_rate, floor=session.noise_floor)
         self.still = still  # the still-unit rule when the session skips still patches
         self.previous_pixels = None  # the last group's pixel values, against which an exact repeat is found
         self.previous: VideoFeatures | None = None  # the last group's features, every unit's
         self.waiting: collections.deque[LiveGroup] = collections.deque()
-        self.decided: collections.deque[LiveGroup] = collections.deque()
-        self.held: collections.deque[HeldGroup] = collections.deque()
+        self.decided: collections.deque[HeldGroup] = collections.deque()
+        self.held: collections.deque[HeldGroup] = collections.deque()  # the window, in the state
+        self.window: LiveWindow | None = None  # once the first group's grid is known
         self.cache = None  # the session's Cache once its first group is in
-        self.held_video_tokens = 0
-        self.held_group_tokens = 0  # every held group's tokens, its text with its kept video
 
     @property
     def tokens(self) -> int:
-        """Tokens in the state (its KV slots): the prefix and every held group's."""
-        return self.layout.prefix_ids.numel() + self.held_group_tokens
+        """Tokens in the state (its KV slots): the prefix and every held group's, text and video."""
+        return self.layout.prefix_ids.numel() + sum(group.tokens.ids.numel() for group in self.held)
+
+    @property
+    def held_video_tokens(self) -> int:
+        return sum(group.video_tokens for group in self.held)
 
 
 class LiveRunner:
@@ -83,6 +111,7 @@ class LiveRunner:
         self.streams: dict[int, LiveStream] = {}
         self._arrivals: queue.SimpleQueue = queue.SimpleQueue()
         self._turn = 0  # where the next prefill round starts among the sessions, so that none waits on the others
+        self._due: list[Watch] = []  # watches due an ask, in the order they became due
 
     # --- from callers' threads ----------------------------------------------------------------------------
     def open(self, session: LiveSession, layout: LiveLayout) -> None:
@@ -105,6 +134,11 @@ class LiveRunner:
                 stream.session.freed()
             else:
                 stream.waiting.extend(stream.session.take_pending())
+                if stream.held:  # a watch opened on a stream that has video is asked for its first answer
+                    groups = stream.held[-1].index + 1
+                    self._due += [
+                        w for w in stream.session.watches() if w.due and w not in self._due and w.saw(False, groups)
+                    ]
 
     @property
     def busy(self) -> bool:
@@ -158,10 +192,15 @@ class LiveRunner:
                 log.exception("live session %d: EVS failed", stream.session.id)
                 self._fail(stream)
                 continue
+            if stream.window is None:
+                session = stream.session
+                stream.window = stream.layout.window(session.span_groups, session.window_tokens, group.grid_hw)
             group.retention, group.dissimilarity = retention.cpu(), dissimilarity.cpu()
-            group.kept, group.features = features.select(retention), None
-            stream.decided.append(group)
-            stream.session.decided(group)
+            whole = features if stream.window.is_key(group.index) else None
+            held = HeldGroup(group, group.retention, group.dissimilarity, features.select(retention), whole)
+            stream.decided.append(held)
+            stream.session.decided(group)  # it counts the group's vision patches: its pixels are let go after
+            group.features = group.pixel_values = None  # the features live on in `held`; the pixels are done
 
     def failed(self, groups: list[LiveGroup]) -> None:
         """The vision forward these groups were in failed: their sessions end with a sentence."""
@@ -197,71 +236,78 @@ class LiveRunner:
         self._turn += 1
         return spent
 
-    def _within(self, stream: LiveStream, budget: int, first: bool) -> list[LiveGroup]:
-        """The stream's oldest decided groups whose tokens fit budget (at least one when first)."""
+    def _within(self, stream: LiveStream, budget: int, first: bool) -> list[HeldGroup]:
+        """The stream's oldest decided groups whose tokens fit budget (at least one when first); a slide of the
+        window counts the window it lays out again."""
         groups, tokens = [], 0 if stream.cache is not None else stream.layout.prefix_ids.numel()
-        for group in stream.decided:
-            tokens += int(group.retention.sum()) + GROUP_TEXT_TOKENS
+        for held in stream.decided:
+            tokens += int(held.retention.sum()) + GROUP_TEXT_TOKENS
+            if stream.held and stream.window.start(held.index + 1) > stream.held[0].index:
+                tokens += stream.tokens
             if tokens > budget and (groups or not first):
                 break
-            groups.append(group)
+            groups.append(held)
         return groups
 
-    def _prefill_groups(self, stream: LiveStream, groups: list[LiveGroup]) -> int:
-        """One forward of the stream's next groups (with its prefix, the first time) into its state; the oldest
-        groups leave it past the window. Returns the tokens prefilled."""
-        layout = stream.layout
-        parts = [layout.group(g.index, g.times_s, g.grid_hw).kept(g.retention) for g in groups]
-        begin = stream.tokens if stream.cache is not None else 0  # the KV slot of the first token fed now
-        if stream.cache is None:
-            stream.cache = new_cache(self.layer_kinds)
-            parts.insert(0, self._prefix(layout))
+    def _prefill_groups(self, stream: LiveStream, groups: list[HeldGroup]) -> int:
+        """The stream's next groups into its state: appended to the window in one forward, or, when the window
+        slides past its span, the window laid out again from its new key group (whole) and prefilled afresh with
+        the prefix, so the state is always exactly a prefill of the window. Returns the tokens prefilled."""
+        layout, window = stream.layout, stream.window
+        start = window.start(groups[-1].index + 1)
+        slides = stream.cache is None or start > stream.held[0].index
+        if slides:
+            shown = [held for held in [*stream.held, *groups] if held.index >= start]
+            for held in shown:
+                held.opens = held.index == start
+            layout.restart(start)
+            stream.cache, begin, fed = new_cache(self.layer_kinds), 0, shown
+        else:
+            begin, fed = stream.tokens, [held for held in groups if held.index >= start]
+        for held in fed:
+            held.tokens = layout.group(held.index, held.group.times_s, held.group.grid_hw).kept(held.shown)
+        parts = [held.tokens for held in fed]
+        if slides:
+            parts.insert(0, layout.prefix)
+            stream.held = collections.deque(shown)
+        else:
+            stream.held.extend(fed)
+        fed_tokens = self._forward(stream, parts, fed, begin)
+        now = time.perf_counter()
+        for held in groups:
+            stream.decided.popleft()
+            stream.session.entered_state(held.group, stream.held_video_tokens, stream.tokens, now)
+        self._watch(stream, groups)
+        return fed_tokens
+
+    def _watch(self, stream: LiveStream, groups: list[HeldGroup]) -> None:
+        """Groups entered the state: each watch of the session learns whether anything in view changed beyond the
+        noise floor (the stream's first group counts as a change), and is due an ask if so."""
+        floor = stream.session.noise_floor
+        changed = any(held.index == 0 or bool((held.dissimilarity > floor).any()) for held in groups)
+        for watch in stream.session.watches():
+            if watch.saw(changed, groups[-1].index + 1) and watch not in self._due:
+                self._due.append(watch)
+
+    def take_due(self) -> list[Watch]:
+        """The watches due an ask since the last call (still open)."""
+        due, self._due = self._due, []
+        return [watch for watch in due if watch.due]
+
+    def _forward(self, stream: LiveStream, parts: list[GroupTokens], fed: list[HeldGroup], begin: int) -> int:
+        """One forward of parts (the groups fed, in order, and maybe the prefix first) into the stream's state from
+        KV slot begin; returns the tokens fed."""
         ids = torch.cat([part.ids for part in parts])
+        if not ids.numel():  # Qwen2.5-VL's groups have no text of their own: one that keeps no token has nothing
+            return 0
         video_mask = torch.cat([part.is_video for part in parts])
         rows = torch.cat([part.positions for part in parts], dim=1)
         positions = torch.cat([torch.arange(begin, begin + ids.numel())[None], rows])[:, None].to(self.model.device)
-        kept = [g.kept for g in groups]
-        features = VideoFeatures(
-            torch.cat([k.embeds for k in kept]), [torch.cat(levels) for levels in zip(*(k.deepstack for k in kept))]
-        )
-        if ids.numel():  # Qwen2.5-VL's groups have no text of their own: one that keeps no token has nothing
-            embeds = embed_prompt(self.model, ids, video_mask, features)
-            batch = LMInput(embeds[None], positions, None, video_mask[None].to(self.model.device), features.deepstack)
-            lm_logits(self.model, self.family, batch, stream.cache)
-        now = time.perf_counter()
-        for group, part in zip(groups, parts[-len(groups) :]):
-            stream.decided.popleft()
-            held = HeldGroup(part, group.retention, group.dissimilarity, (group.times_s[0] + group.times_s[-1]) / 2)
-            stream.held.append(held)
-            stream.held_video_tokens += held.video_tokens
-            stream.held_group_tokens += held.tokens.ids.numel()
-            self._evict(stream)
-            stream.session.entered_state(group, stream.held_video_tokens, stream.tokens, now)
+        features = VideoFeatures.joined([held.features for held in fed])
+        embeds = embed_prompt(self.model, ids, video_mask, features)
+        batch = LMInput(embeds[None], positions, None, video_mask[None].to(self.model.device), features.deepstack)
+        lm_logits(self.model, self.family, batch, stream.cache)
         return ids.numel()
-
-    def _evict(self, stream: LiveStream) -> None:
-        """Past the session's window, which counts every token of the state (the prefix, each group's text and
-        kept video), groups leave the KV: first the oldest that kept no video token (its time and markers alone),
-        then the oldest. The rest keep their positions, and recurrent layers keep the state that has folded the
-        groups in. Counting the text bounds a still screen, whose groups after the first keep no video token yet
-        each bring a `<t seconds>`; taking those first keeps the last picture of it that was kept. The newest group
-        always stays, and no more groups than the window has tokens: a Qwen2.5-VL group has no text, so one that
-        keeps no video holds nothing in the KV, yet its bookkeeping here would pile up."""
-        window, held = stream.session.window_tokens, stream.held
-        while (stream.tokens > window or len(held) > window) and len(held) > 1:
-            index = next((i for i in range(len(held) - 1) if not held[i].video_tokens), 0)
-            start = stream.layout.prefix_ids.numel() + sum(held[i].tokens.ids.numel() for i in range(index))
-            leaving = held[index]
-            del held[index]
-            drop_slots(stream.cache, start, start + leaving.tokens.ids.numel())
-            stream.held_video_tokens -= leaving.video_tokens
-            stream.held_group_tokens -= leaving.tokens.ids.numel()
-
-    @staticmethod
-    def _prefix(layout: LiveLayout) -> GroupTokens:
-        """The stream's prefix (system turn and the user turn's opening) as tokens: all text."""
-        ids = layout.prefix_ids
-        return GroupTokens(ids, torch.zeros(ids.numel(), dtype=torch.bool), layout.prefix_positions)
 
     # --- questions --------------------------------------------------------------------------------------------
     def ready(self, request: Request) -> bool:
@@ -282,29 +328,13 @@ class LiveRunner:
         recurrent layers' state there), and its pruned prompt: the held stream then the question's tail, every
         token at its position. Returns (cache, tokens of the stream in it)."""
         stream = self.streams[request.live.session_id]
-        layout, question = stream.layout, request.live
+        layout, held = stream.layout, list(stream.held)
         begin = stream.tokens
-        parts = [self._prefix(layout), *(held.tokens for held in stream.held)]
-        tail = question.tail_ids
-        parts.append(
-            GroupTokens(tail, torch.zeros(tail.numel(), dtype=torch.bool), layout.tail_positions(tail.numel()))
-        )
-        ids = torch.cat([part.ids for part in parts])
-        rows = torch.cat([part.positions for part in parts], dim=1)
-        held = list(stream.held)
+        parts = [layout.prefix, *(group.tokens for group in held), layout.tail_tokens(request.live.tail_ids)]
+        retention = torch.cat([group.shown for group in held])
+        request.pruned = window_prompt(parts, begin, retention, torch.stack([group.dissimilarity for group in held]))
+        request.live_seen = (held[-1].index, held[-1].group.times_s[-1])
         h, w = held[-1].dissimilarity.shape
-        request.pruned = PrunedPrompt(
-            input_ids=ids,
-            positions=torch.cat([torch.arange(ids.numel())[None], rows]),
-            visual_mask=torch.cat([part.is_video for part in parts]),
-            audio_mask=torch.zeros(ids.numel(), dtype=torch.bool),
-            features=None,
-            prefix_len=begin,
-            reply_start=ids.numel(),  # nothing is stored for a follow-up: it forks the stream anew
-            next_position=int(rows[:, -1].max()) + 1,
-            retention=[torch.cat([group.retention for group in held])],
-            dissimilarity=[torch.stack([group.dissimilarity for group in held])],
-        )
         stats = request.stats
         stats.frames_sampled = stream.session.groups_in_state * self.family.temporal_patch
         session = stream.session.stats()  # the stream's vision patches so far: the question encoded none itself

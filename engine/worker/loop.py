@@ -38,6 +38,10 @@ def shutting_down() -> RuntimeError:
     return RuntimeError(SHUTTING_DOWN)
 
 
+def ask_dropped() -> RuntimeError:
+    return RuntimeError("A watch's ask gave way to a user's question.")
+
+
 def live_session_ended() -> InputError:
     return InputError("The live session ended before the question could be answered.")
 
@@ -99,6 +103,8 @@ class Worker(threading.Thread):
         if self.admitting.is_set():
             for request in scheduler.admit():
                 request.leave_queue()
+            self._drop_asks(scheduler.preempted)
+            scheduler.preempted = []
         groups = live.vision_work()
         groups = groups[: scheduler.live_share([len(g.pixel_values) for g in groups])]
         self._encode(scheduler.encode_chunk(sum(len(g.pixel_values) for g in groups)), groups)
@@ -106,7 +112,31 @@ class Worker(threading.Thread):
         spent = sum(map(scheduler.prefill_tokens, batch))  # before the prefill: a request answered at once lets go
         self._prefill(batch)
         live.prefill(scheduler.prefill_token_budget - spent)
+        self._ask_watches()
         self._decode()
+
+    def _ask_watches(self) -> None:
+        """Each watch due an ask gets one now if there is room, below users' requests; else it is dropped: when
+        admission refuses it a queue slot (the engine is behind), its session has just ended, or no decode slot
+        is free that no user's request is ready to take."""
+        for watch in self.runner.live.take_due():
+            try:
+                request = watch.make_ask()
+            except InputError:  # BusyError: admission's queue is full; SessionEnded: the session just ended
+                watch.dropped()
+                continue
+            if self.scheduler.take_background(request):
+                request.leave_queue()  # in a decode slot at once, as admit() takes a user's
+                watch.asking()
+            else:
+                request.admission.close()
+                watch.dropped()
+
+    def _drop_asks(self, asks: list[Request]) -> None:
+        """Watches' asks taken back for users' requests: each watch asks again at its next group."""
+        for request in asks:
+            request.live.watch.dropped()
+        self._end(asks, ask_dropped)
 
     def _collect(self, block: bool) -> None:
         """Queue arrived requests; when block, wait up to 0.1 s for the first one."""
