@@ -648,7 +648,9 @@ def test_a_socket_whose_session_is_lost_goes_on_in_a_new_one_with_one_status_mes
     replicated, live_socket_url, monkeypatch
 ):
     """The replica forgets the socket's session (as a replacement replica holds none of its predecessor's): the
-    next frame finds it lost, and the socket opens a new session and says so once; frames and questions go on."""
+    next frame finds it lost, and the socket opens a new session and says so once; frames, questions and the
+    socket's watch go on (the watch put on the new session: its first answer there, about the new session's first
+    group, comes as the same watch's event)."""
     from ui.live_socket import REOPENED
 
     opened = []
@@ -667,18 +669,29 @@ def test_a_socket_whose_session_is_lost_goes_on_in_a_new_one_with_one_status_mes
                 await socket.send(struct.pack(">d", index / 2) + jpeg(frame))
             await socket.send(json.dumps({"type": "stats"}))  # answered once every frame before it is pushed
             assert (await next_of(socket, "stats"))["frames_received"] == 4
+            watch = {"type": "watch", "id": "w1", "question": "What moves?", "params": {"max_new_tokens": 2}}
+            await socket.send(json.dumps(watch))
+            assert (await next_of(socket, "watching"))["id"] == "w1"
             forgotten = replicated.handle.live_close.remote(session=opened[0].session)
             await asyncio.to_thread(forgotten.result, timeout_s=TIMEOUT_S)
             for index, frame in enumerate(frames[4:8], start=4):
                 await socket.send(struct.pack(">d", index / 2) + jpeg(frame))
             said = [await next_of(socket, "status")]
             await socket.send(json.dumps({"type": "ask", "id": "q1", "question": "What moves?"}))
-            said.append(await next_of(socket, "done"))
-            return said
+            done = event = None
+            while done is None or event is None:  # the answer, and the watch's first on the new session
+                message = json.loads(await asyncio.wait_for(socket.recv(), TIMEOUT_S))
+                if message["type"] == "done":
+                    done = message
+                elif message["type"] == "watch_event" and message["group"] == 0:  # not the old session's
+                    event = message
+            return [*said, done, event]
 
-    status, done = asyncio.run(scenario())
+    status, done, event = asyncio.run(scenario())
     assert status["message"] == REOPENED and len(opened) == 2 and opened[1] is not opened[0]
     assert done["stats"]["frames_sampled"] == 2  # the new session's: the frame that found the old one lost is gone
+    # the new session's first group: its frames at 0 and 0.5 s of that session (3 and 3.5 s of the socket's)
+    assert event["id"] == "w1" and event["t_s"] == 0.5
 
 
 def test_a_lost_replica_ends_its_live_sessions_with_a_sentence(replicated, videos):

@@ -15,6 +15,7 @@ session lost with its replica is replaced by a new one on the same socket, with 
 import asyncio
 import json
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import WebSocket, WebSocketDisconnect
@@ -62,6 +63,18 @@ def watch_taken(watch_id) -> str:
     return f"A watch {json.dumps(watch_id)} is already open on this live session; unwatch it or pick another id."
 
 
+@dataclass
+class SocketWatch:
+    """A watch the socket opened: the watch, the session it is on, its question and settings (to put it on a new
+    session when that one is lost with its replica), and how many of its events were sent."""
+
+    watch: Any
+    live: Any
+    question: str
+    params: Any
+    seen: int = 0
+
+
 def idle_sentence(idle_s: float) -> str:
     return f"Nothing came for {idle_s:g} seconds, so the live session is closed."
 
@@ -91,8 +104,7 @@ class LiveSocket:
         self._reopening = asyncio.Lock()
         self._send_lock = asyncio.Lock()
         self._answers: dict[asyncio.Task, Stream] = {}
-        # By id: [the watch, events sent so far, its question, its settings] (to watch again on a new session)
-        self._watches: dict[Any, list] = {}
+        self._watches: dict[Any, SocketWatch] = {}  # by id
         self._frames_since_stats = 0
         self._asked = 0
 
@@ -235,7 +247,8 @@ class LiveSocket:
             await self._send({"type": "status", "message": REOPENED})
             for watch_id, held in list(self._watches.items()):  # the lost session's watches, on the new one
                 try:
-                    held[:2] = [await asyncio.to_thread(self.live.watch, held[2], held[3]), 0]
+                    held.watch = await asyncio.to_thread(self.live.watch, held.question, held.params)
+                    held.live, held.seen = self.live, 0
                 except InputError as error:
                     del self._watches[watch_id]
                     await self._error(str(error), id=watch_id)
@@ -282,7 +295,7 @@ class LiveSocket:
             if isinstance(error, SessionLost):
                 await self._reopen(live)
             return
-        self._watches[watch_id] = [watch, 0, question, params]
+        self._watches[watch_id] = SocketWatch(watch, live, question, params)
         await self._send({"type": "watching", "id": watch_id, "question": question.strip()})
 
     async def _unwatch(self, request: dict) -> None:
@@ -292,14 +305,13 @@ class LiveSocket:
         if held is None:
             await self._error(no_watch(watch_id), id=watch_id if isinstance(watch_id, (str, int)) else None)
             return
-        live = self.live
         try:
-            await asyncio.to_thread(held[0].close)
-            stats = await asyncio.to_thread(held[0].stats)
+            await asyncio.to_thread(held.watch.close)
+            stats = await asyncio.to_thread(held.watch.stats)
         except SessionEnded as error:  # the session is gone, and the watch with it
             stats = None
             if isinstance(error, SessionLost):
-                await self._reopen(live)
+                await self._reopen(held.live)
         await self._send({"type": "unwatched", "id": watch_id, "stats": stats})
 
     async def _watch_events(self) -> None:
@@ -308,15 +320,18 @@ class LiveSocket:
         try:
             while True:
                 await asyncio.sleep(EVENTS_EVERY_S)
-                live = self.live
                 for watch_id, held in list(self._watches.items()):
+                    watch, live = held.watch, held.live
                     try:
-                        events, held[1] = await asyncio.to_thread(held[0].events_after, held[1], 0)
-                    except SessionLost:  # its watches go on the new session
+                        events, seen = await asyncio.to_thread(watch.events_after, held.seen, 0)
+                    except SessionLost:  # its watches go on a new session (once, whoever finds it lost)
                         await self._reopen(live)
                         break
                     except SessionEnded:  # closed by the server: the next frame says so
                         return
+                    if held.watch is not watch:  # put on a new session meanwhile: its events start again
+                        continue
+                    held.seen = seen
                     for event in events:
                         await self._send(
                             {
