@@ -258,42 +258,42 @@ class LiveSocket:
         self._asked += 1
         answer_id = request.get("id")
         answer_id = answer_id if isinstance(answer_id, (str, int)) else f"q{self._asked}"
-        question = request.get("question")
+        question, live = request.get("question"), self.live
         try:
             if not isinstance(question, str):
                 raise InputError(NO_QUESTION)
             params = request_params(self.engine, **_settings(request, ASK_SETTINGS))
             history = history_pairs(request.get("history"))
-            live = self.live
             stream = await asyncio.to_thread(live.ask, question, history, params)
-        except (InputError, BusyError) as error:
-            self.engine.metrics.refused(error, "front_door")  # unless the engine refused it, and counted it
-            await self._error(str(error), id=answer_id)
-            if isinstance(error, SessionLost):
-                await self._reopen(live)
+        except InputError as error:  # BusyError and SessionLost among them
+            await self._refused(error, answer_id, live)
             return
         task = asyncio.create_task(self._answer(answer_id, stream))
         self._answers[task] = stream
         task.add_done_callback(self._answers.pop)
 
+    async def _refused(self, error: InputError, message_id, live) -> None:
+        """An ask or watch refused: counted in /metrics (unless the engine counted it), its sentence sent with the
+        message's id; when `live` was lost with its replica, a new session in its place."""
+        self.engine.metrics.refused(error, "front_door")
+        await self._error(str(error), id=message_id)
+        if isinstance(error, SessionLost):
+            await self._reopen(live)
+
     async def _watch(self, request: dict) -> None:
         """Open a watch (LiveSession.watch): "watching" with its id, then its events as they come."""
         watch_id = request.get("id")
         watch_id = watch_id if isinstance(watch_id, (str, int)) else f"w{len(self._watches) + 1}"
-        question = request.get("question")
+        question, live = request.get("question"), self.live
         try:
             if not isinstance(question, str):
                 raise InputError(NO_WATCH_QUESTION)
             if watch_id in self._watches:
                 raise InputError(watch_taken(watch_id))
             params = request_params(self.engine, **_settings(request, ASK_SETTINGS))
-            live = self.live
             watch = await asyncio.to_thread(live.watch, question, params)
-        except (InputError, BusyError) as error:
-            self.engine.metrics.refused(error, "front_door")  # unless the engine refused it, and counted it
-            await self._error(str(error), id=watch_id)
-            if isinstance(error, SessionLost):
-                await self._reopen(live)
+        except InputError as error:
+            await self._refused(error, watch_id, live)
             return
         self._watches[watch_id] = SocketWatch(watch, live, question, params)
         await self._send({"type": "watching", "id": watch_id, "question": question.strip()})
