@@ -43,7 +43,7 @@ from engine.checkpoints.tiny import MODEL_NOTES_FILE
 from engine.config import video_tokens
 from engine.families.registry import family_for
 from engine.live.layout import LiveLayout
-from engine.live.window import LiveWindow, span_groups
+from engine.live.window import span_groups
 from engine.reading.media import StillImage
 
 from .stream_examples import draw_stream_example, stream_prompts
@@ -182,9 +182,9 @@ def train(args: argparse.Namespace) -> dict:
     model, family = loaded.model, family_for(loaded.model)
     layout = LiveLayout.of(loaded, family, "", FRAME_SAMPLING.fps)
     # As the engine opens a session on a CPU: a window of the span, within one request's planned video tokens
-    # (784 on Qwen3-VL's CPU sampling); a 64x64 frame is 2x2 tokens.
+    # (784 on Qwen3-VL's CPU sampling), every token counted; a 64x64 frame is 2x2 tokens.
     planned = video_tokens(FRAME_SAMPLING.max_frames, FRAME_SAMPLING.max_pixels_per_frame, 16, 2, 2)
-    window = LiveWindow.of(span_groups(SPAN_S, FRAME_SAMPLING.fps, family.temporal_patch), planned, 4)
+    window = layout.window(span_groups(SPAN_S, FRAME_SAMPLING.fps, family.temporal_patch), planned, (2, 2))
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98), weight_decay=0.01)
     args.out.mkdir(parents=True, exist_ok=True)
     log = []
