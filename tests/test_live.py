@@ -44,8 +44,9 @@ def test_q0_live_fed_a_lossless_file_equals_its_upload_at_the_logit_level(live_e
     assert answer.stats["video_tokens_kept"] == answer.stats["video_tokens_total"] == upload.stats["video_tokens_total"]
 
 
-def causal_prune(prompt, features, q, method):
-    """The engine's pruning of an upload with the live rule instead of the request's method (offline EVS)."""
+def causal_prune(prompt, features, q, method, candidates=None):
+    """The engine's pruning of an upload with the live rule instead of the request's method (offline EVS); every
+    unit encoded (candidates None: the tests here never skip still patches)."""
     dissimilarity = pruning.frame_dissimilarity(features[0].embeds, prompt.media[0].grid_thw)
     mask = pruning.causal_retention_mask_from_dissimilarity(dissimilarity, q)
     return pruned_with(prompt, features, [mask], [dissimilarity])
