@@ -84,7 +84,7 @@ def test_ask_over_gradio_http_api_sends_strict_json(app, uploaded):
     the intermediate updates, the stats dict and the two figures' JSON included, parses strictly."""
     video = {"path": uploaded, "meta": {"_type": "gradio.FileData"}}
     # Every input, in /ask's order (ui/__init__.py): the raw API has no defaults.
-    inputs = [video, "What moves?", 0.5, None, None, None, 4, 0.0, False, [], False, None, None, False, None]
+    inputs = [video, "What moves?", 0.5, None, None, None, 4, 0.0, False, [], False, None, None, False, None, None]
     call = httpx.post(f"{app.url}gradio_api/call/ask", json={"data": inputs}, timeout=30)
     call.raise_for_status()
     event_id = call.json()["event_id"]

@@ -104,6 +104,7 @@ def test_a_follow_up_on_a_deleted_upload_asks_for_it_again(short_lived_app, clip
         "evs",
         False,
         None,
+        False,
     ]
     base = client.src.rstrip("/")
     event_id = httpx.post(f"{base}/gradio_api/call/ask", json={"data": data}, timeout=30).json()["event_id"]

@@ -108,8 +108,8 @@ def test_positions_renumbered_for_the_pruned_sequence_lose_answers(trained_engin
     held the dropped tokens) instead of keeping the unpruned layout's. Answers at q = 0.7 get worse."""
     original = engine.worker.runner.prune_prompt
 
-    def renumbered(prompt, features, q, method):
-        pruned = original(prompt, features, q, method)
+    def renumbered(prompt, features, q, method, candidates=None):
+        pruned = original(prompt, features, q, method, candidates)
         length = pruned.input_ids.numel()
         pruned.positions = torch.arange(length).expand(4, length).clone()
         pruned.next_position = length
