@@ -32,16 +32,14 @@ from ray import serve
 
 from engine.config import EngineConfig, FrameSampling, FrameSamplingLimits, GenerationParams
 from engine.errors import (
-    LIVE_SESSION_LOST,
     QUEUE_FULL,
     RESTARTING,
     SERVER_FAULT,
     SHUTTING_DOWN,
     BusyError,
     InputError,
-    SessionLost,
 )
-from engine.front.checks import check_live_settings, check_request, media_paths
+from engine.front.checks import check_request, media_paths
 from engine.front.metrics import Metrics
 from engine.front.shares import ClientShare, ClientShares
 from engine.memory.plan import Plan
@@ -50,10 +48,9 @@ from engine.stream import Stream
 from .calls import REPLICA_LOST, Placement, ReplicaLost, end_cancelled, fail_unfinished, read_call
 from .cluster import ReplicasUnavailable, connect, deploy
 from .deployment import DEPLOYMENT_NAME, engine_app
-from .live import RemoteLiveSession
+from .live import LiveCalls
 from .routing import DEFAULT_SPILL_AFTER
 from .videos import VideoSender
-from .wire import ERROR, error_from_wire
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +63,6 @@ DEFAULT_APP_NAME = "evs"
 DEFAULT_DEADLINE_S = 20.0
 # Bytes of shipped videos kept in the object store for follow-up questions (when videos go as bytes).
 SHIPPED_VIDEO_CACHE_BYTES = 2 << 30
-LIVE_OPEN_TIMEOUT_S = 60.0
 
 
 @dataclass
@@ -80,7 +76,7 @@ class _Job:
     history: list[tuple[str, str]]
 
 
-class ReplicatedEngine:
+class ReplicatedEngine(LiveCalls):
     """`replicas` copies of `Engine(config)` behind Ray Serve, used like one Engine.
 
     address: a Ray cluster to join (None: RAY_ADDRESS when set, else a new local cluster of this
@@ -363,73 +359,6 @@ class ReplicatedEngine:
                 self._admission.release()
             self._open.pop(task, None)
             end_cancelled(streams)
-
-    # --- live sessions (replicas/live.py) --------------------------------------------------------------
-    def open_live(self, params: GenerationParams | None = None) -> RemoteLiveSession:
-        """Engine.open_live's contract: a session on one replica, which every later call of the session reaches.
-        The replicas take turns (each holds its own state and its own max_live_sessions); a replica with all its
-        sessions open passes to the next. BusyError when every one is full (or the engine is shutting down),
-        InputError for bad settings."""
-        params = params or GenerationParams()
-        try:
-            check_live_settings(params, self.config, self.frame_sampling_limits)
-            with self._lock:
-                if self._closed:
-                    raise BusyError(RESTARTING)
-            ids = self.replicas()
-            first = next(self._live_turn) % max(1, len(ids))
-            full = None
-            for replica in ids[first:] + ids[:first]:
-                # pinned there by the router, as every later call of the session will be
-                reply = self.handle.open_live.remote(session=f"{replica}/", params=params).result(
-                    timeout_s=LIVE_OPEN_TIMEOUT_S
-                )
-                if reply.get("kind") != ERROR:
-                    break
-                error = error_from_wire(reply)
-                if not isinstance(error, BusyError):
-                    raise error
-                full = full if isinstance(error, SessionLost) else error  # SessionLost: that replica is gone
-            else:
-                raise full or BusyError(RESTARTING)
-        except (InputError, BusyError):
-            self.metrics.live_session("refused")
-            raise
-        self.metrics.live_session("opened")
-        return RemoteLiveSession(self, reply["session"], reply["replica"], params, self.config.max_video_source_pixels)
-
-    def ask_live(self, session: str, question: str, history=(), params: GenerationParams | None = None) -> Stream:
-        """A question about a live session, streamed from its replica as an upload's answer (LiveSession.ask)."""
-        _, params, history, _ = self._admit(f"live session {session}", question, params, history)
-        try:
-            stream = Stream(next(self._ids), on_end=self.metrics.ended)
-            asyncio.run_coroutine_threadsafe(
-                self._serve_live(session, question.strip(), history, params, stream), self._loop
-            )
-        except BaseException:  # nothing was sent: the slot taken for it goes back
-            self._admission.release()
-            raise
-        return stream
-
-    async def _serve_live(self, session: str, question: str, history, params, stream: Stream) -> None:
-        task = asyncio.current_task()
-        self._open[task] = 1
-        try:
-            response = self._calls.live_ask.remote(session=session, question=question, history=history, params=params)
-            if not await read_call(
-                response, [stream], self.deadline_s, self._placed([stream])
-            ):  # failed before its replica said hello: that one is gone
-                fail_unfinished([stream], SessionLost(LIVE_SESSION_LOST))
-        except asyncio.CancelledError:  # shutdown
-            fail_unfinished([stream], RuntimeError(SHUTTING_DOWN))
-            raise
-        except Exception:
-            log.exception("a live question failed")
-            fail_unfinished([stream], RuntimeError(SERVER_FAULT))
-        finally:
-            self._admission.release()  # before the call stops counting, as in _serve
-            self._open.pop(task, None)
-            end_cancelled([stream])
 
     def _placed(self, streams: list[Stream]):
         """What read_call tells once the call's replica said hello: where these streams are answered."""

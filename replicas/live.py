@@ -4,19 +4,33 @@ its state lives there. Frames travel in the call's arguments, through Ray's obje
 do; a question streams back as an upload's answer does. When the replica is lost, the session ends: the next
 call, or the question under way, says so in one sentence (SessionLost, a BusyError)."""
 
+import asyncio
 import logging
 
 from ray.exceptions import RayActorError
 
-from engine.errors import LIVE_SESSION_LOST, SessionEnded, SessionLost
+from engine.config import GenerationParams
+from engine.errors import (
+    LIVE_SESSION_LOST,
+    RESTARTING,
+    SERVER_FAULT,
+    SHUTTING_DOWN,
+    BusyError,
+    InputError,
+    SessionEnded,
+    SessionLost,
+)
+from engine.front.checks import check_live_settings
 from engine.live.frames import check_frame
 from engine.live.session import CLOSED
 from engine.stream import Stream
 
+from .calls import end_cancelled, fail_unfinished, read_call
 from .wire import ERROR, error_from_wire
 
 log = logging.getLogger(__name__)
 
+LIVE_OPEN_TIMEOUT_S = 60.0  # opening a session on one replica
 CALL_TIMEOUT_S = 60.0  # a push or a stats call; a replica that does not answer in this is taken as lost
 EVENTS_WAIT_S = 10.0  # the longest a watch's events call waits on the replica (an iterator calls again)
 
@@ -134,3 +148,75 @@ class RemoteWatch:
         if not self._closed:
             self._session._call("live_unwatch", watch=self.id)
         self._closed = True
+
+
+class LiveCalls:
+    """ReplicatedEngine's live sessions: opening one on a replica, and a question about it streamed from there.
+    Mixed into ReplicatedEngine (replicas/client.py), whose admission, call loop, handle and metrics it uses as
+    an upload's request does."""
+
+    def open_live(self, params: GenerationParams | None = None) -> RemoteLiveSession:
+        """Engine.open_live's contract: a session on one replica, which every later call of the session reaches.
+        The replicas take turns (each holds its own state and its own max_live_sessions); a replica with all its
+        sessions open passes to the next. BusyError when every one is full (or the engine is shutting down),
+        InputError for bad settings."""
+        params = params or GenerationParams()
+        try:
+            check_live_settings(params, self.config, self.frame_sampling_limits)
+            with self._lock:
+                if self._closed:
+                    raise BusyError(RESTARTING)
+            ids = self.replicas()
+            first = next(self._live_turn) % max(1, len(ids))
+            full = None
+            for replica in ids[first:] + ids[:first]:
+                # pinned there by the router, as every later call of the session will be
+                reply = self.handle.open_live.remote(session=f"{replica}/", params=params).result(
+                    timeout_s=LIVE_OPEN_TIMEOUT_S
+                )
+                if reply.get("kind") != ERROR:
+                    break
+                error = error_from_wire(reply)
+                if not isinstance(error, BusyError):
+                    raise error
+                full = full if isinstance(error, SessionLost) else error  # SessionLost: that replica is gone
+            else:
+                raise full or BusyError(RESTARTING)
+        except (InputError, BusyError):
+            self.metrics.live_session("refused")
+            raise
+        self.metrics.live_session("opened")
+        return RemoteLiveSession(self, reply["session"], reply["replica"], params, self.config.max_video_source_pixels)
+
+    def ask_live(self, session: str, question: str, history=(), params: GenerationParams | None = None) -> Stream:
+        """A question about a live session, streamed from its replica as an upload's answer (LiveSession.ask)."""
+        _, params, history, _ = self._admit(f"live session {session}", question, params, history)
+        try:
+            stream = Stream(next(self._ids), on_end=self.metrics.ended)
+            asyncio.run_coroutine_threadsafe(
+                self._serve_live(session, question.strip(), history, params, stream), self._loop
+            )
+        except BaseException:  # nothing was sent: the slot taken for it goes back
+            self._admission.release()
+            raise
+        return stream
+
+    async def _serve_live(self, session: str, question: str, history, params, stream: Stream) -> None:
+        task = asyncio.current_task()
+        self._open[task] = 1
+        try:
+            response = self._calls.live_ask.remote(session=session, question=question, history=history, params=params)
+            if not await read_call(
+                response, [stream], self.deadline_s, self._placed([stream])
+            ):  # failed before its replica said hello: that one is gone
+                fail_unfinished([stream], SessionLost(LIVE_SESSION_LOST))
+        except asyncio.CancelledError:  # shutdown
+            fail_unfinished([stream], RuntimeError(SHUTTING_DOWN))
+            raise
+        except Exception:
+            log.exception("a live question failed")
+            fail_unfinished([stream], RuntimeError(SERVER_FAULT))
+        finally:
+            self._admission.release()  # before the call stops counting, as in _serve
+            self._open.pop(task, None)
+            end_cancelled([stream])
