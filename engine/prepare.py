@@ -28,7 +28,7 @@ from .reading.media import Medium, is_video, read_medium, too_small
 from .reading.pool import ReaderPool
 from .reading.video import file_sha256
 from .scheduling.request import Request
-from .stats import Stats
+from .stats import Stats, video_entry
 from .stream import Event
 
 log = logging.getLogger(__name__)
@@ -58,21 +58,23 @@ def read_stats(stats: Stats, media: list[Medium], prompt: UnprunedPrompt, hears:
     named by its place among several)."""
     stats.media, lines = [], []
     for number, (medium, part) in enumerate(zip(media, prompt.media), start=1):
-        entry = {"kind": part.kind, "tokens_total": part.tokens, "tokens_kept": None, "grid_thw": list(part.grid_thw)}
         if part.is_image:
-            entry["size"] = [int(medium.pixels.shape[1]), int(medium.pixels.shape[0])]
-            said = [f"read a picture of {entry['size'][0]}x{entry['size'][1]}"]
+            size = [int(medium.pixels.shape[1]), int(medium.pixels.shape[0])]  # [width, height]
+            entry = {"kind": "image", "tokens_total": part.tokens, "tokens_kept": None, "grid_thw": list(part.grid_thw)}
+            entry["size"] = size
+            said = [f"read a picture of {size[0]}x{size[1]}"]
         else:
             verdict = soundtrack_verdict(hears, asked, medium, part)
             seconds = medium.soundtrack.seconds if part.audio is not None else 0.0
-            entry.update(
-                frames_sampled=len(medium.frames),
-                sampled_fps=medium.sampled_fps,
-                timestamps_s=list(part.timestamps_s),
-                tokens_kept_per_frame=None,
-                soundtrack=verdict,
-                audio_tokens=part.audio_tokens,
-                audio_seconds=seconds,
+            entry = video_entry(
+                part.tokens,
+                part.grid_thw,
+                len(medium.frames),
+                medium.sampled_fps,
+                part.timestamps_s,
+                verdict,
+                part.audio_tokens,
+                seconds,
             )
             said = [f"read {len(medium.frames)} frames at {medium.sampled_fps:.3g} fps"]
             if line := soundtrack_status_line(verdict, seconds):

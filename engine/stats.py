@@ -60,6 +60,34 @@ class Stats:
         return {**values, **{old: values[new] for old, new in OLD_KEYS.items()}}
 
 
+def video_entry(
+    tokens_total: int,
+    grid_thw,
+    frames_sampled: int,
+    sampled_fps: float | None,
+    timestamps_s,
+    soundtrack: str | None,
+    audio_tokens: int = 0,
+    audio_seconds: float = 0.0,
+) -> dict:
+    """One video's dict in Stats.media, an upload's or a live session's alike, before pruning: its kept tokens
+    ("tokens_kept", "tokens_kept_per_frame") are filled in once EVS has chosen them. grid_thw: [T, h, w] in LLM
+    tokens; timestamps_s: each temporal group's centre time in seconds of video."""
+    return {
+        "kind": "video",
+        "tokens_total": tokens_total,
+        "tokens_kept": None,
+        "grid_thw": list(grid_thw),
+        "frames_sampled": frames_sampled,
+        "sampled_fps": sampled_fps,
+        "timestamps_s": list(timestamps_s),
+        "tokens_kept_per_frame": None,
+        "soundtrack": soundtrack,
+        "audio_tokens": audio_tokens,
+        "audio_seconds": audio_seconds,
+    }
+
+
 STATS_KEYS = tuple(field.name for field in fields(Stats))
 # Keys renamed, still sent under the old name too for one release: old name -> key.
 OLD_KEYS = {"decode_video_s": "read_video_s"}

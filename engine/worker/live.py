@@ -24,6 +24,7 @@ from engine.live.watch import Watch
 from engine.live.window import LiveWindow
 from engine.scheduling.request import Request
 from engine.state.lm_state import cache_of, new_cache, state_of
+from engine.stats import video_entry
 
 from .lm import LMInput, embed_prompt, lm_logits
 
@@ -345,19 +346,14 @@ class LiveRunner:
         stats.grid_thw, stats.video_tokens_total = [len(held), h, w], len(held) * h * w
         # The video held in the state, as one medium: its kept tokens are counted when the answer is done.
         stats.media = [
-            {
-                "kind": "video",
-                "tokens_total": stats.video_tokens_total,
-                "tokens_kept": None,
-                "grid_thw": stats.grid_thw,
-                "frames_sampled": stats.frames_sampled,
-                "sampled_fps": stats.sampled_fps,
-                "timestamps_s": [held_group.time_s for held_group in held],
-                "tokens_kept_per_frame": None,
-                "soundtrack": stats.soundtrack,
-                "audio_tokens": 0,
-                "audio_seconds": 0.0,
-            }
+            video_entry(
+                stats.video_tokens_total,
+                stats.grid_thw,
+                stats.frames_sampled,
+                stats.sampled_fps,
+                [held_group.time_s for held_group in held],
+                stats.soundtrack,
+            )
         ]
         return cache_of(state_of(stream.cache)), begin
 
