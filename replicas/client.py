@@ -49,13 +49,12 @@ from .calls import REPLICA_LOST, Placement, ReplicaLost, end_cancelled, fail_unf
 from .cluster import ReplicasUnavailable, connect, deploy
 from .deployment import DEPLOYMENT_NAME, engine_app
 from .live import LiveCalls
-from .routing import DEFAULT_SPILL_AFTER
+from .routing import DEFAULT_SPILL_AFTER, media_key
 from .videos import VideoSender
 
 log = logging.getLogger(__name__)
 
 # Replicas route a call by its one upload's digest; several in one question are served by a single engine.
-SEVERAL_MEDIA = "This server answers about one video or picture at a time; please ask about them one by one."
 DEFAULT_APP_NAME = "evs"
 # A call with no message for this long (seconds) is on a replica that stopped: its requests end with
 # REPLICA_LOST. Replicas send ALIVE every 2 s while their engine works, so it need only outlast the longest
@@ -70,7 +69,7 @@ class _Job:
     """One submitted request until its call is made."""
 
     stream: Stream
-    video: str
+    media: tuple[str, ...]  # the uploads' paths, in the prompt's order
     question: str
     params: GenerationParams
     history: list[tuple[str, str]]
@@ -251,7 +250,8 @@ class ReplicatedEngine(LiveCalls):
 
         try:
             with self._lock:
-                job = _Job(Stream(next(self._ids), on_end=ended), str(paths[0]), question.strip(), params, history)
+                stream = Stream(next(self._ids), on_end=ended)
+                job = _Job(stream, tuple(str(path) for path in paths), question.strip(), params, history)
                 if self._held is not None:
                     self._held.append(job)
                     return job.stream
@@ -273,8 +273,6 @@ class ReplicatedEngine(LiveCalls):
             history = check_request(
                 paths, question, params, history, self.config, self.frame_sampling_limits, self.model_info["max_media"]
             )
-            if len(paths) > 1:
-                raise InputError(SEVERAL_MEDIA)
             with self._lock:
                 if self._closed:
                     raise BusyError(RESTARTING)
@@ -290,8 +288,8 @@ class ReplicatedEngine(LiveCalls):
     @contextlib.contextmanager
     def paused(self, timeout_s: float = 120.0):
         """Engine.paused's contract: requests submitted inside the block start together. Here they are
-        sent on exit, one call per video, so each video's requests reach its replica as one burst that
-        replica serves with one read of the video and one ViT forward; a burst larger than one replica's
+        sent on exit, one call per video (or list of media), so each video's requests reach its replica as one
+        burst that replica serves with one read of the video and one ViT forward; a burst larger than one replica's
         queue (max_queue: overlapping pauses add up) goes as several calls, which the router places where
         there is room. (timeout_s is accepted for the same signature; nothing here waits.)"""
         with self._lock:
@@ -304,11 +302,11 @@ class ReplicatedEngine(LiveCalls):
             if not outer:
                 with self._lock:
                     held, self._held = self._held, None
-                by_video: dict[str, list[_Job]] = {}
+                by_media: dict[tuple[str, ...], list[_Job]] = {}
                 for job in held:
-                    by_video.setdefault(job.video, []).append(job)
+                    by_media.setdefault(job.media, []).append(job)
                 most = self.config.max_queue
-                for jobs in by_video.values():
+                for jobs in by_media.values():
                     for start in range(0, len(jobs), most):
                         self._send(jobs[start : start + most])
 
@@ -327,21 +325,25 @@ class ReplicatedEngine(LiveCalls):
             return
 
     async def _serve(self, jobs: list[_Job]) -> None:
-        """Make the call for `jobs` (one video) and feed their streams until each has ended; then give back their
+        """Make the call for `jobs` (about the same media: each upload goes by path or as bytes, the call routed by
+        their media_key) and feed their streams until each has ended; then give back their
         queue slots, just before running_requests stops counting them."""
         task = asyncio.current_task()
         self._open[task] = len(jobs)
         streams = [job.stream for job in jobs]
         try:
             try:
-                digest = await asyncio.to_thread(self._videos.digest, jobs[0].video)
-                video = await asyncio.to_thread(self._videos.payload, jobs[0].video, digest)
+                media = []
+                for path in jobs[0].media:
+                    digest = await asyncio.to_thread(self._videos.digest, path)
+                    media.append({"digest": digest, **await asyncio.to_thread(self._videos.payload, path, digest)})
             except InputError as error:
                 fail_unfinished(streams, error)
                 return
             requests = [{"question": j.question, "params": j.params, "history": j.history} for j in jobs]
+            key = media_key([medium["digest"] for medium in media])
             for _attempt in range(2):
-                response = self._calls.answer.remote(digest=digest, video=video, requests=requests)
+                response = self._calls.answer.remote(digest=key, media=media, requests=requests)
                 started = await read_call(response, streams, self.deadline_s, self._placed(streams))
                 if started or all(s.finished or s.cancelled for s in streams):
                     break

@@ -121,25 +121,27 @@ class EngineReplica:
         """Whether the engine's worker has turned within the last tick: what ALIVE vouches for."""
         return self.engine.stalled_s < TICK_S
 
-    async def answer(self, digest: str, video: dict, requests: list[dict]):
-        """Stream the answers to `requests` (each {"question", "params", "history"}) about one video.
+    async def answer(self, digest: str, media: list[dict], requests: list[dict]):
+        """Stream the answers to `requests` (each {"question", "params", "history"}) about the same uploads.
 
-        digest: the video's sha256 hex (the router's key); video: {"path"} or {"ref", "suffix"}
-        (replicas/videos.py). Several requests are submitted inside `Engine.paused()`, so they share one
-        read of the video and one ViT forward, as a local engine's burst does. ALIVE between messages.
+        digest: the router's key (replicas/routing.py media_key); media: one dict per upload, in the prompt's
+        order, {"digest", "path"} or {"digest", "ref", "suffix"} (replicas/videos.py). Several requests are
+        submitted inside `Engine.paused()`, so they share one read of each upload and one ViT forward, as a local
+        engine's burst does. ALIVE between messages.
         """
-        async for message in ticking(self._answer(digest, video, requests), self._turning, TICK_S):
+        async for message in ticking(self._answer(media, requests), self._turning, TICK_S):
             yield message
 
-    async def _answer(self, digest: str, video: dict, requests: list[dict]):
+    async def _answer(self, media: list[dict], requests: list[dict]):
         yield {"kind": HELLO, "replica": self.name, "pid": self.pid, "node": self.node}
         streams: dict[int, Stream] = {}
         failed: list[tuple[int, BaseException]] = []
         submitting = None
-        self.files.hold(digest, video)
+        for medium in media:
+            self.files.hold(medium["digest"], medium)
         try:
-            path = await self.files.acquire(digest, video)
-            submitting = asyncio.ensure_future(asyncio.to_thread(self._submit, path, requests, streams, failed))
+            paths = [await self.files.acquire(medium["digest"], medium) for medium in media]
+            submitting = asyncio.ensure_future(asyncio.to_thread(self._submit, paths, requests, streams, failed))
             # shield: a cancelled call must not abandon the thread's later submissions (see finally)
             await asyncio.shield(submitting)
             for index, error in failed:
@@ -151,7 +153,8 @@ class EngineReplica:
             cancel_unfinished(streams)
             if submitting is not None and not submitting.done():
                 submitting.add_done_callback(lambda _: cancel_unfinished(streams))
-            self.files.release(digest, video)
+            for medium in media:
+                self.files.release(medium["digest"], medium)
 
     # --- live sessions (docs/live.md, "Past one GPU"): every call names its session, which the router pins here
     def open_live(self, session: str, params) -> dict:
@@ -258,7 +261,7 @@ class EngineReplica:
         finally:
             cancel_unfinished(streams)
 
-    def _submit(self, path: str, requests: list[dict], streams: dict, failed: list) -> None:
+    def _submit(self, paths: list[str], requests: list[dict], streams: dict, failed: list) -> None:
         """Submit every request (under paused() when there are several), filling `streams` as it goes;
         a request the engine refuses (InputError, BusyError) goes to `failed`. Blocks: run in a thread."""
 
@@ -266,7 +269,7 @@ class EngineReplica:
             for index, request in enumerate(requests):
                 try:
                     streams[index] = self.engine.submit(
-                        video=path, question=request["question"], params=request["params"], history=request["history"]
+                        question=request["question"], params=request["params"], history=request["history"], media=paths
                     )
                 except Exception as error:  # InputError / BusyError carry their sentence to the client
                     failed.append((index, error))

@@ -19,6 +19,15 @@ from collections.abc import Collection, Mapping, Sequence
 DEFAULT_SPILL_AFTER = 16
 
 
+def media_key(digests: Sequence[str]) -> str:
+    """The routing key of a question about these uploads (their sha256 hex digests, in order): one upload's own
+    digest, so that its home is the same whether it is asked about alone or first; several uploads' the sha256 of
+    their digests in order, so that the same media asked again find the replica holding their caches."""
+    if len(digests) == 1:
+        return digests[0]
+    return hashlib.sha256("/".join(digests).encode()).hexdigest()
+
+
 def score(digest: str, replica_id: str) -> int:
     """The replica's rendezvous weight for a video: the first 8 bytes of sha256(digest/replica_id)."""
     return int.from_bytes(hashlib.sha256(f"{digest}/{replica_id}".encode()).digest()[:8], "big")

@@ -1,7 +1,8 @@
 """Engine replicas on Ray Serve (replicas/): one local Ray cluster of 2 tiny-model replicas on the CPU for
 the module, checked against a single in-process Engine.
 
-Same answers as one engine (token ids, logits, the EVS picture); a video always reaches its home replica
+Same answers as one engine (token ids, logits, the EVS picture), one video or several media in a question; a
+video always reaches its home replica
 and its follow-up hits that replica's prefix cache; videos spread over both replicas; a burst stays one
 ViT forward; a busy home spills to the other replica; videos sent as bytes; bad input gets the engine's
 sentence; the UI works unchanged on top; cancel reaches the replica at once, through the Engine API and the
@@ -195,6 +196,36 @@ def test_answers_equal_the_single_engine(replicated, reference, videos):
         np.testing.assert_array_equal(picture.frames, local_picture.frames)
         stats = {k: v for k, v in answer.stats.items() if not k.endswith("_s") and k != "replica"}
         assert stats == {k: v for k, v in expected.stats.items() if not k.endswith("_s")}
+
+
+def test_several_media_answer_as_the_single_engine_on_their_home(replicated, reference, videos, tmp_path):
+    """Two clips and a picture in one question (each a file of its own, going by path or as bytes): the same
+    token ids, logits and per-medium stats as one engine, answered by the home of the three uploads together;
+    the same media asked again go there again and reuse its caches; each upload alone keeps its own home."""
+    from PIL import Image
+
+    from replicas.routing import media_key
+
+    picture = tmp_path / "picture.png"
+    Image.fromarray(np.arange(96 * 64 * 3, dtype=np.uint8).reshape(64, 96, 3)).save(picture)
+    media = [*videos.pair(), picture]
+    home = home_of(media_key([file_sha256(path) for path in media]), videos.replica_ids)
+    asked = params(0.5, 10, return_logits=True)
+    for ship_bytes in (False, True):
+        replicated.ship_bytes = ship_bytes
+        try:
+            expected = reference.submit(media=media, question="What differs?", params=asked).result(TIMEOUT_S)
+            answer = replicated.submit(media=media, question="What differs?", params=asked).result(TIMEOUT_S)
+        finally:
+            replicated.ship_bytes = False
+        assert answer.stats["replica"] == home
+        assert answer.token_ids == expected.token_ids and answer.text == expected.text
+        np.testing.assert_array_equal(answer.logits, expected.logits)
+        assert [m["kind"] for m in answer.stats["media"]] == ["video", "video", "image"]
+        assert answer.stats["media"] == expected.stats["media"]
+    # Asked twice on one replica: the second time its features come from that replica's cache.
+    assert answer.stats["vit_cache_hit"]
+    assert media_key([file_sha256(media[0])]) == file_sha256(media[0])
 
 
 def test_a_video_stays_on_its_replica_and_its_follow_up_hits_the_prefix_cache(replicated, videos):
