@@ -6,6 +6,7 @@ call, or the question under way, says so in one sentence (SessionLost, a BusyErr
 
 import asyncio
 import logging
+import time
 
 from ray.exceptions import RayActorError
 
@@ -32,6 +33,7 @@ log = logging.getLogger(__name__)
 
 LIVE_OPEN_TIMEOUT_S = 60.0  # opening a session on one replica
 CALL_TIMEOUT_S = 60.0  # a push or a stats call; a replica that does not answer in this is taken as lost
+IDLE_POLL_S = 0.05  # how often RemoteWatch.wait_idle reads its watch's stats
 EVENTS_WAIT_S = 10.0  # the longest a watch's events call waits on the replica (an iterator calls again)
 
 
@@ -133,12 +135,28 @@ class RemoteWatch:
         return self.events_after(0, 0)[0]
 
     def __iter__(self):
+        """Watch's iteration: each event as it comes; it ends once the watch or its session has closed."""
         seen = 0
         while True:
-            events, seen = self.events_after(seen)
+            try:
+                events, seen = self.events_after(seen)
+            except SessionEnded:  # the session closed between two fetches: its watches ended with it
+                return
             if not events and self._closed:
                 return
             yield from events
+
+    def wait_idle(self, groups: int, timeout_s: float | None = None) -> bool:
+        """Watch.wait_idle from the replica: its stats read, IDLE_POLL_S apart, until it has been told of `groups`
+        groups with no ask under way, or has closed; False when timeout_s passed first."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            stats = self.stats()
+            if stats["closed"] or (stats["groups_seen"] >= groups and not stats["asking"]):
+                return True
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            time.sleep(IDLE_POLL_S)
 
     def stats(self) -> dict:
         return self._session._call("live_watch_events", watch=self.id, seen=1 << 62, timeout_s=0)["stats"]

@@ -598,6 +598,27 @@ def test_a_live_session_stays_on_its_replica_and_answers_as_the_single_engine(re
         another.push(live_frames(1_000_040)[0], float("nan"))
 
 
+def test_a_watch_behind_the_replicas_answers_as_the_single_engine_and_ends_with_its_session(replicated, reference):
+    """A watch on a replica's session (RemoteWatch): the same events as a watch on the single engine's, and
+    iterating it ends when its session closes, as a local watch's iteration does (it raised SessionEnded)."""
+    asked = params(0.5, 2)
+    events = []
+    for engine in (replicated, reference):
+        with engine.open_live(asked) as live:
+            watch = live.watch("What moves?", params=asked)
+            for index, frame in enumerate(live_frames(1_000_041)):
+                live.push(frame, index / 2)
+                assert live.wait(TIMEOUT_S)
+            assert watch.wait_idle(live.stats()["frames_sampled"] // 2, TIMEOUT_S)  # 2 frames a group
+            events.append([(event.group, event.answer) for event in watch.poll()])
+            ended = threading.Event()
+            iterating = threading.Thread(target=lambda w=watch, e=ended: (list(w), e.set()), daemon=True)
+            iterating.start()
+        iterating.join(TIMEOUT_S)
+        assert ended.is_set(), "iterating the watch did not end with its session"
+    assert events[0] == events[1] and events[0]
+
+
 def jpeg(frame: np.ndarray) -> bytes:
     from PIL import Image
 

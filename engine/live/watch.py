@@ -106,13 +106,13 @@ class Watch:
     def stats(self) -> dict:
         """asks: questions asked so far; answered: of those, the ones answered (the rest failed, were taken back,
         or are under way); events: answers that changed; dropped: asks due that the engine had no room for (they
-        are not queued); asking: whether an ask is under way; groups_seen: the stream's groups in the state when
+        are not queued); asking: whether an ask is due or under way; groups_seen: the stream's groups in the state when
         the watch was last told of one; closed."""
         with self._lock:
             return {
                 **self._counts,
                 "events": self._events_total,
-                "asking": self._asking,
+                "asking": self._asking or self._pending,
                 "groups_seen": self._groups_seen,
                 "closed": self._ended is not None,
             }
