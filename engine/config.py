@@ -182,9 +182,10 @@ class EngineConfig:
     # features, which the tower would give it again (each temporal group is encoded alone). Off only for the
     # equivalence tests, which compare the two.
     vision_reuse: bool = True
-    # The dissimilarity at or below which a live token counts as unchanged: causal EVS keeps none such, and a
-    # watch is not asked again for them. None: the checkpoint's measured floor when it declares one, else
-    # DEFAULT_LIVE_NOISE_FLOOR. Standing questions (LiveSession.watch) one session may hold.
+    # The dissimilarity at or below which a live token counts as unchanged: a watch is not asked again for them,
+    # and causal EVS keeps none such. None: the checkpoint's measured floor when it declares one (it was trained
+    # with it), else DEFAULT_LIVE_NOISE_FLOOR for the watches and 0 for causal EVS (LiveSessions.evs_floor).
+    # Standing questions (LiveSession.watch) one session may hold.
     live_noise_floor: float | None = None
     max_watches_per_session: int = 8
     cache_dir: Path = field(default_factory=default_cache_dir)

@@ -67,6 +67,19 @@ class LiveSessions:
                 return float(floor)
         return DEFAULT_LIVE_NOISE_FLOOR
 
+    @property
+    def evs_floor(self) -> float:
+        """The floor causal EVS keeps nothing at or below: EngineConfig.live_noise_floor, else the checkpoint's
+        when it declares one (it learned live streams with that floor in its masks, train/tiny_live.py), else 0
+        (only exactly unchanged tokens dropped). A checkpoint trained on the offline rule's masks relies on the
+        near-still tokens that rule keeps: with the default floor in causal EVS, tiny-trained's live direction
+        answers fell from 0.95 to 0.875 on 40 held-out clips at q = 0.7 (docs/live.md, "The noise floor")."""
+        engine = self._engine
+        for floor in (engine.config.live_noise_floor, engine.loaded.live_noise_floor):
+            if floor is not None:
+                return float(floor)
+        return 0.0
+
     def open(self, params: GenerationParams) -> LiveSession:
         """A new session (Engine.open_live), counted in /metrics as opened, or refused (its InputError or
         BusyError raised); when it ends, as closed by its user or lost (ended by the server)."""
@@ -123,6 +136,7 @@ class LiveSessions:
                 on_end=lambda why: engine.metrics.live_session("closed" if why == CLOSED else "lost"),
                 span_groups=span_groups(loaded.live_span_s, sampling.fps, family.temporal_patch),
                 noise_floor=self.noise_floor,
+                evs_floor=self.evs_floor,
                 watch=functools.partial(self._watch, layout),
             )
             self._open.append(session)

@@ -144,6 +144,6 @@ def cold_logits(engine, frames: np.ndarray, groups: int, question: str, token_id
     ]
     example = StreamExample(0, made, first, start, question, "", q)
     with torch.no_grad():
-        prompt = stream_prompts(loaded.model, family, layout, [example], sessions.noise_floor)[0]
+        prompt = stream_prompts(loaded.model, family, layout, [example], sessions.evs_floor)[0]
         logits, _ = teacher_forced_logits(loaded, family, [prompt], [torch.tensor(list(token_ids))])
     return logits.numpy()

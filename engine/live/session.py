@@ -84,8 +84,9 @@ class LiveSession:
     session_id: the engine's number for it. params: its pruning rate, frame sampling and the defaults of its
     questions. window_tokens: most tokens its state holds, text and video (EngineConfig.live_window_tokens);
     span_groups: the most groups the checkpoint reads (its declared span; None: no span); noise_floor: the
-    dissimilarity at or below which a token counts as unchanged (causal EVS keeps none such, and a watch is not
-    asked for it). ask(session, question, history, params, groups): the engine's side of `ask`; watch(session,
+    dissimilarity at or below which a token counts as unchanged for its watches (none is asked again for it);
+    evs_floor: the one at or below which causal EVS keeps no token (LiveSessions.evs_floor).
+    ask(session, question, history, params, groups): the engine's side of `ask`; watch(session,
     question, params): the engine's side of `watch`; wake(): tells the worker there is work; on_end(why): told once,
     when the session ends (why: CLOSED when its user closed it, else the server's sentence).
     """
@@ -104,10 +105,12 @@ class LiveSession:
         on_end: Callable[[str], None] | None = None,
         span_groups: int | None = None,
         noise_floor: float = 0.0,
+        evs_floor: float = 0.0,
         watch: Callable | None = None,
     ):
         self.id, self.params, self.sampling = session_id, params, sampling
         self.window_tokens, self.span_groups, self.noise_floor = window_tokens, span_groups, noise_floor
+        self.evs_floor = evs_floor
         self._watch = watch
         self._watches: list[Watch] = []
         self._loaded, self._family = loaded, family

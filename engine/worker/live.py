@@ -79,7 +79,7 @@ class LiveStream:
 
     def __init__(self, session: LiveSession, layout: LiveLayout, still: pruning.CausalStill | None):
         self.session, self.layout = session, layout
-        self.rule = pruning.CausalEVS(session.params.pruning_rate, floor=session.noise_floor)
+        self.rule = pruning.CausalEVS(session.params.pruning_rate, floor=session.evs_floor)
         self.still = still  # the still-unit rule when the session skips still patches
         self.previous_pixels = None  # the last group's pixel values, against which an exact repeat is found
         self.previous: VideoFeatures | None = None  # the last group's features, every unit's
