@@ -19,7 +19,7 @@ from pathlib import Path
 from . import report, runner
 from .decoding_hook import FAILED
 from .plot import plot_file
-from .targets import exit_status, parse_limits
+from .targets import add_target_options, exit_status, parse_limits
 from .workload import FULL, QUICK
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -40,18 +40,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--docs", action="store_true", help="also write the run's tables, JSON and PNG into docs/ (a full run)"
     )
     parser.add_argument("--docs-from", type=Path, metavar="RESULT.json", help="only write docs/ from this saved run")
-    parser.add_argument(
-        "--target",
-        action="append",
-        default=[],
-        metavar="KEY=LIMIT",
-        help="hold a target to another limit (repeatable; the keys are bench/targets.py's TARGETS)",
-    )
-    parser.add_argument(
-        "--no-fail-on-targets",
-        action="store_true",
-        help="exit 0 when a target is missed (each miss is still named on stderr)",
-    )
+    add_target_options(parser)
     args = parser.parse_args(argv)
     if args.docs and args.quick:
         parser.error("--docs takes a full run: the quick run's figures are not held to the targets.")

@@ -63,7 +63,14 @@ from bench.live_work import LiveWork
 from bench.pruning_time import pruning_times
 from bench.reading import reading_rows
 from bench.summary import burst_summary
-from bench.targets import exit_status, live_target_rows, parse_limits, target_row, vision_target_rows
+from bench.targets import (
+    add_target_options,
+    exit_status,
+    live_target_rows,
+    parse_limits,
+    target_row,
+    vision_target_rows,
+)
 from bench.ttft_by_rate import ttft_by_rate
 from bench.users import pipelined_ideal_s
 from bench.vision_skip import SkipWork, kind_rows
@@ -93,18 +100,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--new-tokens", type=int, default=None, help="tokens per answer (default 64, quick 4)")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench" / "results" / "gpu_check.json")
-    parser.add_argument(
-        "--target",
-        action="append",
-        default=[],
-        metavar="KEY=LIMIT",
-        help="hold a target to another limit (repeatable; the keys are bench/targets.py's TARGETS)",
-    )
-    parser.add_argument(
-        "--no-fail-on-targets",
-        action="store_true",
-        help="exit 0 when a target is missed (each miss is still named on stderr)",
-    )
+    add_target_options(parser)
     args = parser.parse_args(argv)
     try:
         args.limits = parse_limits(args.target)

@@ -65,6 +65,22 @@ TARGETS = {
 }
 
 
+def add_target_options(parser) -> None:
+    """--target KEY=LIMIT and --no-fail-on-targets, the options of every command that checks targets."""
+    parser.add_argument(
+        "--target",
+        action="append",
+        default=[],
+        metavar="KEY=LIMIT",
+        help="hold a target to another limit (repeatable; the keys are bench/targets.py's TARGETS)",
+    )
+    parser.add_argument(
+        "--no-fail-on-targets",
+        action="store_true",
+        help="exit 0 when a target is missed (each miss is still named on stderr)",
+    )
+
+
 def parse_limits(pairs: list[str]) -> dict[str, float]:
     """--target KEY=LIMIT options as {key: limit}; ValueError with a sentence for an unknown key or a bad number."""
     limits = {}

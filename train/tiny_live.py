@@ -53,6 +53,7 @@ from .tiny_trained import (
     TRAIN_RATES,
     TRAINED,
     UploadedClips,
+    add_run_options,
     answer_ids,
     learning_rate,
     served_prompts,
@@ -252,14 +253,8 @@ def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m train.tiny_live", description=__doc__.splitlines()[0])
     parser.add_argument("--init", default=str(TRAINED), help="model folder to start from (default: tiny-trained)")
     parser.add_argument("--steps", type=int, default=3000)
-    parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--lr", type=float, default=3e-4)
-    parser.add_argument("--warmup", type=int, default=50)
-    parser.add_argument("--seed", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--eval-every", type=int, default=100)
-    parser.add_argument("--eval-clips", type=int, default=32)
-    parser.add_argument("--out", type=Path, required=True)
+    add_run_options(parser, seed=3)
     return parser
 
 

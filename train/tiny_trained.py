@@ -369,15 +369,21 @@ def parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--init", help="model folder to start from ('' for random weights); default: the recipe's")
     parser.add_argument("--steps", type=int, help="default: the recipe's")
-    parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--lr", type=float, help="peak learning rate; default: the recipe's")
+    add_run_options(parser, seed=1)
+    return parser
+
+
+def add_run_options(parser: argparse.ArgumentParser, seed: int) -> None:
+    """The options every training command takes: batch, warm-up steps, seed (default `seed`), torch threads,
+    evaluation every N steps on how many clips, and the output folder."""
+    parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--warmup", type=int, default=50)
-    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=seed)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--eval-every", type=int, default=100)
     parser.add_argument("--eval-clips", type=int, default=32)
     parser.add_argument("--out", type=Path, required=True)
-    return parser
 
 
 def main(argv: list[str] | None = None) -> None:
