@@ -4,6 +4,8 @@ below the noise floor; a watch's ask takes an admission slot as a question does,
 full; watches batched with questions and uploads answer as alone; users' questions take a watch's slot; bad input is
 one sentence and the session goes on."""
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -142,15 +144,19 @@ def test_watches_questions_and_uploads_in_one_burst_answer_as_alone(engine, clip
                     assert np.abs(event.logits - want).max() < 1e-4
 
 
+REQUEST_IDS = itertools.count(1)
+
+
 def request(live_watch=None) -> Request:
-    """A bare request for the scheduler: a live question, or a watch's ask when live_watch."""
+    """A bare request for the scheduler, with an id of its own (the scheduler keys its slots by id): a live
+    question, or a watch's ask when live_watch."""
     import torch
 
     from engine.config import FrameSampling
     from engine.stream import Stream
 
     return Request(
-        Stream(id(object())),
+        Stream(next(REQUEST_IDS)),
         [],
         "q",
         [],
