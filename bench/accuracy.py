@@ -76,15 +76,13 @@ def measured(
         params = GenerationParams(
             pruning_rate=rate, pruning_method=method, max_new_tokens=MAX_NEW_TOKENS, skip_still_patches=skip
         )
-        streams = []
+        streams, submitted = [], []
         for kind in kinds:
             for seed in seeds:
                 shown, text, expected = asked(seed, kind)
                 media = [clips[s] for s in shown]
-                submitted = [stream for _, _, stream in streams]
-                streams.append(
-                    (kind, expected, submit_admitted(engine, submitted, media=media, question=text, params=params))
-                )
+                submitted.append(submit_admitted(engine, submitted, media=media, question=text, params=params))
+                streams.append((kind, expected, submitted[-1]))
         right = dict.fromkeys(kinds, 0)
         kept, total = [], []
         for kind, expected, stream in streams:

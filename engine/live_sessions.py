@@ -59,13 +59,19 @@ class LiveSessions:
         return self._engine.memory_plan.max_live_sessions
 
     @property
-    def noise_floor(self) -> float:
-        """The sessions' noise floor: EngineConfig.live_noise_floor, else the checkpoint's, else the default."""
+    def _declared_floor(self) -> float | None:
+        """EngineConfig.live_noise_floor, else the checkpoint's declared one, else None."""
         engine = self._engine
         for floor in (engine.config.live_noise_floor, engine.loaded.live_noise_floor):
             if floor is not None:
                 return float(floor)
-        return DEFAULT_LIVE_NOISE_FLOOR
+        return None
+
+    @property
+    def noise_floor(self) -> float:
+        """The sessions' noise floor: EngineConfig.live_noise_floor, else the checkpoint's, else the default."""
+        declared = self._declared_floor
+        return DEFAULT_LIVE_NOISE_FLOOR if declared is None else declared
 
     @property
     def evs_floor(self) -> float:
@@ -74,11 +80,8 @@ class LiveSessions:
         (only exactly unchanged tokens dropped). A checkpoint trained on the offline rule's masks relies on the
         near-still tokens that rule keeps: with the default floor in causal EVS, tiny-trained's live direction
         answers fell from 0.95 to 0.875 on 40 held-out clips at q = 0.7 (docs/live.md, "The noise floor")."""
-        engine = self._engine
-        for floor in (engine.config.live_noise_floor, engine.loaded.live_noise_floor):
-            if floor is not None:
-                return float(floor)
-        return 0.0
+        declared = self._declared_floor
+        return 0.0 if declared is None else declared
 
     def open(self, params: GenerationParams) -> LiveSession:
         """A new session (Engine.open_live), counted in /metrics as opened, or refused (its InputError or
