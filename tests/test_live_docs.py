@@ -34,13 +34,10 @@ Engine.open_live, Engine.__exit__ = recording, replaying
 """
 
 
-def test_the_example_plays_a_file_as_live_and_answers_it(tmp_path):
-    page = (REPO / "docs" / "live.md").read_text()
-    example = re.search(r"```python\n(.*?)```", page, re.S).group(1)
-    assert len(example.strip().splitlines()) <= 12
-    replayed = tmp_path / "replayed.json"
+def run_example(code: str, *args: str) -> subprocess.CompletedProcess:
+    """A page's example run as a reader would, in a fresh Python from the repository, offline; it must succeed."""
     done = subprocess.run(
-        [sys.executable, "-c", RECORDING + example, str(replayed)],
+        [sys.executable, "-c", code, *args],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -48,6 +45,15 @@ def test_the_example_plays_a_file_as_live_and_answers_it(tmp_path):
         env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"},
     )
     assert done.returncode == 0, done.stderr
+    return done
+
+
+def test_the_example_plays_a_file_as_live_and_answers_it(tmp_path):
+    page = (REPO / "docs" / "live.md").read_text()
+    example = re.search(r"```python\n(.*?)```", page, re.S).group(1)
+    assert len(example.strip().splitlines()) <= 12
+    replayed = tmp_path / "replayed.json"
+    done = run_example(RECORDING + example, str(replayed))
     answer, _, stats = done.stdout.partition(" {")
     replay = json.loads(replayed.read_text())
     assert answer.strip() == replay["answer"].strip(), (done.stdout, replay)
@@ -61,15 +67,7 @@ def test_the_watch_example_prints_each_change_of_the_answer_with_its_stream_time
     section = page[page.index("## Watches") :]
     example = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     assert len(example.strip().splitlines()) <= 15
-    done = subprocess.run(
-        [sys.executable, "-c", example],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"},
-    )
-    assert done.returncode == 0, done.stderr
+    done = run_example(example)
     lines = done.stdout.splitlines()
     times = [float(line.split(" s ")[0]) for line in lines]
     assert lines and times[0] == 0.5 and times == sorted(set(times)), done.stdout  # one line per change, in order
